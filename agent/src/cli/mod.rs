@@ -1,0 +1,26 @@
+//! The `weir` command line: `weir agent` (the daemon) and the operator subcommands.
+
+pub mod ipam;
+
+use clap::{Parser, Subcommand};
+
+/// weir: an eBPF-first Kubernetes dataplane.
+#[derive(Debug, Parser)]
+#[command(name = "weir", version, about)]
+pub struct Cli {
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `agent=debug`.
+    #[arg(long, env = "WEIR_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent.
+    Agent(Box<agent::config::AgentArgs>),
+    /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
+    Ipam(ipam::IpamArgs),
+}

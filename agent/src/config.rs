@@ -1,0 +1,303 @@
+//! The agent's one validated configuration: every flag has an environment variable, a default from
+//! `paths`, and the whole is dumpable as JSON (`weir agent --dump-config`).
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::paths::{self, Paths};
+
+/// Errors validating the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag has a value that cannot work.
+    #[error("invalid {flag} {value:?}: {reason}")]
+    Invalid {
+        /// The flag (and its environment variable).
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+}
+
+/// `weir agent` flags.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct AgentArgs {
+    /// IPAM datastore: `embedded:PATH`, `etcd:URL[,URL…]` or `kubernetes`. Default: embedded file
+    /// `ipam.redb` in the state directory.
+    #[arg(long, env = "WEIR_DATASTORE")]
+    pub datastore: Option<String>,
+    /// This node's name (defaults to the host name).
+    #[arg(long, env = "WEIR_NODE")]
+    pub node: Option<String>,
+    /// Node labels in standalone mode, `K=V,…`.
+    #[arg(long, env = "WEIR_NODE_LABELS", value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+    /// IP pools to create when missing (one per family: `default-ipv4`, `default-ipv6`).
+    #[arg(long = "pool", env = "WEIR_POOLS", value_delimiter = ',')]
+    pub pools: Vec<String>,
+    /// IPv4 block size for pools the agent creates.
+    #[arg(long, env = "WEIR_BLOCK_SIZE_V4", default_value_t = 26)]
+    pub block_size_v4: u8,
+    /// IPv6 block size for pools the agent creates.
+    #[arg(long, env = "WEIR_BLOCK_SIZE_V6", default_value_t = 122)]
+    pub block_size_v6: u8,
+    /// Agent API unix socket.
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = paths::DEFAULT_API_SOCKET)]
+    pub api_socket: PathBuf,
+    /// bpffs pin root.
+    #[arg(long, env = "WEIR_BPF_ROOT", default_value = paths::DEFAULT_BPF_ROOT)]
+    pub bpf_root: PathBuf,
+    /// State directory (embedded datastore, endpoint registry).
+    #[arg(long, env = "WEIR_STATE_DIR", default_value = paths::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Directory of NetworkPolicy YAML files (standalone mode).
+    #[arg(long, env = "WEIR_POLICY_DIR", default_value = paths::DEFAULT_POLICY_DIR)]
+    pub policy_dir: PathBuf,
+    /// Where the agent writes its CNI conflist.
+    #[arg(long, env = "WEIR_CNI_CONF_DIR", default_value = paths::DEFAULT_CNI_CONF_DIR)]
+    pub cni_conf_dir: PathBuf,
+    /// Interfaces to attach `xdp_prefilter` to (none by default: the agent never touches a host
+    /// interface it was not told to).
+    #[arg(long, env = "WEIR_PREFILTER_INTERFACES", value_delimiter = ',')]
+    pub prefilter_interfaces: Vec<String>,
+    /// Metrics and health address.
+    #[arg(long, env = "WEIR_METRICS", default_value = paths::DEFAULT_METRICS_ADDR)]
+    pub metrics: String,
+    /// Print the validated configuration as JSON and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub dump_config: bool,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// Every path the agent uses.
+    pub paths: Paths,
+    /// Datastore spec.
+    pub datastore: String,
+    /// Node name.
+    pub node: String,
+    /// Node labels.
+    pub node_labels: Vec<(String, String)>,
+    /// Pools to create when missing.
+    pub pools: Vec<String>,
+    /// IPv4 block size.
+    pub block_size_v4: u8,
+    /// IPv6 block size.
+    pub block_size_v6: u8,
+    /// Interfaces for `xdp_prefilter`.
+    pub prefilter_interfaces: Vec<String>,
+    /// Metrics address.
+    pub metrics: SocketAddr,
+}
+
+fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn absolute(flag: &'static str, path: &std::path::Path) -> Result<PathBuf, ConfigError> {
+    if path.is_absolute() {
+        Ok(path.to_owned())
+    } else {
+        Err(invalid(
+            flag,
+            &path.display().to_string(),
+            "must be an absolute path",
+        ))
+    }
+}
+
+impl AgentArgs {
+    /// Validates the flags into a [`Config`].
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let paths = Paths {
+            bpf_root: absolute("--bpf-root (WEIR_BPF_ROOT)", &self.bpf_root)?,
+            api_socket: absolute("--api-socket (WEIR_API_SOCKET)", &self.api_socket)?,
+            state_dir: absolute("--state-dir (WEIR_STATE_DIR)", &self.state_dir)?,
+            policy_dir: absolute("--policy-dir (WEIR_POLICY_DIR)", &self.policy_dir)?,
+            cni_conf_dir: absolute("--cni-conf-dir (WEIR_CNI_CONF_DIR)", &self.cni_conf_dir)?,
+        };
+        if !paths.bpf_root.starts_with(paths::BPFFS_MOUNT)
+            || paths.bpf_root == std::path::Path::new(paths::BPFFS_MOUNT)
+        {
+            return Err(invalid(
+                "--bpf-root (WEIR_BPF_ROOT)",
+                &paths.bpf_root.display().to_string(),
+                format!("must be a directory below {}", paths::BPFFS_MOUNT),
+            ));
+        }
+        let datastore = match &self.datastore {
+            Some(spec) => validate_datastore(spec)?,
+            None => format!("embedded:{}", paths.ipam_db().display()),
+        };
+        let node = match &self.node {
+            Some(node) if valid_node_name(node) => node.clone(),
+            Some(node) => {
+                return Err(invalid(
+                    "--node (WEIR_NODE)",
+                    node,
+                    "use a DNS-1123 name: lowercase letters, digits, '-' and '.'",
+                ));
+            }
+            None => hostname().ok_or_else(|| {
+                invalid(
+                    "--node (WEIR_NODE)",
+                    "",
+                    "the host name is unreadable; pass --node",
+                )
+            })?,
+        };
+        let mut node_labels = Vec::new();
+        for label in &self.node_labels {
+            match label.split_once('=') {
+                Some((k, v)) if !k.is_empty() => node_labels.push((k.to_owned(), v.to_owned())),
+                _ => {
+                    return Err(invalid(
+                        "--node-labels (WEIR_NODE_LABELS)",
+                        label,
+                        "write labels as KEY=VALUE,…",
+                    ));
+                }
+            }
+        }
+        if !(16..=32).contains(&self.block_size_v4) {
+            return Err(invalid(
+                "--block-size-v4",
+                &self.block_size_v4.to_string(),
+                "must be between 16 and 32",
+            ));
+        }
+        if !(112..=128).contains(&self.block_size_v6) {
+            return Err(invalid(
+                "--block-size-v6",
+                &self.block_size_v6.to_string(),
+                "must be between 112 and 128",
+            ));
+        }
+        for ifname in &self.prefilter_interfaces {
+            if ifname.is_empty() || ifname.len() > 15 || ifname.contains(['/', ' ', '\0']) {
+                return Err(invalid(
+                    "--prefilter-interfaces",
+                    ifname,
+                    "interface names are 1-15 characters without '/' or spaces",
+                ));
+            }
+        }
+        let metrics = self.metrics.parse().map_err(|_| {
+            invalid(
+                "--metrics (WEIR_METRICS)",
+                &self.metrics,
+                "use ADDRESS:PORT, e.g. 127.0.0.1:9972",
+            )
+        })?;
+        Ok(Config {
+            paths,
+            datastore,
+            node,
+            node_labels,
+            pools: self.pools.clone(),
+            block_size_v4: self.block_size_v4,
+            block_size_v6: self.block_size_v6,
+            prefilter_interfaces: self.prefilter_interfaces.clone(),
+            metrics,
+        })
+    }
+}
+
+fn validate_datastore(spec: &str) -> Result<String, ConfigError> {
+    let flag = "--datastore (WEIR_DATASTORE)";
+    match spec.split_once(':') {
+        Some(("embedded", path)) if path.starts_with('/') => Ok(spec.to_owned()),
+        Some(("etcd", urls)) if !urls.is_empty() => Ok(spec.to_owned()),
+        None if spec == "kubernetes" => Ok(spec.to_owned()),
+        _ => Err(invalid(
+            flag,
+            spec,
+            "use embedded:/ABSOLUTE/PATH, etcd:URL[,URL…] or kubernetes",
+        )),
+    }
+}
+
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+fn hostname() -> Option<String> {
+    let name = nix::unistd::gethostname().ok()?.into_string().ok()?;
+    let name = name.to_ascii_lowercase();
+    valid_node_name(&name).then_some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec!["weir"];
+        argv.extend_from_slice(args);
+        Cli::parse_from(argv).agent.validate()
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let config = parse(&["--node", "n1"]).expect("defaults are valid");
+        assert_eq!(config.paths, Paths::default());
+        assert_eq!(config.datastore, "embedded:/var/lib/weir/ipam.redb");
+        assert!(config.prefilter_interfaces.is_empty());
+        assert_eq!(config.metrics.port(), 9972);
+        let json = serde_json::to_value(&config).expect("config serialises");
+        assert_eq!(json["paths"]["bpf_root"], "/sys/fs/bpf/weir");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (args, flag) in [
+            (vec!["--node", "n1", "--bpf-root", "relative"], "--bpf-root"),
+            (vec!["--node", "n1", "--bpf-root", "/tmp/x"], "--bpf-root"),
+            (vec!["--node", "N_1"], "--node"),
+            (
+                vec!["--node", "n1", "--datastore", "mysql:x"],
+                "--datastore",
+            ),
+            (
+                vec!["--node", "n1", "--node-labels", "novalue"],
+                "--node-labels",
+            ),
+            (
+                vec!["--node", "n1", "--block-size-v4", "8"],
+                "--block-size-v4",
+            ),
+            (vec!["--node", "n1", "--metrics", "nope"], "--metrics"),
+            (
+                vec!["--node", "n1", "--prefilter-interfaces", "a/b"],
+                "--prefilter-interfaces",
+            ),
+        ] {
+            let err = parse(&args)
+                .expect_err("invalid flags are rejected")
+                .to_string();
+            assert!(err.contains(flag), "{err} does not name {flag}");
+        }
+    }
+}

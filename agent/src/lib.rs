@@ -1,0 +1,17 @@
+//! weir's node agent, as a library so the `weir` binary and the integration tests share its parts.
+//!
+//! Where things live: `paths` (every path and name), `config` (the validated configuration),
+//! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (tc/XDP
+//! attachments through pinned links), `daemon` (the `weir agent` main loop).
+
+pub mod attach;
+pub mod bpffs;
+pub mod config;
+pub mod daemon;
+pub mod loader;
+pub mod paths;
+
+/// The eBPF object the agent loads (built by `build.rs` through the same builder as
+/// `cargo xtask build-ebpf`).
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weir-ebpf.o"));

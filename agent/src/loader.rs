@@ -1,0 +1,223 @@
+//! Loads the embedded eBPF object: maps pinned by their versioned names under `<root>/maps`,
+//! programs loaded and pinned under `<root>/progs` so `weir-cni` and a restarted agent can reuse them.
+
+use std::{fs, io, path::PathBuf};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader, VerifierLogLevel,
+    maps::MapInfo,
+    programs::{Program, ProgramError},
+};
+use serde::Serialize;
+
+use crate::{bpffs, paths::Paths};
+
+/// Errors loading the programs.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// bpffs or the pin root is not usable.
+    #[error(transparent)]
+    Bpffs(#[from] bpffs::BpffsError),
+    /// The object could not be parsed or its maps created/reused.
+    #[error(
+        "cannot load the eBPF object: {source}; an incompatible pinned map needs `weir bpf migrate` (or remove the pin root if no traffic depends on it)"
+    )]
+    Object {
+        /// The cause.
+        #[source]
+        source: Box<EbpfError>,
+    },
+    /// The verifier (or the kernel) rejected a program.
+    #[error("the kernel rejected program {program}: {source}\n{verifier_log}")]
+    Program {
+        /// The program.
+        program: String,
+        /// The verifier log, when there is one.
+        verifier_log: String,
+        /// The cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// The object does not contain an expected program.
+    #[error("the eBPF object has no program {program}: rebuild it with `cargo xtask build-ebpf`")]
+    MissingProgram {
+        /// The program.
+        program: String,
+    },
+    /// A program could not be pinned.
+    #[error("cannot pin program {program} at {path}: {source}")]
+    Pin {
+        /// The program.
+        program: String,
+        /// The pin.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A loaded object with its programs loaded (and pinned when loaded through [`load_pinned`]).
+pub struct Loaded {
+    /// The aya object.
+    pub ebpf: Ebpf,
+}
+
+/// What was loaded, for the operator.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Programs: name, kernel id, pin.
+    pub programs: Vec<ProgramReport>,
+    /// Maps: name, kernel id, pin, max entries.
+    pub maps: Vec<MapReport>,
+}
+
+/// One loaded program.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ProgramReport {
+    /// Kernel name.
+    pub name: String,
+    /// Kernel program id.
+    pub id: u32,
+    /// Pin path.
+    pub pin: PathBuf,
+}
+
+/// One pinned map.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct MapReport {
+    /// Versioned name.
+    pub name: String,
+    /// Kernel map id.
+    pub id: u32,
+    /// Pin path.
+    pub pin: PathBuf,
+    /// Size.
+    pub max_entries: u32,
+}
+
+/// Loads every program of an object (given as bytes) without pinning anything: maps are pinned
+/// under `pin_dir`. Used by the agent and by the verifier gate.
+pub fn load_object(object: &[u8], maps_dir: &std::path::Path) -> Result<Ebpf, LoadError> {
+    bpffs::ensure_pin_dir(maps_dir)?;
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(maps_dir)
+        .verifier_log_level(VerifierLogLevel::default())
+        .load(object)
+        .map_err(|source| LoadError::Object {
+            source: Box::new(source),
+        })?;
+    for (name, program) in ebpf.programs_mut() {
+        load_program(name, program)?;
+    }
+    Ok(ebpf)
+}
+
+fn load_program(name: &str, program: &mut Program) -> Result<(), LoadError> {
+    let result = match program {
+        Program::SchedClassifier(p) => p.load(),
+        Program::Xdp(p) => p.load(),
+        _ => {
+            return Err(LoadError::Program {
+                program: name.to_owned(),
+                verifier_log: String::new(),
+                source: Box::new(ProgramError::UnexpectedProgramType),
+            });
+        }
+    };
+    result.map_err(|source| {
+        let verifier_log = match &source {
+            ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
+            _ => String::new(),
+        };
+        LoadError::Program {
+            program: name.to_owned(),
+            verifier_log,
+            source: Box::new(source),
+        }
+    })
+}
+
+/// Loads the agent's object under `paths` and pins every program (replacing older pins atomically).
+pub fn load_pinned(paths: &Paths, object: &[u8]) -> Result<Loaded, LoadError> {
+    bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
+    bpffs::ensure_pin_dir(&paths.bpf_root)?;
+    bpffs::ensure_pin_dir(&paths.progs_dir())?;
+    bpffs::ensure_pin_dir(&paths.links_dir())?;
+    let mut ebpf = load_object(object, &paths.maps_dir())?;
+    for name in maps_schema::programs::ALL {
+        let program = ebpf
+            .program_mut(name)
+            .ok_or_else(|| LoadError::MissingProgram {
+                program: (*name).to_owned(),
+            })?;
+        pin_replacing(program, name, &paths.prog_pin(name))?;
+    }
+    Ok(Loaded { ebpf })
+}
+
+/// Pins `program` at `path`, replacing an older pin with a rename so the path never disappears.
+fn pin_replacing(
+    program: &mut Program,
+    name: &str,
+    path: &std::path::Path,
+) -> Result<(), LoadError> {
+    let mut staging = path.as_os_str().to_owned();
+    staging.push("_new");
+    let staging = PathBuf::from(staging);
+    let pin_err = |source: io::Error| LoadError::Pin {
+        program: name.to_owned(),
+        path: path.to_owned(),
+        source,
+    };
+    match fs::remove_file(&staging) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(pin_err(e)),
+    }
+    program
+        .pin(&staging)
+        .map_err(|e| pin_err(io::Error::other(e)))?;
+    fs::rename(&staging, path).map_err(pin_err)
+}
+
+impl Loaded {
+    /// What is loaded and where it is pinned.
+    pub fn report(&self, paths: &Paths) -> LoadReport {
+        let programs = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let id = program_id(program)?;
+                Some(ProgramReport {
+                    name: name.to_owned(),
+                    id,
+                    pin: paths.prog_pin(name),
+                })
+            })
+            .collect();
+        let maps = maps_schema::maps::ALL
+            .iter()
+            .filter_map(|name| {
+                let pin = paths.map_pin(name);
+                let info = MapInfo::from_pin(&pin).ok()?;
+                Some(MapReport {
+                    name: (*name).to_owned(),
+                    id: info.id(),
+                    max_entries: info.max_entries(),
+                    pin,
+                })
+            })
+            .collect();
+        LoadReport { programs, maps }
+    }
+}
+
+fn program_id(program: &Program) -> Option<u32> {
+    let info = match program {
+        Program::SchedClassifier(p) => p.info(),
+        Program::Xdp(p) => p.info(),
+        _ => return None,
+    };
+    info.ok().map(|info| info.id())
+}

@@ -1,0 +1,47 @@
+//! The `weir` binary.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Agent(args) => {
+            let config = args.validate()?;
+            if args.dump_config {
+                println!("{}", serde_json::to_string_pretty(&config)?);
+                return Ok(());
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("cannot start the tokio runtime")?;
+            runtime.block_on(agent::daemon::run(config))?;
+            Ok(())
+        }
+        Command::Ipam(args) => cli::ipam::run(args),
+    }
+}

@@ -1,0 +1,40 @@
+//! The attach points: thin entries that turn a `try_*` verdict into the hook's action code.
+//! (They sit in a private module, so clippy's `not_unsafe_ptr_arg_deref`, which fires on the raw
+//! context pointer of aya's macro expansion for a crate-public function, does not apply.)
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+
+use crate::{counters::Verdict, endpoint, prefilter};
+
+/// tc ingress of a host-side workload veth: packets leaving the pod.
+#[classifier]
+pub fn from_endpoint(ctx: TcContext) -> i32 {
+    tc_action(endpoint::try_from_endpoint(&ctx))
+}
+
+/// tc egress of a host-side workload veth: packets entering the pod.
+#[classifier]
+pub fn to_endpoint(ctx: TcContext) -> i32 {
+    tc_action(endpoint::try_to_endpoint(&ctx))
+}
+
+/// XDP prefilter on the interfaces the operator names.
+#[xdp]
+pub fn xdp_prefilter(ctx: XdpContext) -> u32 {
+    match prefilter::try_xdp_prefilter(&ctx) {
+        Verdict::Pass => xdp_action::XDP_PASS,
+        Verdict::Drop => xdp_action::XDP_DROP,
+    }
+}
+
+#[inline(always)]
+fn tc_action(verdict: Verdict) -> i32 {
+    match verdict {
+        Verdict::Pass => TC_ACT_OK,
+        Verdict::Drop => TC_ACT_SHOT,
+    }
+}

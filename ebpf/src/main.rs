@@ -1,0 +1,23 @@
+//! weir's kernel programs. Thin entry points (`entry`) call `try_*` functions in modules.
+#![no_std]
+#![no_main]
+
+mod counters;
+mod endpoint;
+mod entry;
+mod maps;
+mod parse;
+mod prefilter;
+#[cfg(feature = "verifier-reject")]
+mod reject;
+
+/// A reachable panic loops forever, which the verifier rejects: no panic path can ship.
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,1 @@
+//! Host-affine block IPAM (see `../shared/DESIGN.md` → IPAM).

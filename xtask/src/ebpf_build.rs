@@ -1,0 +1,124 @@
+//! Builds the eBPF object. Shared, std only: `cargo xtask build-ebpf` uses it, and so do the build
+//! scripts of `agent` (which embeds the object) and `tests` (test-only variants), through `#[path]`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// The BPF target the programs are built for.
+pub const TARGET: &str = "bpfel-unknown-none";
+
+/// One build of the eBPF crate.
+pub struct EbpfBuild<'a> {
+    /// The workspace root.
+    pub workspace: &'a Path,
+    /// `--release` (the agent always embeds a release build).
+    pub release: bool,
+    /// Cargo features of the `ebpf` crate (test-only variants).
+    pub features: &'a [&'a str],
+}
+
+impl EbpfBuild<'_> {
+    /// The pinned eBPF nightly, read from `ebpf/rust-toolchain.toml` (the one place it is pinned).
+    pub fn nightly(workspace: &Path) -> Result<String, String> {
+        let path = workspace.join("ebpf/rust-toolchain.toml");
+        let text = fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        text.lines()
+            .filter_map(|line| line.trim().strip_prefix("channel"))
+            .filter_map(|rest| rest.trim().strip_prefix('='))
+            .map(|value| value.trim().trim_matches('"').to_owned())
+            .next()
+            .ok_or_else(|| format!("{} has no `channel = \"...\"` line", path.display()))
+    }
+
+    /// Where this variant's cargo target directory lives (separate from the host build, so a build
+    /// script can run it without waiting on the outer cargo's lock).
+    #[must_use]
+    pub fn target_dir(&self) -> PathBuf {
+        let mut name = String::from("ebpf");
+        for feature in self.features {
+            name.push('-');
+            name.push_str(feature);
+        }
+        self.workspace.join("target").join(name)
+    }
+
+    /// The object this build produces.
+    #[must_use]
+    pub fn object(&self) -> PathBuf {
+        let profile = if self.release { "release" } else { "debug" };
+        self.target_dir()
+            .join(TARGET)
+            .join(profile)
+            .join("weir-ebpf")
+    }
+
+    /// Runs the build and returns the object's path.
+    pub fn run(&self) -> Result<PathBuf, String> {
+        let nightly = Self::nightly(self.workspace)?;
+        let mut cmd = Command::new("rustup");
+        cmd.current_dir(self.workspace.join("ebpf"))
+            .args([
+                "run",
+                &nightly,
+                "cargo",
+                "build",
+                "--package",
+                "ebpf",
+                "--bin",
+                "weir-ebpf",
+            ])
+            .args(["--target", TARGET, "-Z", "build-std=core", "--target-dir"])
+            .arg(self.target_dir());
+        if self.release {
+            cmd.arg("--release");
+        }
+        if !self.features.is_empty() {
+            cmd.arg("--features").arg(self.features.join(","));
+        }
+        // The outer cargo (when this runs from a build script) must not leak its toolchain or flags.
+        for var in [
+            "RUSTC",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "RUSTFLAGS",
+            "RUSTDOCFLAGS",
+            "RUSTUP_TOOLCHAIN",
+            "CARGO",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_ENCODED_RUSTFLAGS",
+        ] {
+            cmd.env_remove(var);
+        }
+        // BTF for maps and programs (bpf-linker emits it with --btf), full debug info as DESIGN asks.
+        let flags = [
+            "-Cdebuginfo=2",
+            "-Clink-arg=--btf",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        ];
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
+        let status = cmd.status().map_err(|e| {
+            format!(
+                "cannot run rustup to build the eBPF crate ({e}); run `cargo xtask setup` first"
+            )
+        })?;
+        if !status.success() {
+            return Err(format!(
+                "building the eBPF crate with {nightly} failed ({status}); if the toolchain or \
+                 bpf-linker is missing, run `cargo xtask setup`"
+            ));
+        }
+        let object = self.object();
+        if !object.is_file() {
+            return Err(format!(
+                "the eBPF build succeeded but {} is missing",
+                object.display()
+            ));
+        }
+        Ok(object)
+    }
+}
