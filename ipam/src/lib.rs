@@ -1,1 +1,23 @@
 //! Host-affine block IPAM (see `../shared/DESIGN.md` → IPAM).
+//!
+//! Pools are carved into blocks; a host claims blocks (a two-phase affinity claim) and hands out addresses from
+//! them. Every write is compare-and-swap on the datastore's revision and is retried with fresh reads; in-memory
+//! copies are only changed on the way to a write, never before it succeeds. While a host owns a block with free
+//! addresses, one allocation is one atomic write over the block and the handle.
+//!
+//! Datastores: [`store::memory`] (tests), [`store::embedded`] (redb, the default), [`store::etcd`].
+//!
+//! **Sharing an embedded file.** The embedded store opens redb in its multi-process mode, so several `weir ipam`
+//! processes and an agent may use one file at once: each write transaction holds the file's writer lock and
+//! re-reads inside it, so compare-and-swap holds across processes. A file held by an older, exclusive opener is
+//! waited for (bounded) and then reported. Routing the CLI through the agent's socket instead comes with the agent.
+
+pub mod allocator;
+pub mod cidr;
+pub mod error;
+pub mod model;
+pub mod store;
+pub mod testing;
+
+pub use allocator::{AssignArgs, AssignResult, Ipam};
+pub use error::IpamError;

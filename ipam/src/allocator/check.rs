@@ -1,0 +1,156 @@
+//! Consistency and leak check over the whole datastore.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::Ipam;
+use crate::{
+    IpamError, cidr,
+    model::{AffinityState, BlockAffinity, Handle},
+    store::{Kind, Store},
+};
+
+/// What `check` found. `problems` are broken invariants; `leaks` are addresses or blocks nobody accounts for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CheckReport {
+    /// Blocks read.
+    pub blocks: usize,
+    /// Live allocations counted.
+    pub allocations: usize,
+    /// Handles read.
+    pub handles: usize,
+    /// Affinities read.
+    pub affinities: usize,
+    /// Broken invariants (must be empty).
+    pub problems: Vec<String>,
+    /// Leaked or dangling records (harmless to addressing, worth cleaning up).
+    pub leaks: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether no invariant is broken.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl<S: Store + Clone> Ipam<S> {
+    /// Checks every invariant: no address with two live owners, at most one confirmed affinity per block and
+    /// it matches the block, handle counts match the ordinals holding them, free lists have no duplicates and
+    /// are disjoint from allocations.
+    pub async fn check(&self) -> Result<CheckReport, IpamError> {
+        let blocks = self.blocks().await?;
+        let handles: Vec<Handle> = self
+            .list_objs::<Handle>(Kind::Handle, "")
+            .await?
+            .into_iter()
+            .map(|(h, _)| h)
+            .collect();
+        let affs: Vec<BlockAffinity> = self
+            .list_objs::<BlockAffinity>(Kind::Affinity, "")
+            .await?
+            .into_iter()
+            .map(|(a, _)| a)
+            .filter(|a| !a.deleted)
+            .collect();
+        let pools = self.pools().await?;
+        let mut r = CheckReport {
+            blocks: blocks.len(),
+            handles: handles.len(),
+            affinities: affs.len(),
+            ..CheckReport::default()
+        };
+
+        let mut owners: BTreeMap<std::net::IpAddr, usize> = BTreeMap::new();
+        let mut counted: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for b in &blocks {
+            r.problems.extend(b.problems());
+            for o in b.live_ordinals() {
+                r.allocations += 1;
+                *owners.entry(b.ip(o)).or_default() += 1;
+            }
+            for (h, n) in b.handle_counts() {
+                counted.insert((h, b.key_name()), n);
+            }
+            if !pools.iter().any(|p| cidr::contains_net(&p.cidr, &b.cidr)) {
+                r.leaks
+                    .push(format!("block {} is outside every pool", b.cidr));
+            }
+        }
+        for (ip, n) in owners.iter().filter(|(_, n)| **n > 1) {
+            r.problems.push(format!("address {ip} has {n} live owners"));
+        }
+        for (i, a) in blocks.iter().enumerate() {
+            for b in &blocks[i + 1..] {
+                if cidr::overlaps(&a.cidr, &b.cidr) {
+                    r.problems
+                        .push(format!("blocks {} and {} overlap", a.cidr, b.cidr));
+                }
+            }
+        }
+        let mut held: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for h in &handles {
+            for (block, n) in &h.blocks {
+                held.insert((h.id.clone(), block.clone()), *n);
+            }
+        }
+        for key in counted.keys().chain(held.keys()).collect::<BTreeSet<_>>() {
+            let (c, h) = (
+                counted.get(key).copied().unwrap_or(0),
+                held.get(key).copied().unwrap_or(0),
+            );
+            if c != h {
+                r.problems.push(format!(
+                    "handle {:?} records {h} addresses in block {} but the block holds {c}",
+                    key.0, key.1
+                ));
+            }
+        }
+        let mut confirmed: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for a in affs.iter().filter(|a| a.state == AffinityState::Confirmed) {
+            confirmed
+                .entry(cidr::cidr_name(&a.cidr))
+                .or_default()
+                .push(&a.host);
+        }
+        for (block, hosts) in &confirmed {
+            if hosts.len() > 1 {
+                r.problems.push(format!(
+                    "block {block} has {} confirmed affinities: {}",
+                    hosts.len(),
+                    hosts.join(", ")
+                ));
+            }
+            match blocks.iter().find(|b| &b.key_name() == block) {
+                None => r.leaks.push(format!(
+                    "confirmed affinity of {} names block {block}, which does not exist",
+                    hosts[0]
+                )),
+                Some(b) if !hosts.iter().any(|h| b.is_affine_to(h)) => r.problems.push(format!(
+                    "block {block} is affine to {:?} but its confirmed affinity names {}",
+                    b.affinity,
+                    hosts.join(", ")
+                )),
+                Some(_) => {}
+            }
+        }
+        for a in affs.iter().filter(|a| a.state != AffinityState::Confirmed) {
+            r.leaks.push(format!(
+                "affinity of {} for {} is {:?} (an interrupted claim or release)",
+                a.host, a.cidr, a.state
+            ));
+        }
+        for b in &blocks {
+            if let Some(host) = b.affinity.as_deref().and_then(|a| a.strip_prefix("host:"))
+                && !affs.iter().any(|a| a.host == host && a.cidr == b.cidr)
+            {
+                r.leaks.push(format!(
+                    "block {} is affine to {host}, which has no affinity for it",
+                    b.cidr
+                ));
+            }
+        }
+        Ok(r)
+    }
+}

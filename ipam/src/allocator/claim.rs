@@ -1,0 +1,445 @@
+//! Block affinities: the two-phase claim (pending → block created → confirmed), release, and reclaim.
+
+use std::sync::Arc;
+
+use ipnetwork::IpNetwork;
+
+use super::{EMPTY_BLOCK_MIN_RECLAIM_AGE, Ipam, Snapshot, decode, encode};
+use crate::{
+    IpamError,
+    cidr::{self, fnv1a},
+    model::{AffinityState, Block, BlockAffinity, IpPool, reservation::reserved_count},
+    store::{Key, Kind, Op, Store, Write},
+};
+
+/// Candidate blocks probed one by one before listing the pool's blocks once.
+const PROBES: u128 = 8;
+
+/// How a claim ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The block is ours, affinity confirmed.
+    Claimed,
+    /// Another host has it.
+    Taken,
+}
+
+pub(crate) fn affinity_key(host: &str, cidr: &IpNetwork) -> Key {
+    Key::new(Kind::Affinity, BlockAffinity::key_name(host, cidr))
+}
+
+pub(crate) fn block_key(cidr: &IpNetwork) -> Key {
+    Key::new(Kind::Block, cidr::cidr_name(cidr))
+}
+
+impl<S: Store + Clone> Ipam<S> {
+    /// Claims `cidr` for `host`: a pending affinity, then the block (create), then the affinity confirmed in
+    /// one write that also checks the block still names this host.
+    pub(crate) async fn claim_block(
+        &self,
+        host: &str,
+        cidr: IpNetwork,
+    ) -> Result<Claim, IpamError> {
+        let akey = affinity_key(host, &cidr);
+        let pending = encode(&BlockAffinity {
+            host: host.to_owned(),
+            cidr,
+            state: AffinityState::Pending,
+            deleted: false,
+        });
+        let k = akey.clone();
+        self.store
+            .read_modify_write(vec![akey.clone()], move |cur| {
+                let confirmed = cur[0]
+                    .as_deref()
+                    .and_then(|v| decode::<BlockAffinity>(&k, v).ok())
+                    .is_some_and(|a| a.state == AffinityState::Confirmed && !a.deleted);
+                (
+                    vec![if confirmed {
+                        Write::Keep
+                    } else {
+                        Write::Put(pending.clone())
+                    }],
+                    (),
+                )
+            })
+            .await?;
+        let bkey = block_key(&cidr);
+        let block = Block::new(
+            cidr,
+            Some(Block::host_affinity(host)),
+            self.clock.now(),
+            self.clock.seq_seed(),
+        );
+        match self
+            .store
+            .txn(vec![Op::Create {
+                key: bkey.clone(),
+                value: encode(&block),
+            }])
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.is_conflict() => {
+                let ours = self
+                    .get_obj::<Block>(&bkey)
+                    .await?
+                    .is_some_and(|(b, _)| b.is_affine_to(host) && !b.deleted);
+                if !ours {
+                    self.drop_unconfirmed_affinity(host, &cidr).await?;
+                    return Ok(Claim::Taken);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.confirm_affinity(host, cidr).await
+    }
+
+    /// Confirms the affinity if the block names `host` (checked in the same write).
+    async fn confirm_affinity(&self, host: &str, cidr: IpNetwork) -> Result<Claim, IpamError> {
+        let akey = affinity_key(host, &cidr);
+        let bkey = block_key(&cidr);
+        let (ak, bk, h) = (akey.clone(), bkey.clone(), host.to_owned());
+        let confirmed = self
+            .store
+            .read_modify_write(vec![akey, bkey], move |cur| {
+                let aff = cur[0]
+                    .as_deref()
+                    .and_then(|v| decode::<BlockAffinity>(&ak, v).ok());
+                let ours = cur[1]
+                    .as_deref()
+                    .and_then(|v| decode::<Block>(&bk, v).ok())
+                    .is_some_and(|b| b.is_affine_to(&h) && !b.deleted);
+                match aff {
+                    Some(mut a)
+                        if ours
+                            && matches!(
+                                a.state,
+                                AffinityState::Pending | AffinityState::Confirmed
+                            ) =>
+                    {
+                        let already = a.state == AffinityState::Confirmed;
+                        a.state = AffinityState::Confirmed;
+                        (
+                            vec![
+                                if already {
+                                    Write::Keep
+                                } else {
+                                    Write::Put(encode(&a))
+                                },
+                                Write::Keep,
+                            ],
+                            true,
+                        )
+                    }
+                    _ => (vec![Write::Keep, Write::Keep], false),
+                }
+            })
+            .await?;
+        Ok(if confirmed {
+            Claim::Claimed
+        } else {
+            Claim::Taken
+        })
+    }
+
+    /// Deletes `host`'s affinity for `cidr` unless it is confirmed.
+    async fn drop_unconfirmed_affinity(
+        &self,
+        host: &str,
+        cidr: &IpNetwork,
+    ) -> Result<(), IpamError> {
+        let akey = affinity_key(host, cidr);
+        let k = akey.clone();
+        self.store
+            .read_modify_write(vec![akey], move |cur| {
+                let confirmed = cur[0]
+                    .as_deref()
+                    .and_then(|v| decode::<BlockAffinity>(&k, v).ok())
+                    .is_some_and(|a| a.state == AffinityState::Confirmed);
+                (
+                    vec![if confirmed || cur[0].is_none() {
+                        Write::Keep
+                    } else {
+                        Write::Delete
+                    }],
+                    (),
+                )
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Brings an unconfirmed affinity (left by a crash or a race) to a settled state.
+    pub(crate) async fn settle_affinity(&self, aff: &BlockAffinity) -> Result<Claim, IpamError> {
+        match aff.state {
+            AffinityState::Confirmed => Ok(Claim::Claimed),
+            AffinityState::PendingDeletion => {
+                self.release_affinity(&aff.host, aff.cidr, false).await?;
+                Ok(Claim::Taken)
+            }
+            AffinityState::Pending => match self.get_obj::<Block>(&block_key(&aff.cidr)).await? {
+                None => self.claim_block(&aff.host, aff.cidr).await,
+                Some((b, _)) if b.is_affine_to(&aff.host) => {
+                    self.confirm_affinity(&aff.host, aff.cidr).await
+                }
+                Some(_) => {
+                    self.drop_unconfirmed_affinity(&aff.host, &aff.cidr).await?;
+                    Ok(Claim::Taken)
+                }
+            },
+        }
+    }
+
+    /// Releases `host`'s affinity for `cidr`: the affinity goes to pending-deletion, an empty block is deleted
+    /// (a non-empty one loses its affinity and becomes borrowable, unless `require_empty`), then the affinity
+    /// is deleted.
+    pub async fn release_affinity(
+        &self,
+        host: &str,
+        cidr: IpNetwork,
+        require_empty: bool,
+    ) -> Result<(), IpamError> {
+        self.release_affinity_if(host, cidr, require_empty, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// As [`Self::release_affinity`], only if the block's sequence number is still `required_seq`. Returns
+    /// whether the block was released.
+    async fn release_affinity_if(
+        &self,
+        host: &str,
+        cidr: IpNetwork,
+        require_empty: bool,
+        required_seq: Option<u64>,
+    ) -> Result<bool, IpamError> {
+        let bkey = block_key(&cidr);
+        if let Some((b, _)) = self.get_obj::<Block>(&bkey).await?
+            && b.is_affine_to(host)
+        {
+            if require_empty && !b.is_empty() {
+                return Err(IpamError::BlockNotEmpty { cidr });
+            }
+            if required_seq.is_some_and(|s| s != b.sequence_number) {
+                return Ok(false);
+            }
+        }
+        self.set_affinity_state(host, &cidr, AffinityState::PendingDeletion, None)
+            .await?;
+        let (bk, h, now) = (bkey.clone(), host.to_owned(), self.clock.now());
+        #[derive(PartialEq)]
+        enum Outcome {
+            Done,
+            NotEmpty,
+            Moved,
+        }
+        let outcome = self
+            .store
+            .read_modify_write(vec![bkey], move |cur| {
+                let Some(mut b) = cur[0].as_deref().and_then(|v| decode::<Block>(&bk, v).ok())
+                else {
+                    return (vec![Write::Keep], Outcome::Done);
+                };
+                if !b.is_affine_to(&h) {
+                    return (vec![Write::Keep], Outcome::Done);
+                }
+                if required_seq.is_some_and(|s| s != b.sequence_number) {
+                    return (vec![Write::Keep], Outcome::Moved);
+                }
+                if b.is_empty() {
+                    return (vec![Write::Delete], Outcome::Done);
+                }
+                if require_empty {
+                    return (vec![Write::Keep], Outcome::NotEmpty);
+                }
+                b.affinity = None;
+                b.affinity_claim_time = now;
+                b.touch();
+                (vec![Write::Put(encode(&b))], Outcome::Done)
+            })
+            .await?;
+        if outcome != Outcome::Done {
+            self.set_affinity_state(
+                host,
+                &cidr,
+                AffinityState::Confirmed,
+                Some(AffinityState::PendingDeletion),
+            )
+            .await?;
+            return match outcome {
+                Outcome::NotEmpty => Err(IpamError::BlockNotEmpty { cidr }),
+                _ => Ok(false),
+            };
+        }
+        let akey = affinity_key(host, &cidr);
+        self.store
+            .read_modify_write(vec![akey], |cur| {
+                (
+                    vec![if cur[0].is_some() {
+                        Write::Delete
+                    } else {
+                        Write::Keep
+                    }],
+                    (),
+                )
+            })
+            .await?;
+        Ok(true)
+    }
+
+    async fn set_affinity_state(
+        &self,
+        host: &str,
+        cidr: &IpNetwork,
+        state: AffinityState,
+        only_from: Option<AffinityState>,
+    ) -> Result<(), IpamError> {
+        let akey = affinity_key(host, cidr);
+        let k = akey.clone();
+        self.store
+            .read_modify_write(vec![akey], move |cur| {
+                match cur[0]
+                    .as_deref()
+                    .and_then(|v| decode::<BlockAffinity>(&k, v).ok())
+                {
+                    Some(mut a) if only_from.is_none_or(|f| f == a.state) && a.state != state => {
+                        a.state = state;
+                        (vec![Write::Put(encode(&a))], ())
+                    }
+                    _ => (vec![Write::Keep], ()),
+                }
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Every affinity of `host` (soft-deleted rows skipped).
+    pub async fn host_affinities(&self, host: &str) -> Result<Vec<BlockAffinity>, IpamError> {
+        Ok(self
+            .list_objs::<BlockAffinity>(Kind::Affinity, &BlockAffinity::host_prefix(host))
+            .await?
+            .into_iter()
+            .map(|(a, _)| a)
+            .filter(|a| !a.deleted && a.host == host)
+            .collect())
+    }
+
+    /// Releases every affinity of `host`, best effort; returns the last error.
+    pub async fn release_host_affinities(
+        &self,
+        host: &str,
+        require_empty: bool,
+    ) -> Result<usize, IpamError> {
+        let mut released = 0;
+        let mut last = None;
+        for a in self.host_affinities(host).await? {
+            match self.release_affinity(host, a.cidr, require_empty).await {
+                Ok(()) => released += 1,
+                Err(e) => last = Some(e),
+            }
+        }
+        last.map_or(Ok(released), Err)
+    }
+
+    /// Claims every block of `cidr` (which must lie in a pool and hold at least one block) for `host`.
+    /// Returns the blocks claimed and those another host has.
+    pub async fn claim_affinity(
+        &self,
+        host: &str,
+        cidr: IpNetwork,
+    ) -> Result<(Vec<IpNetwork>, Vec<IpNetwork>), IpamError> {
+        let pools = self.pools().await?;
+        let pool = pools
+            .iter()
+            .find(|p| cidr::contains_net(&p.cidr, &cidr))
+            .ok_or(IpamError::NotInAnyPool { ip: cidr.network() })?;
+        if cidr.prefix() > pool.block_size {
+            return Err(IpamError::CidrTooSmall {
+                cidr,
+                block_size: pool.block_size,
+            });
+        }
+        let (mut claimed, mut failed) = (Vec::new(), Vec::new());
+        for i in 0..cidr::block_count(&cidr, pool.block_size) {
+            let Some(b) = cidr::nth_block(&cidr, pool.block_size, i) else {
+                break;
+            };
+            match self.claim_block(host, b).await? {
+                Claim::Claimed => claimed.push(b),
+                Claim::Taken => failed.push(b),
+            }
+        }
+        Ok((claimed, failed))
+    }
+
+    /// Finds a block of `pool` nobody has (or an empty one another host has held for over a minute) and
+    /// claims it for `host`. Probes a few candidates in this host's order, then lists the pool's blocks once.
+    pub(crate) async fn claim_new_block(
+        &self,
+        host: &str,
+        pool: &IpPool,
+        snap: &Snapshot,
+    ) -> Result<Option<IpNetwork>, IpamError> {
+        let count = cidr::block_count(&pool.cidr, pool.block_size);
+        let start = u128::from(fnv1a(host)) % count;
+        let candidate = |i: u128| cidr::nth_block(&pool.cidr, pool.block_size, (start + i) % count);
+        let usable = |b: &IpNetwork| reserved_count(&snap.reservations, b) < cidr::size(b);
+        for i in 0..count.min(PROBES) {
+            let Some(b) = candidate(i).filter(usable) else {
+                continue;
+            };
+            if self.store.get(&block_key(&b)).await?.is_none()
+                && self.claim_block(host, b).await? == Claim::Claimed
+            {
+                return Ok(Some(b));
+            }
+        }
+        let existing: Vec<Block> = self
+            .list_objs::<Block>(Kind::Block, "")
+            .await?
+            .into_iter()
+            .map(|(b, _)| b)
+            .filter(|b| cidr::contains_net(&pool.cidr, &b.cidr))
+            .collect();
+        let taken: std::collections::BTreeSet<IpNetwork> =
+            existing.iter().map(|b| b.cidr).collect();
+        // At most `taken.len() + 1` candidates past the probes are taken before a free one turns up.
+        let limit = count.min(PROBES + taken.len() as u128 + 1);
+        for i in 0..limit {
+            let Some(b) = candidate(i).filter(usable) else {
+                continue;
+            };
+            if !taken.contains(&b) && self.claim_block(host, b).await? == Claim::Claimed {
+                return Ok(Some(b));
+            }
+        }
+        let now = self.clock.now();
+        let reservations = Arc::clone(&snap.reservations);
+        for b in existing
+            .iter()
+            .filter(|b| b.is_empty() && !b.is_affine_to(host) && b.free_count(&reservations) > 0)
+        {
+            let Some(owner) = b.affinity.as_deref().and_then(|a| a.strip_prefix("host:")) else {
+                continue;
+            };
+            if now.saturating_sub(b.affinity_claim_time) < EMPTY_BLOCK_MIN_RECLAIM_AGE {
+                continue;
+            }
+            match self
+                .release_affinity_if(owner, b.cidr, true, Some(b.sequence_number))
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(block = %b.cidr, from = owner, to = host, "reclaimed an empty block");
+                    if self.claim_block(host, b.cidr).await? == Claim::Claimed {
+                        return Ok(Some(b.cidr));
+                    }
+                }
+                Ok(false) | Err(IpamError::BlockNotEmpty { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,164 @@
+//! Choosing a datastore at run time: `embedded:PATH` or `etcd:URL[,URL…]`.
+
+use std::{path::PathBuf, str::FromStr, time::Duration};
+
+use super::{
+    Key, Kind, Op, Store, StoreError, Versioned, Write, embedded::EmbeddedStore, etcd::EtcdStore,
+    memory::MemoryStore,
+};
+
+/// The default datastore: the agent's embedded file.
+pub const DEFAULT_DATASTORE: &str = "embedded:/var/lib/weir/ipam.redb";
+
+/// Where the IPAM data lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Datastore {
+    /// A redb file.
+    Embedded(PathBuf),
+    /// etcd client URLs.
+    Etcd(Vec<String>),
+}
+
+/// A datastore argument that could not be understood.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "datastore {given:?} is not understood: write embedded:PATH or etcd:URL[,URL…] (for example etcd:http://127.0.0.1:2379)"
+)]
+pub struct DatastoreParseError {
+    /// What was given.
+    pub given: String,
+}
+
+impl FromStr for Datastore {
+    type Err = DatastoreParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || DatastoreParseError {
+            given: s.to_owned(),
+        };
+        if let Some(p) = s.strip_prefix("embedded:") {
+            if p.trim().is_empty() {
+                return Err(bad());
+            }
+            return Ok(Self::Embedded(PathBuf::from(p)));
+        }
+        if let Some(urls) = s.strip_prefix("etcd:") {
+            let urls: Vec<String> = urls
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if urls.is_empty()
+                || !urls
+                    .iter()
+                    .all(|u| u.starts_with("http://") || u.starts_with("https://"))
+            {
+                return Err(bad());
+            }
+            return Ok(Self::Etcd(urls));
+        }
+        Err(bad())
+    }
+}
+
+impl Datastore {
+    /// Opens the datastore; an embedded file held exclusively elsewhere is waited for up to `wait`.
+    pub async fn open(&self, wait: Duration) -> Result<AnyStore, StoreError> {
+        match self {
+            Self::Embedded(p) => {
+                let p = p.clone();
+                let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&p, wait))
+                    .await
+                    .map_err(|e| StoreError::Unavailable {
+                        backend: "embedded",
+                        location: String::new(),
+                        detail: "the open was interrupted".into(),
+                        source: Some(Box::new(e)),
+                    })??;
+                Ok(AnyStore::Embedded(store))
+            }
+            Self::Etcd(urls) => Ok(AnyStore::Etcd(EtcdStore::connect(urls).await?)),
+        }
+    }
+}
+
+/// Any backend, chosen at run time.
+#[derive(Clone, Debug)]
+pub enum AnyStore {
+    /// In memory.
+    Memory(MemoryStore),
+    /// redb.
+    Embedded(EmbeddedStore),
+    /// etcd.
+    Etcd(EtcdStore),
+}
+
+impl Store for AnyStore {
+    fn backend(&self) -> &'static str {
+        match self {
+            Self::Memory(s) => s.backend(),
+            Self::Embedded(s) => s.backend(),
+            Self::Etcd(s) => s.backend(),
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {
+        match self {
+            Self::Memory(s) => s.get(key).await,
+            Self::Embedded(s) => s.get(key).await,
+            Self::Etcd(s) => s.get(key).await,
+        }
+    }
+
+    async fn list(&self, kind: Kind, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        match self {
+            Self::Memory(s) => s.list(kind, prefix).await,
+            Self::Embedded(s) => s.list(kind, prefix).await,
+            Self::Etcd(s) => s.list(kind, prefix).await,
+        }
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(s) => s.txn(ops).await,
+            Self::Embedded(s) => s.txn(ops).await,
+            Self::Etcd(s) => s.txn(ops).await,
+        }
+    }
+
+    async fn read_modify_write<T, F>(&self, keys: Vec<Key>, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
+    {
+        match self {
+            Self::Memory(s) => s.read_modify_write(keys, f).await,
+            Self::Embedded(s) => s.read_modify_write(keys, f).await,
+            Self::Etcd(s) => s.read_modify_write(keys, f).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datastore_arguments_parse() {
+        assert_eq!(
+            "embedded:/tmp/x.redb".parse(),
+            Ok(Datastore::Embedded("/tmp/x.redb".into()))
+        );
+        assert_eq!(
+            "etcd:http://a:1,http://b:2".parse(),
+            Ok(Datastore::Etcd(vec![
+                "http://a:1".into(),
+                "http://b:2".into()
+            ]))
+        );
+        for bad in ["", "embedded:", "etcd:", "etcd:a:1", "consul:x"] {
+            assert!(bad.parse::<Datastore>().is_err(), "{bad}");
+        }
+    }
+}

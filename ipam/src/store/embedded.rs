@@ -1,0 +1,432 @@
+//! The embedded store: a redb file, crash-safe, every commit durable (`Durability::Immediate`, redb's default).
+//!
+//! Opened in redb's multi-process mode (`ConcurrencyMode::MultiWriter`), so several `weir ipam` processes and
+//! an agent can share one file: each write transaction holds the file's writer lock, reads inside it are fresh,
+//! so compare-and-swap holds across processes. Inside one process a writer thread group-commits: it takes every
+//! queued write, runs them one after another in one write transaction, and commits once.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use redb::{
+    ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
+use tokio::sync::oneshot;
+
+use super::{Key, Kind, Op, Revision, Store, StoreError, Versioned, Write};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const MAX_BATCH: usize = 256;
+
+fn table(kind: Kind) -> TableDefinition<'static, &'static str, &'static [u8]> {
+    TableDefinition::new(kind.as_str())
+}
+
+fn encode(rev: u64, value: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + value.len());
+    v.extend_from_slice(&rev.to_le_bytes());
+    v.extend_from_slice(value);
+    v
+}
+
+fn decode(raw: &[u8]) -> Versioned {
+    let (r, v) = raw.split_at(raw.len().min(8));
+    let mut b = [0u8; 8];
+    b[..r.len()].copy_from_slice(r);
+    Versioned {
+        value: v.to_vec(),
+        revision: Revision(u64::from_le_bytes(b)),
+    }
+}
+
+trait Job: Send {
+    /// Runs inside the shared write transaction. `Ok(Err(_))`: this job is refused and wrote nothing;
+    /// `Err(_)`: the storage failed and the whole transaction is abandoned.
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        rev: &mut u64,
+    ) -> Result<Result<(), StoreError>, redb::Error>;
+    fn finish(self: Box<Self>, result: Result<(), StoreError>);
+}
+
+fn read_in(txn: &WriteTransaction, key: &Key) -> Result<Option<Versioned>, redb::Error> {
+    let t = txn.open_table(table(key.kind))?;
+    Ok(t.get(key.name.as_str())?.map(|g| decode(g.value())))
+}
+
+fn put_in(
+    txn: &WriteTransaction,
+    key: &Key,
+    value: &[u8],
+    rev: &mut u64,
+) -> Result<(), redb::Error> {
+    *rev += 1;
+    let mut t = txn.open_table(table(key.kind))?;
+    t.insert(key.name.as_str(), encode(*rev, value).as_slice())?;
+    Ok(())
+}
+
+fn delete_in(txn: &WriteTransaction, key: &Key) -> Result<(), redb::Error> {
+    let mut t = txn.open_table(table(key.kind))?;
+    t.remove(key.name.as_str())?;
+    Ok(())
+}
+
+struct TxnJob {
+    ops: Vec<Op>,
+    reply: Option<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+impl Job for TxnJob {
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        rev: &mut u64,
+    ) -> Result<Result<(), StoreError>, redb::Error> {
+        for op in &self.ops {
+            let cur = read_in(txn, op.key())?.map(|v| v.revision);
+            let ok = match op {
+                Op::Create { .. } => cur.is_none(),
+                Op::Update { revision, .. } | Op::Delete { revision, .. } => cur == Some(*revision),
+                Op::Check { revision, .. } => cur == *revision,
+            };
+            if !ok {
+                return Ok(Err(StoreError::Conflict {
+                    key: op.key().to_string(),
+                }));
+            }
+        }
+        for op in &self.ops {
+            match op {
+                Op::Create { key, value } | Op::Update { key, value, .. } => {
+                    put_in(txn, key, value, rev)?;
+                }
+                Op::Delete { key, .. } => delete_in(txn, key)?,
+                Op::Check { .. } => {}
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    fn finish(mut self: Box<Self>, result: Result<(), StoreError>) {
+        if let Some(r) = self.reply.take() {
+            let _ = r.send(result);
+        }
+    }
+}
+
+struct RmwJob<T, F> {
+    keys: Vec<Key>,
+    f: F,
+    out: Option<T>,
+    reply: Option<oneshot::Sender<Result<T, StoreError>>>,
+}
+
+impl<T, F> Job for RmwJob<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
+{
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        rev: &mut u64,
+    ) -> Result<Result<(), StoreError>, redb::Error> {
+        let mut values = Vec::with_capacity(self.keys.len());
+        for k in &self.keys {
+            values.push(read_in(txn, k)?.map(|v| v.value));
+        }
+        let (writes, out) = (self.f)(&values);
+        for (k, w) in self.keys.iter().zip(writes) {
+            match w {
+                Write::Keep => {}
+                Write::Put(v) => put_in(txn, k, &v, rev)?,
+                Write::Delete => delete_in(txn, k)?,
+            }
+        }
+        self.out = Some(out);
+        Ok(Ok(()))
+    }
+
+    fn finish(mut self: Box<Self>, result: Result<(), StoreError>) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let msg = match (result, self.out.take()) {
+            (Ok(()), Some(out)) => Ok(out),
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => Err(StoreError::Injected {
+                what: "job finished without running",
+            }),
+        };
+        let _ = reply.send(msg);
+    }
+}
+
+struct Inner {
+    db: Arc<Database>,
+    path: PathBuf,
+    tx: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Some(h) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A redb database file.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the database at `path`. If another process holds the file exclusively, waits up to
+    /// `wait` for it to be released.
+    pub fn open(path: &Path, wait: Duration) -> Result<Self, StoreError> {
+        let unavailable =
+            |detail: String, source: Option<Box<dyn std::error::Error + Send + Sync>>| {
+                StoreError::Unavailable {
+                    backend: "embedded",
+                    location: path.display().to_string(),
+                    detail,
+                    source,
+                }
+            };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                unavailable(
+                    format!(
+                        "cannot create directory {}: check the path and permissions",
+                        dir.display()
+                    ),
+                    Some(Box::new(e)),
+                )
+            })?;
+        }
+        let deadline = Instant::now() + wait;
+        let db = loop {
+            let mut b = Database::builder();
+            b.set_concurrency_mode(ConcurrencyMode::MultiWriter);
+            match b.create(path) {
+                Ok(db) => break db,
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                    return Err(unavailable(
+                        format!(
+                            "another process holds the file exclusively and did not let go within {}s: stop it, or \
+                             point --datastore at the agent's datastore",
+                            wait.as_secs()
+                        ),
+                        None,
+                    ));
+                }
+                Err(e) => {
+                    return Err(unavailable(
+                        "cannot open the database file: check the path and permissions".into(),
+                        Some(Box::new(e)),
+                    ));
+                }
+            }
+        };
+        let db = Arc::new(db);
+        init_tables(&db)
+            .map_err(|e| unavailable("cannot initialise the database".into(), Some(Box::new(e))))?;
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let wdb = db.clone();
+        let writer = std::thread::Builder::new()
+            .name("weir-ipam-redb".into())
+            .spawn(move || writer_loop(&wdb, &rx))
+            .map_err(|e| unavailable("cannot start the writer thread".into(), Some(Box::new(e))))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                path: path.to_owned(),
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    fn unavailable(
+        &self,
+        detail: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Unavailable {
+            backend: "embedded",
+            location: self.inner.path.display().to_string(),
+            detail: detail.to_owned(),
+            source: Some(Box::new(e)),
+        }
+    }
+
+    fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
+        let tx = self.inner.tx.lock().ok().and_then(|g| g.clone());
+        let gone = || StoreError::Unavailable {
+            backend: "embedded",
+            location: self.inner.path.display().to_string(),
+            detail: "the writer thread has stopped".into(),
+            source: None,
+        };
+        tx.ok_or_else(gone)?.send(job).map_err(|_| gone())
+    }
+
+    fn gone(&self) -> StoreError {
+        StoreError::Unavailable {
+            backend: "embedded",
+            location: self.inner.path.display().to_string(),
+            detail: "the writer thread dropped the request".into(),
+            source: None,
+        }
+    }
+}
+
+fn init_tables(db: &Database) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    for k in Kind::ALL {
+        txn.open_table(table(k))?;
+    }
+    txn.open_table(META)?;
+    txn.commit()?;
+    Ok(())
+}
+
+fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        match run_batch(db, &mut batch) {
+            Ok(results) => {
+                for (job, r) in batch.into_iter().zip(results) {
+                    job.finish(r);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, jobs = batch.len(), "embedded datastore commit failed");
+                let msg = e.to_string();
+                for job in batch {
+                    job.finish(Err(StoreError::Unavailable {
+                        backend: "embedded",
+                        location: String::new(),
+                        detail: format!("commit failed: {msg}"),
+                        source: None,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+fn run_batch(
+    db: &Database,
+    batch: &mut [Box<dyn Job>],
+) -> Result<Vec<Result<(), StoreError>>, redb::Error> {
+    let txn = db.begin_write()?;
+    let mut rev = txn
+        .open_table(META)?
+        .get("revision")?
+        .map_or(0, |g| g.value());
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch.iter_mut() {
+        results.push(job.apply(&txn, &mut rev)?);
+    }
+    txn.open_table(META)?.insert("revision", rev)?;
+    txn.commit()?;
+    Ok(results)
+}
+
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {
+        let r = self
+            .inner
+            .db
+            .begin_read()
+            .map_err(|e| self.unavailable("cannot read", e))?;
+        let t = r
+            .open_table(table(key.kind))
+            .map_err(|e| self.unavailable("cannot read", e))?;
+        let v = t
+            .get(key.name.as_str())
+            .map_err(|e| self.unavailable("cannot read", e))?;
+        Ok(v.map(|g| decode(g.value())))
+    }
+
+    async fn list(&self, kind: Kind, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let r = self
+            .inner
+            .db
+            .begin_read()
+            .map_err(|e| self.unavailable("cannot read", e))?;
+        let t = r
+            .open_table(table(kind))
+            .map_err(|e| self.unavailable("cannot read", e))?;
+        let mut out = Vec::new();
+        for item in t
+            .range(prefix..)
+            .map_err(|e| self.unavailable("cannot read", e))?
+        {
+            let (k, v) = item.map_err(|e| self.unavailable("cannot read", e))?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push((k.value().to_owned(), decode(v.value())));
+        }
+        Ok(out)
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Box::new(TxnJob {
+            ops,
+            reply: Some(tx),
+        }))?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    async fn read_modify_write<T, F>(&self, keys: Vec<Key>, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Box::new(RmwJob {
+            keys,
+            f,
+            out: None,
+            reply: Some(tx),
+        }))?;
+        rx.await.map_err(|_| self.gone())?
+    }
+}
