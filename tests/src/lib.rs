@@ -1,1 +1,15 @@
-//! Test harness shared by the integration tests.
+//! Test harness shared by weir's integration tests (see `tests/README.md` for the tiers).
+//!
+//! - `privileged`: root checks that fail (never skip) under `CI=true`.
+//! - `names`: generated `wt…` names for namespaces, links and pin roots.
+//! - `netns`: RAII network namespaces and veth pairs, closures run inside a namespace.
+//! - `agent_proc`: a `weir agent` process with its own pin root and directories.
+//! - `bin`: paths of the built `weir` and `weir-cni` binaries.
+//! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
+
+pub mod agent_proc;
+pub mod bin;
+pub mod bpf;
+pub mod names;
+pub mod netns;
+pub mod privileged;

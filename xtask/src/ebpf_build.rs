@@ -10,6 +10,14 @@ use std::{
 /// The BPF target the programs are built for.
 pub const TARGET: &str = "bpfel-unknown-none";
 
+/// Rust flags of every eBPF build: BTF for maps and programs (bpf-linker emits it with `--btf`)
+/// and full debug info, as DESIGN asks.
+pub const RUSTFLAGS: &[&str] = &[
+    "-Cdebuginfo=2",
+    "-Clink-arg=--btf",
+    "--cfg=bpf_target_arch=\"x86_64\"",
+];
+
 /// One build of the eBPF crate.
 pub struct EbpfBuild<'a> {
     /// The workspace root.
@@ -94,13 +102,7 @@ impl EbpfBuild<'_> {
         ] {
             cmd.env_remove(var);
         }
-        // BTF for maps and programs (bpf-linker emits it with --btf), full debug info as DESIGN asks.
-        let flags = [
-            "-Cdebuginfo=2",
-            "-Clink-arg=--btf",
-            "--cfg=bpf_target_arch=\"x86_64\"",
-        ];
-        cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", RUSTFLAGS.join("\x1f"));
         let status = cmd.status().map_err(|e| {
             format!(
                 "cannot run rustup to build the eBPF crate ({e}); run `cargo xtask setup` first"

@@ -1,1 +1,95 @@
-fn main() {}
+//! `cargo xtask`: developer and CI tasks. `setup` installs what a fresh machine lacks,
+//! `build-ebpf` builds the programs, `lint` and `test` are the gates, `ci` runs them all,
+//! `bench NAME` runs a benchmark.
+
+mod bench;
+mod ebpf_build;
+mod lint;
+mod setup;
+mod test;
+mod util;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "weir's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what a fresh machine lacks: toolchains, rust-src, bpf-linker, Debian packages.
+    Setup {
+        /// Skip Debian packages.
+        #[arg(long)]
+        no_apt: bool,
+    },
+    /// Build the eBPF object (with BTF).
+    BuildEbpf {
+        /// Release profile (what the agent embeds).
+        #[arg(long)]
+        release: bool,
+        /// eBPF crate features (test-only variants).
+        #[arg(long, value_delimiter = ',')]
+        features: Vec<String>,
+    },
+    /// fmt --check, clippy -D warnings on every crate (the eBPF crate on its BPF target).
+    Lint,
+    /// Every test: unit, packet, privileged, black-box; then checks nothing was left behind.
+    Test,
+    /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
+    Ci,
+    /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
+    Bench {
+        /// Benchmark name (`all` for every one).
+        name: String,
+        /// A quick run with tiny counts, so benchmarks never rot.
+        #[arg(long)]
+        smoke: bool,
+    },
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
+}
+
+fn main() -> Result<()> {
+    let ws = workspace();
+    match Cli::parse().command {
+        Task::Setup { no_apt } => setup::run(&ws, !no_apt),
+        Task::BuildEbpf { release, features } => {
+            let features: Vec<&str> = features.iter().map(String::as_str).collect();
+            let build = ebpf_build::EbpfBuild {
+                workspace: &ws,
+                release,
+                features: &features,
+            };
+            let object = build.run().map_err(anyhow::Error::msg)?;
+            println!("{}", object.display());
+            Ok(())
+        }
+        Task::Lint => lint::run(&ws),
+        Task::Test => test::run(&ws),
+        Task::Ci => {
+            let started = std::time::Instant::now();
+            util::step("setup", || setup::run(&ws, true))?;
+            util::step("lint", || lint::run(&ws))?;
+            util::step("test", || test::run(&ws))?;
+            util::step("bench --smoke", || bench::run(&ws, "all", true))?;
+            println!(
+                "xtask ci: all steps passed in {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Task::Bench { name, smoke } => bench::run(&ws, &name, smoke),
+    }
+}

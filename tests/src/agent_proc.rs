@@ -1,0 +1,173 @@
+//! A `weir agent` process for black-box tests: its own pin root, state directory and socket,
+//! optionally inside a test namespace; killed on drop.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use crate::{bin, bpf::PinRoot, netns::NetNs};
+
+/// A running agent.
+#[derive(Debug)]
+pub struct AgentProcess {
+    child: Option<Child>,
+    /// The agent's start report (its first stdout line).
+    pub started: serde_json::Value,
+}
+
+/// Where an agent keeps its files (all temporary).
+#[derive(Debug)]
+pub struct AgentDirs {
+    /// Temporary directory holding state, socket, CNI and policy directories.
+    pub dir: tempfile::TempDir,
+}
+
+impl AgentDirs {
+    /// Fresh directories.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("wt-agent")
+                .tempdir()
+                .expect("temp dir"),
+        }
+    }
+
+    /// A path inside.
+    #[must_use]
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Default for AgentDirs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentProcess {
+    /// Starts `weir agent` with `extra` flags and waits (bounded) for its start report.
+    #[must_use]
+    pub fn start(root: &PinRoot, dirs: &AgentDirs, netns: Option<&NetNs>, extra: &[&str]) -> Self {
+        let weir = bin::weir();
+        let mut cmd = match netns {
+            // nsenter switches only the network namespace; `ip netns exec` would also give the agent
+            // a private mount namespace with a fresh /sys, hiding its bpffs pins from everyone else.
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{}", ns.name()))
+                    .arg("--")
+                    .arg(&weir);
+                c
+            }
+            None => Command::new(&weir),
+        };
+        cmd.arg("agent")
+            .args(["--node", "wt-node"])
+            .arg("--bpf-root")
+            .arg(root.path())
+            .arg("--state-dir")
+            .arg(dirs.path("state"))
+            .arg("--api-socket")
+            .arg(dirs.path("weir.sock"))
+            .arg("--policy-dir")
+            .arg(dirs.path("policies"))
+            .arg("--cni-conf-dir")
+            .arg(dirs.path("net.d"))
+            .args(["--metrics", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", weir.display()));
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut agent = Self {
+            child: Some(child),
+            started: serde_json::Value::Null,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let line = rx
+                .recv_timeout(Duration::from_millis(200))
+                .unwrap_or_default();
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
+                && value["event"] == "started"
+            {
+                agent.started = value;
+                return agent;
+            }
+            if let Some(status) = agent
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("weir agent exited before starting: {status}");
+            }
+        }
+        panic!("weir agent did not report start within 60 s");
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("weir agent did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The map ids of the start report, by name.
+    #[must_use]
+    pub fn map_ids(&self) -> Vec<(String, u64)> {
+        self.started["loaded"]["maps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap_or_default().to_owned(),
+                    m["id"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// True when `path` exists (pins are checked this way and with bpftool).
+#[must_use]
+pub fn pinned(path: &Path) -> bool {
+    path.exists()
+}

@@ -1,0 +1,173 @@
+//! Per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, and `bpftool` from outside.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use aya::{
+    Ebpf,
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, TestRunResult, Xdp},
+};
+
+use crate::names;
+
+/// Makes sure bpffs is mounted at `/sys/fs/bpf` (a fresh machine has it unmounted).
+pub fn ensure_bpffs() {
+    agent::bpffs::ensure_mounted(Path::new(agent::paths::BPFFS_MOUNT))
+        .unwrap_or_else(|e| panic!("bpffs: {e}"));
+}
+
+/// A pin root of its own under `/sys/fs/bpf` (`wt…`), removed with everything in it on drop.
+#[derive(Debug)]
+pub struct PinRoot {
+    path: PathBuf,
+}
+
+impl PinRoot {
+    /// Creates the directory (mounting bpffs first if needed).
+    #[must_use]
+    pub fn new() -> Self {
+        ensure_bpffs();
+        let path = Path::new(agent::paths::BPFFS_MOUNT).join(names::unique("p"));
+        agent::bpffs::ensure_pin_dir(&path).unwrap_or_else(|e| panic!("pin root: {e}"));
+        Self { path }
+    }
+
+    /// The root.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The agent's paths for this root.
+    #[must_use]
+    pub fn paths(&self) -> agent::paths::Paths {
+        agent::paths::Paths::with_bpf_root(&self.path)
+    }
+}
+
+impl Default for PinRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        // Unpinning a link detaches it once no process holds it; bpffs has no recursive rmdir
+        // semantics beyond what remove_dir_all does with unlink/rmdir, which is what we want.
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Loads `object` with its maps pinned under `root/maps` and every program loaded.
+#[must_use]
+pub fn load(object: &[u8], root: &PinRoot) -> Ebpf {
+    agent::loader::load_object(object, &root.paths().maps_dir())
+        .unwrap_or_else(|e| panic!("load: {e}"))
+}
+
+/// Loads weir's own object (the one the agent embeds).
+#[must_use]
+pub fn load_weir(root: &PinRoot) -> Ebpf {
+    load(agent::EBPF_OBJECT, root)
+}
+
+/// The tc program `name` of a loaded object.
+pub fn tc<'a>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut SchedClassifier {
+    ebpf.program_mut(name)
+        .unwrap_or_else(|| panic!("no program {name}"))
+        .try_into()
+        .unwrap_or_else(|e| panic!("{name} is not a tc program: {e}"))
+}
+
+/// The XDP program `name` of a loaded object.
+pub fn xdp<'a>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut Xdp {
+    ebpf.program_mut(name)
+        .unwrap_or_else(|| panic!("no program {name}"))
+        .try_into()
+        .unwrap_or_else(|e| panic!("{name} is not an XDP program: {e}"))
+}
+
+/// Size of the kernel's `struct __sk_buff`, and the offset of its `ifindex` field.
+const SK_BUFF_SIZE: usize = 192;
+const SK_BUFF_IFINDEX: usize = 40;
+
+/// Runs a tc program on `packet` through `BPF_PROG_TEST_RUN`. With `ifindex`, the kernel runs it as
+/// if the packet were on that device (which must exist in the calling thread's namespace);
+/// without, on loopback.
+pub fn test_run_tc(
+    program: &SchedClassifier,
+    packet: &[u8],
+    ifindex: Option<u32>,
+    repeat: u32,
+) -> TestRunResult {
+    let mut ctx = [0u8; SK_BUFF_SIZE];
+    let mut opts = TestRunOptions {
+        data_in: Some(packet),
+        repeat,
+        ..TestRunOptions::default()
+    };
+    if let Some(ifindex) = ifindex {
+        ctx[SK_BUFF_IFINDEX..SK_BUFF_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        opts.ctx_in = Some(&ctx);
+    }
+    program
+        .test_run(opts)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"))
+}
+
+/// Runs an XDP program on `packet` through `BPF_PROG_TEST_RUN`.
+pub fn test_run_xdp(program: &Xdp, packet: &[u8], repeat: u32) -> TestRunResult {
+    let opts = TestRunOptions {
+        data_in: Some(packet),
+        repeat,
+        ..TestRunOptions::default()
+    };
+    program
+        .test_run(opts)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"))
+}
+
+/// Runs `bpftool -j ARGS` and parses its JSON (claims about kernel state checked from outside).
+#[must_use]
+pub fn bpftool(args: &[&str]) -> serde_json::Value {
+    let output = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run bpftool (install it with `cargo xtask setup`): {e}")
+        });
+    assert!(
+        output.status.success(),
+        "bpftool {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("bpftool {args:?} printed no JSON: {e}"))
+}
+
+/// Sum of a per-CPU counters slot as `bpftool map dump` shows it: (packets, bytes).
+#[must_use]
+pub fn counter_from_bpftool(map_pin: &Path, index: u32) -> (u64, u64) {
+    let dump = bpftool(&["map", "dump", "pinned", &map_pin.display().to_string()]);
+    let entries = dump
+        .as_array()
+        .unwrap_or_else(|| panic!("map dump is not a list: {dump}"));
+    for entry in entries {
+        // With BTF, bpftool prints {"key": N, "values": [{"cpu": c, "value": {"packets": .., "bytes": ..}}]}.
+        let formatted = entry.get("formatted").unwrap_or(entry);
+        if formatted["key"].as_u64() != Some(u64::from(index)) {
+            continue;
+        }
+        let mut sum = (0, 0);
+        for per_cpu in formatted["values"].as_array().into_iter().flatten() {
+            sum.0 += per_cpu["value"]["packets"].as_u64().unwrap_or(0);
+            sum.1 += per_cpu["value"]["bytes"].as_u64().unwrap_or(0);
+        }
+        return sum;
+    }
+    panic!("counter slot {index} not found in {}", map_pin.display())
+}

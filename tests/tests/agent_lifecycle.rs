@@ -1,0 +1,108 @@
+//! `weir agent` for real: it mounts/uses bpffs, pins its maps and programs under its own root,
+//! attaches the prefilter only where it is told to, exits cleanly on SIGTERM leaving pins and
+//! attachments in place, and reuses its pinned maps on restart.
+
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess},
+    bpf::{PinRoot, bpftool},
+    netns::{NetNs, VethPair},
+    privileged::require_root,
+};
+
+fn xdp_prog_id(ns: &NetNs, ifname: &str) -> Option<u64> {
+    let out = ns.exec(&["ip", "-j", "-d", "link", "show", "dev", ifname]);
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j prints JSON");
+    links[0]["xdp"]["prog"]["id"].as_u64()
+}
+
+#[test]
+fn agent_loads_pins_and_survives_restart() {
+    if !require_root("agent_loads_pins_and_survives_restart") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = NetNs::new();
+    let other = NetNs::new();
+    let told = VethPair::new(&node, "x", &other, "y");
+    let untouched = VethPair::new(&node, "u", &other, "v");
+    let paths = root.paths();
+
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--prefilter-interfaces", &told.a],
+    );
+    let first_maps = agent.map_ids();
+    assert_eq!(
+        first_maps.len(),
+        maps_schema::maps::ALL.len(),
+        "every map is reported"
+    );
+    for name in maps_schema::maps::ALL {
+        let shown = bpftool(&[
+            "map",
+            "show",
+            "pinned",
+            &paths.map_pin(name).display().to_string(),
+        ]);
+        assert_eq!(
+            shown["name"], *name,
+            "bpftool finds {name} at its versioned pin"
+        );
+    }
+    for name in maps_schema::programs::ALL {
+        let shown = bpftool(&[
+            "prog",
+            "show",
+            "pinned",
+            &paths.prog_pin(name).display().to_string(),
+        ]);
+        assert_eq!(shown["name"], *name);
+    }
+    let xdp_on_told =
+        xdp_prog_id(&node, &told.a).expect("xdp_prefilter is attached where the operator said");
+    assert_eq!(
+        xdp_prog_id(&node, &untouched.a),
+        None,
+        "no program on an interface the agent was not told about"
+    );
+
+    let status = agent.terminate();
+    assert!(
+        status.success(),
+        "weir agent exits cleanly on SIGTERM: {status}"
+    );
+    // Pins and the attachment outlive the agent.
+    for name in maps_schema::maps::ALL {
+        assert!(paths.map_pin(name).exists(), "{name} stays pinned");
+    }
+    assert_eq!(
+        xdp_prog_id(&node, &told.a),
+        Some(xdp_on_told),
+        "the prefilter stays attached"
+    );
+
+    // Restart: the pinned maps are reused (same kernel ids), the prefilter link is updated in place.
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--prefilter-interfaces", &told.a],
+    );
+    assert_eq!(
+        agent.map_ids(),
+        first_maps,
+        "a restart reuses the pinned maps"
+    );
+    assert!(
+        xdp_prog_id(&node, &told.a).is_some(),
+        "the prefilter is attached after restart"
+    );
+    assert_eq!(
+        agent.started["prefilter"][0][1], "replaced",
+        "the pinned XDP link was updated, not re-created"
+    );
+    assert!(agent.terminate().success());
+}

@@ -1,0 +1,33 @@
+//! `cargo xtask bench NAME [--smoke]`: every benchmark prints a table and writes
+//! `target/weir-bench/NAME.json`, a flat object of named figures.
+
+mod datapath;
+mod ipam;
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+type Bench = fn(&Path, bool) -> Result<()>;
+
+/// Every benchmark, by name.
+const BENCHES: &[(&str, Bench)] = &[("datapath", datapath::run), ("ipam", ipam::run)];
+
+pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
+    if name == "all" {
+        for (bench, run) in BENCHES {
+            crate::util::step(
+                &format!("bench {bench}{}", if smoke { " --smoke" } else { "" }),
+                || run(ws, smoke),
+            )?;
+        }
+        return Ok(());
+    }
+    match BENCHES.iter().find(|(bench, _)| *bench == name) {
+        Some((_, run)) => run(ws, smoke),
+        None => {
+            let names: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
+            bail!("unknown benchmark {name:?}; choose one of {names:?} or `all`")
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `cargo xtask setup`: installs, idempotently, what a fresh machine lacks. When everything is
+//! present it only checks (a few seconds).
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{ebpf_build::EbpfBuild, util};
+
+/// Debian packages the build and the tests use.
+const APT_PACKAGES: &[&str] = &[
+    "bpftool",                     // checking kernel state from outside
+    "iproute2",                    // namespaces, veths
+    "iptables",                    // datapath benchmark baseline (inside test namespaces only)
+    "etcd-server",                 // the multi-node IPAM datastore, started by the tests
+    "protobuf-compiler",           // etcd-client's build script
+    "libprotobuf-dev",             // ... and the well-known types it needs
+    "containernetworking-plugins", // host-local / bridge baselines and chained plugins
+];
+
+/// The bpf-linker version the eBPF build uses.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub(crate) fn run(ws: &Path, apt: bool) -> Result<()> {
+    let nightly = EbpfBuild::nightly(ws).map_err(anyhow::Error::msg)?;
+    ensure_toolchain(&nightly, &["rust-src", "clippy", "rustfmt"])?;
+    ensure_bpf_linker(&nightly)?;
+    if apt {
+        ensure_apt(APT_PACKAGES)?;
+    }
+    println!(
+        "setup: toolchains, bpf-linker {BPF_LINKER_VERSION}{} present",
+        if apt { " and Debian packages" } else { "" }
+    );
+    Ok(())
+}
+
+fn ensure_toolchain(toolchain: &str, components: &[&str]) -> Result<()> {
+    let installed = util::output("rustup", &["toolchain", "list"]).unwrap_or_default();
+    let have_toolchain = installed.lines().any(|l| l.starts_with(toolchain));
+    let have_components = have_toolchain && {
+        let list = util::output(
+            "rustup",
+            &["component", "list", "--installed", "--toolchain", toolchain],
+        )
+        .unwrap_or_default();
+        components
+            .iter()
+            .all(|c| list.lines().any(|l| l.starts_with(c)))
+    };
+    if have_components {
+        return Ok(());
+    }
+    println!("setup: installing toolchain {toolchain} with {components:?}");
+    let mut args = vec!["toolchain", "install", toolchain, "--profile", "minimal"];
+    for c in components {
+        args.extend(["--component", c]);
+    }
+    util::run(Path::new("."), "rustup", &args)
+}
+
+fn ensure_bpf_linker(nightly: &str) -> Result<()> {
+    if util::output("bpf-linker", &["--version"]).is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+        return Ok(());
+    }
+    // bpf-linker must link against an LLVM of the nightly's major version; the nightly ships one.
+    println!("setup: building bpf-linker {BPF_LINKER_VERSION} against {nightly}'s LLVM");
+    let sysroot = util::output("rustc", &[&format!("+{nightly}"), "--print", "sysroot"])
+        .context("rustc --print sysroot")?;
+    let lib = Path::new(sysroot.trim()).join("lib");
+    let llvm = std::fs::read_dir(&lib)
+        .with_context(|| format!("cannot list {}", lib.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .with_context(|| format!("{nightly} ships no libLLVM.so.* in {}", lib.display()))?;
+    let home = std::env::var("HOME").context("HOME is not set")?;
+    let prefix = Path::new(&home).join(".cache/weir-llvm");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&llvm, &link)
+        .with_context(|| format!("cannot link {}", link.display()))?;
+    let status = Command::new("cargo")
+        .args([
+            &format!("+{nightly}"),
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--force",
+        ])
+        .env("LLVM_PREFIX", &prefix)
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .status()
+        .context("cannot run cargo install")?;
+    if !status.success() {
+        bail!("building bpf-linker failed ({status}); see TOOLCHAIN.md for the manual steps");
+    }
+    Ok(())
+}
+
+fn ensure_apt(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| {
+            util::output("dpkg-query", &["-W", "-f=${Status}", p])
+                .is_none_or(|s| !s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("setup: installing Debian packages {missing:?}");
+    util::run(Path::new("."), "apt-get", &["update", "-q"])?;
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+    args.extend(&missing);
+    let status = Command::new("apt-get")
+        .args(&args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("cannot run apt-get")?;
+    if !status.success() {
+        bail!("apt-get install {missing:?} failed ({status}); run it by hand as root to see why");
+    }
+    Ok(())
+}
