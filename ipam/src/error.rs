@@ -130,6 +130,16 @@ pub enum IpamError {
         /// The block.
         cidr: IpNetwork,
     },
+    /// Strict affinity forbids assigning from another host's block.
+    #[error(
+        "block {block} is not affine to {host} and strict affinity is on: assign the address on the block's own host"
+    )]
+    NotAffine {
+        /// The block.
+        block: IpNetwork,
+        /// The host that asked.
+        host: String,
+    },
     /// A CIDR smaller than one block was asked for.
     #[error(
         "the requested CIDR ({cidr}) is smaller than the pool's block size /{block_size}: claim whole blocks"

@@ -115,3 +115,90 @@ impl Drop for EtcdServer {
         let _ = self.child.wait();
     }
 }
+
+/// Wraps any store and injects faults into its transactions: a conflict (a racing writer won), a crash
+/// before the write, or a crash after it (the write happened, the caller never heard).
+#[derive(Clone, Debug)]
+pub struct Faulty<S> {
+    inner: S,
+    plan: std::sync::Arc<std::sync::Mutex<(crate::store::memory::Faults, u64)>>,
+}
+
+impl<S> Faulty<S> {
+    /// Wraps `inner` with no faults.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            plan: std::sync::Arc::default(),
+        }
+    }
+
+    /// Sets the faults and the seed they are drawn from.
+    pub fn set_faults(&self, faults: crate::store::memory::Faults, seed: u64) {
+        if let Ok(mut p) = self.plan.lock() {
+            *p = (faults, seed | 1);
+        }
+    }
+
+    fn roll(&self) -> (bool, bool, bool) {
+        let Ok(mut p) = self.plan.lock() else {
+            return (false, false, false);
+        };
+        let f = p.0;
+        let mut state = p.1;
+        let mut draw = |per_mille: u32| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            per_mille > 0 && state.wrapping_mul(0x2545_f491_4f6c_dd1d) % 1000 < u64::from(per_mille)
+        };
+        let drawn = (
+            draw(f.conflict_per_mille),
+            draw(f.fail_before_per_mille),
+            draw(f.fail_after_per_mille),
+        );
+        p.1 = state;
+        drawn
+    }
+}
+
+impl<S: crate::store::Store> crate::store::Store for Faulty<S> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn get(
+        &self,
+        key: &crate::store::Key,
+    ) -> Result<Option<crate::store::Versioned>, crate::store::StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn list(
+        &self,
+        kind: crate::store::Kind,
+        prefix: &str,
+    ) -> Result<Vec<(String, crate::store::Versioned)>, crate::store::StoreError> {
+        self.inner.list(kind, prefix).await
+    }
+
+    async fn txn(&self, ops: Vec<crate::store::Op>) -> Result<(), crate::store::StoreError> {
+        let (conflict, before, after) = self.roll();
+        if conflict {
+            let key = ops.first().map(|o| o.key().to_string()).unwrap_or_default();
+            return Err(crate::store::StoreError::Conflict { key });
+        }
+        if before {
+            return Err(crate::store::StoreError::Injected {
+                what: "crash before write",
+            });
+        }
+        self.inner.txn(ops).await?;
+        if after {
+            return Err(crate::store::StoreError::Injected {
+                what: "crash after write",
+            });
+        }
+        Ok(())
+    }
+}

@@ -360,17 +360,11 @@ impl<S: Store + Clone> Ipam<S> {
                     if let Some(h) = &strict_host
                         && !block.is_affine_to(h)
                     {
-                        let why = format!(
-                            "block {} is not affine to {h} and strict affinity is on",
-                            block.cidr
-                        );
-                        return (
-                            keep,
-                            Err(IpamError::InvalidArgument {
-                                what: why,
-                                fix: "assign the address on the block's own host".into(),
-                            }),
-                        );
+                        let e = IpamError::NotAffine {
+                            block: block.cidr,
+                            host: h.clone(),
+                        };
+                        return (keep, Err(e));
                     }
                     let mut handle: Handle = match cur[1].as_deref().map(|v| decode(&hk2, v)) {
                         None => Handle {

@@ -39,7 +39,22 @@ impl<S: Store + Clone> Ipam<S> {
     /// Checks every invariant: no address with two live owners, at most one confirmed affinity per block and
     /// it matches the block, handle counts match the ordinals holding them, free lists have no duplicates and
     /// are disjoint from allocations.
+    ///
+    /// The reads are not one snapshot: while other writers run, a block and its handle may be read on either
+    /// side of a write. A broken invariant persists, so a report with problems is taken again (three times at
+    /// most) and the first clean one is returned.
     pub async fn check(&self) -> Result<CheckReport, IpamError> {
+        let mut report = self.check_once().await?;
+        for _ in 0..2 {
+            if report.ok() {
+                break;
+            }
+            report = self.check_once().await?;
+        }
+        Ok(report)
+    }
+
+    async fn check_once(&self) -> Result<CheckReport, IpamError> {
         let blocks = self.blocks().await?;
         let handles: Vec<Handle> = self
             .list_objs::<Handle>(Kind::Handle, "")

@@ -1,0 +1,208 @@
+//! Against a real etcd started on loopback: the store contract and 32 hosts allocating at once.
+
+use std::collections::BTreeSet;
+
+use ipam::{
+    AssignArgs, Ipam,
+    model::{AffinityState, IpPool, IpUse},
+    store::{
+        Key, Kind, Op, Store, Write, embedded::EmbeddedStore, etcd::EtcdStore, memory::MemoryStore,
+    },
+    testing::EtcdServer,
+};
+
+async fn contract<S: Store>(s: &S) {
+    let k = Key::new(Kind::Handle, "h1");
+    s.txn(vec![Op::Create {
+        key: k.clone(),
+        value: b"1".to_vec(),
+    }])
+    .await
+    .expect("create");
+    let e = s
+        .txn(vec![Op::Create {
+            key: k.clone(),
+            value: b"2".to_vec(),
+        }])
+        .await
+        .expect_err("create twice");
+    assert!(e.is_conflict(), "{e}");
+    let v = s.get(&k).await.expect("get").expect("present");
+    assert_eq!(v.value, b"1");
+    s.txn(vec![Op::Update {
+        key: k.clone(),
+        value: b"3".to_vec(),
+        revision: v.revision,
+    }])
+    .await
+    .expect("cas");
+    let stale = s
+        .txn(vec![Op::Update {
+            key: k.clone(),
+            value: b"4".to_vec(),
+            revision: v.revision,
+        }])
+        .await;
+    assert!(stale.expect_err("stale cas").is_conflict());
+    // A multi-key transaction is all or nothing.
+    let k2 = Key::new(Kind::Handle, "h2");
+    let r = s
+        .txn(vec![
+            Op::Create {
+                key: k2.clone(),
+                value: b"x".to_vec(),
+            },
+            Op::Delete {
+                key: k.clone(),
+                revision: v.revision,
+            },
+        ])
+        .await;
+    assert!(r.expect_err("second op stale").is_conflict());
+    assert!(
+        s.get(&k2).await.expect("get").is_none(),
+        "nothing of a failed transaction is applied"
+    );
+    s.txn(vec![Op::Create {
+        key: Key::new(Kind::Handle, "h10"),
+        value: b"y".to_vec(),
+    }])
+    .await
+    .expect("create");
+    s.txn(vec![Op::Create {
+        key: Key::new(Kind::Block, "h1x"),
+        value: b"z".to_vec(),
+    }])
+    .await
+    .expect("create");
+    let listed: Vec<String> = s
+        .list(Kind::Handle, "h1")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        listed,
+        vec!["h1".to_owned(), "h10".to_owned()],
+        "lists one kind, by prefix, in order"
+    );
+    let n = s.read_modify_write(vec![k.clone(), k2.clone()], |cur| {
+        let n = cur.iter().filter(|c| c.is_some()).count();
+        (vec![Write::Delete, Write::Put(b"new".to_vec())], n)
+    });
+    assert_eq!(n.await.expect("rmw"), 1);
+    assert!(s.get(&k).await.expect("get").is_none());
+    assert_eq!(s.get(&k2).await.expect("get").expect("put").value, b"new");
+}
+
+#[tokio::test]
+async fn store_contract_memory() {
+    contract(&MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn store_contract_embedded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ipam.redb");
+    {
+        let s = EmbeddedStore::open(&path, std::time::Duration::from_secs(1)).expect("open");
+        contract(&s).await;
+    }
+    let s = EmbeddedStore::open(&path, std::time::Duration::from_secs(1)).expect("reopen");
+    assert!(
+        s.get(&Key::new(Kind::Handle, "h2"))
+            .await
+            .expect("get")
+            .is_some(),
+        "committed writes survive a reopen"
+    );
+}
+
+#[tokio::test]
+async fn store_contract_etcd() {
+    let Some(etcd) = EtcdServer::start_or_skip() else {
+        return;
+    };
+    let s = EtcdStore::connect(&[etcd.url().to_owned()])
+        .await
+        .expect("connect");
+    contract(&s).await;
+}
+
+#[tokio::test]
+async fn unreachable_etcd_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let e = EtcdStore::connect(&[format!("http://127.0.0.1:{port}")])
+        .await
+        .expect_err("nobody listens");
+    assert!(e.to_string().contains("cannot reach etcd"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_hosts_allocate_fifty_each_on_etcd() {
+    let Some(etcd) = EtcdServer::start_or_skip() else {
+        return;
+    };
+    let store = EtcdStore::connect(&[etcd.url().to_owned()])
+        .await
+        .expect("connect");
+    let ipam = Ipam::new(store);
+    ipam.add_pool(IpPool {
+        name: "p".into(),
+        cidr: "10.20.0.0/16".parse().expect("cidr"),
+        block_size: 26,
+        node_selector: String::new(),
+        namespace_selector: String::new(),
+        allowed_uses: vec![IpUse::Workload],
+        disabled: false,
+    })
+    .await
+    .expect("pool");
+    let mut tasks = Vec::new();
+    for h in 0..32 {
+        let ipam = ipam.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ips = Vec::new();
+            for i in 0..50 {
+                let r = ipam
+                    .auto_assign(&AssignArgs::new(
+                        &format!("node{h}"),
+                        &format!("n{h}-c{i}"),
+                        1,
+                        0,
+                    ))
+                    .await
+                    .expect("assign");
+                assert_eq!(r.ipv4.len(), 1, "{:?}", r.messages);
+                ips.push((h, r.ipv4[0]));
+            }
+            ips
+        }));
+    }
+    let mut all = BTreeSet::new();
+    for t in tasks {
+        for (h, ip) in t.await.expect("join") {
+            assert!(all.insert(ip.ip()), "duplicate address {ip}");
+            // Every host allocates from its own block while it has one with room (64 > 50).
+            let affs = ipam
+                .host_affinities(&format!("node{h}"))
+                .await
+                .expect("affs");
+            assert!(
+                affs.iter()
+                    .any(|a| a.cidr.contains(ip.ip()) && a.state == AffinityState::Confirmed),
+                "{ip} not in node{h}'s block"
+            );
+        }
+    }
+    assert_eq!(all.len(), 1600);
+    let report = ipam.check().await.expect("check");
+    assert!(report.ok(), "{:#?}", report.problems);
+    assert_eq!(report.allocations, 1600);
+    assert_eq!(report.affinities, 32);
+}
