@@ -31,7 +31,7 @@ async fn child_allocator_loop() {
         .expect("open");
     let ipam = Ipam::new(store);
     let mut held = Vec::new();
-    for i in 0u64.. {
+    for i in 0..u64::MAX {
         let r = ipam
             .auto_assign(&AssignArgs::new(host, &format!("{host}-{i}"), 1, 0))
             .await;
