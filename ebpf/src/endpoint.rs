@@ -1,71 +1,83 @@
-//! `from_endpoint` / `to_endpoint`: dispatch by ifindex to the endpoint, fail closed.
+//! `from_endpoint` / `to_endpoint`: dispatch by ifindex to the endpoint (fail closed), then per
+//! ethertype: ARP passes, IPv4 and IPv6 go through conntrack and policy, the rest drops.
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
 use maps_schema::{
     EndpointInfo,
     reason::{
-        DIR_FROM_ENDPOINT, DIR_TO_ENDPOINT, DROP_MALFORMED, DROP_SPOOFED_SOURCE,
-        DROP_UNKNOWN_ENDPOINT, DROP_UNSUPPORTED_ETHERTYPE, PASS,
+        DIR_FROM_ENDPOINT, DIR_TO_ENDPOINT, DROP_MALFORMED, DROP_UNKNOWN_ENDPOINT,
+        DROP_UNSUPPORTED_ETHERTYPE, PASS_NEIGHBOUR,
     },
 };
 
 use crate::{
-    counters::{Verdict, account},
+    counters::{Seen, Verdict, account, count},
+    flow::{Family, decide},
+    ipv4::{self, V4},
+    ipv6::{self, V6},
     maps::ENDPOINTS,
-    parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ethertype, ipv4_source, ipv6_source},
+    parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Packet, Parsed, Reason},
 };
-
-#[inline(always)]
-fn skb_ifindex(ctx: &TcContext) -> u32 {
-    let skb = ctx.as_ptr().cast::<__sk_buff>();
-    // SAFETY: the context pointer is the kernel's `__sk_buff` for this program run.
-    unsafe { (*skb).ifindex }
-}
-
-#[inline(always)]
-fn endpoint(ctx: &TcContext) -> Option<EndpointInfo> {
-    // SAFETY: the map is read-only to programs, so the entry is never written under us by BPF;
-    // the agent replaces entries whole.
-    unsafe { ENDPOINTS.get(&skb_ifindex(ctx)).copied() }
-}
 
 /// Packets leaving a pod.
 #[inline(always)]
 pub(crate) fn try_from_endpoint(ctx: &TcContext) -> Verdict {
-    let len = ctx.len();
-    let Some(ep) = endpoint(ctx) else {
-        return account(DROP_UNKNOWN_ENDPOINT, DIR_FROM_ENDPOINT, len);
-    };
-    let (data, data_end) = (ctx.data(), ctx.data_end());
-    let reason = match ethertype(data, data_end) {
-        None => DROP_MALFORMED,
-        Some(ETH_P_ARP) => PASS,
-        Some(ETH_P_IP) => match ipv4_source(data, data_end) {
-            None => DROP_MALFORMED,
-            Some(src) if ep.owns_v4(src) => PASS,
-            Some(_) => DROP_SPOOFED_SOURCE,
-        },
-        Some(ETH_P_IPV6) => match ipv6_source(data, data_end) {
-            None => DROP_MALFORMED,
-            Some(src) if ep.owns_v6(&src) => PASS,
-            Some(_) => DROP_SPOOFED_SOURCE,
-        },
-        Some(_) => DROP_UNSUPPORTED_ETHERTYPE,
-    };
-    account(reason, DIR_FROM_ENDPOINT, len)
+    try_endpoint(ctx, DIR_FROM_ENDPOINT)
 }
 
 /// Packets entering a pod.
 #[inline(always)]
 pub(crate) fn try_to_endpoint(ctx: &TcContext) -> Verdict {
-    let len = ctx.len();
-    if endpoint(ctx).is_none() {
-        return account(DROP_UNKNOWN_ENDPOINT, DIR_TO_ENDPOINT, len);
-    }
-    let reason = match ethertype(ctx.data(), ctx.data_end()) {
-        None => DROP_MALFORMED,
-        Some(ETH_P_ARP | ETH_P_IP | ETH_P_IPV6) => PASS,
-        Some(_) => DROP_UNSUPPORTED_ETHERTYPE,
+    try_endpoint(ctx, DIR_TO_ENDPOINT)
+}
+
+#[inline(always)]
+fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
+    let skb = ctx.as_ptr().cast::<__sk_buff>();
+    // SAFETY: the context pointer is the kernel's `__sk_buff` for this program run.
+    let ifindex = unsafe { (*skb).ifindex };
+    let seen = Seen {
+        direction,
+        ifindex,
+        len: ctx.len(),
     };
-    account(reason, DIR_TO_ENDPOINT, len)
+    let pkt = Packet {
+        data: ctx.data(),
+        end: ctx.data_end(),
+    };
+    // SAFETY: the map is read-only to programs, so BPF never writes the entry under us; the agent
+    // replaces entries whole.
+    let reason = match unsafe { ENDPOINTS.get(&ifindex) } {
+        None => DROP_UNKNOWN_ENDPOINT,
+        Some(ep) => dispatch(ep, &seen, &pkt),
+    };
+    account(reason, &seen, &pkt)
+}
+
+#[inline(always)]
+fn dispatch(ep: &EndpointInfo, seen: &Seen, pkt: &Packet) -> Reason {
+    match pkt.ethertype() {
+        None => DROP_MALFORMED,
+        Some(ETH_P_ARP) => PASS_NEIGHBOUR,
+        Some(ETH_P_IP) => ip::<V4>(ep, seen, ipv4::parse(pkt)),
+        Some(ETH_P_IPV6) => ip::<V6>(ep, seen, ipv6::parse(pkt)),
+        Some(_) => DROP_UNSUPPORTED_ETHERTYPE,
+    }
+}
+
+#[inline(always)]
+fn ip<F: Family>(
+    ep: &EndpointInfo,
+    seen: &Seen,
+    parsed: Result<Parsed<F::Addr>, Reason>,
+) -> Reason {
+    match parsed {
+        Err(reason) => reason,
+        Ok(p) => {
+            if let Some(note) = p.note {
+                count(note, seen.direction, seen.len);
+            }
+            decide::<F>(ep, seen.direction, &p)
+        }
+    }
 }

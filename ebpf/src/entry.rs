@@ -38,3 +38,10 @@ fn tc_action(verdict: Verdict) -> i32 {
         Verdict::Drop => TC_ACT_SHOT,
     }
 }
+
+/// Benchmark floor (feature `bench`): an empty tc program, measured the same way as the real ones.
+#[cfg(feature = "bench")]
+#[classifier]
+pub fn wt_empty(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
+}

@@ -5,8 +5,13 @@
 mod counters;
 mod endpoint;
 mod entry;
+mod flow;
+mod ipv4;
+mod ipv6;
+mod l4;
 mod maps;
 mod parse;
+mod policy;
 mod prefilter;
 #[cfg(feature = "verifier-reject")]
 mod reject;

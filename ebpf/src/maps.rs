@@ -2,24 +2,84 @@
 //! match it; the verifier gate checks). Maps only the agent writes are `BPF_F_RDONLY_PROG`.
 
 use aya_ebpf::{
-    btf_maps::{HashMap, PerCpuArray},
+    btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use maps_schema::{
-    CounterValue, EndpointInfo,
-    maps::{BPF_F_RDONLY_PROG, COUNTERS_MAX, ENDPOINTS_MAX},
+    CounterValue, Ct4Key, Ct6Key, CtEntry, DropEvent, EndpointInfo, IdentityInfo, PolicyKey,
+    PolicyValue, PrefilterEntry,
+    maps::{
+        BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_MAX, DROP_EVENTS_BYTES,
+        ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
+    },
 };
+
+/// Agent-written hash maps: read-only to programs, entries allocated on demand.
+const AGENT_HASH: usize = BPF_F_RDONLY_PROG | BPF_F_NO_PREALLOC;
+/// Agent-written LPM tries (LPM tries always need `BPF_F_NO_PREALLOC`).
+const AGENT_LPM: usize = BPF_F_RDONLY_PROG | BPF_F_NO_PREALLOC;
 
 /// ifindex → endpoint.
 #[btf_map(name = "endpoints_v1", pin_by_name)]
-pub(crate) static ENDPOINTS: HashMap<
-    u32,
-    EndpointInfo,
-    { ENDPOINTS_MAX as usize },
-    BPF_F_RDONLY_PROG,
-> = HashMap::new();
+pub(crate) static ENDPOINTS: HashMap<u32, EndpointInfo, { ENDPOINTS_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// Exact IPv4 address → identity.
+#[btf_map(name = "ident4_v1", pin_by_name)]
+pub(crate) static IDENT4: HashMap<[u8; 4], IdentityInfo, { IDENT_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// Exact IPv6 address → identity.
+#[btf_map(name = "ident6_v1", pin_by_name)]
+pub(crate) static IDENT6: HashMap<[u8; 16], IdentityInfo, { IDENT_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// IPv4 CIDR → identity.
+#[btf_map(name = "ipcache4_v1", pin_by_name)]
+pub(crate) static IPCACHE4: LpmTrie<[u8; 4], IdentityInfo, { IPCACHE_MAX as usize }, AGENT_LPM> =
+    LpmTrie::new();
+
+/// IPv6 CIDR → identity.
+#[btf_map(name = "ipcache6_v1", pin_by_name)]
+pub(crate) static IPCACHE6: LpmTrie<[u8; 16], IdentityInfo, { IPCACHE_MAX as usize }, AGENT_LPM> =
+    LpmTrie::new();
+
+/// (endpoint, direction, peer, protocol, port) → verdict.
+#[btf_map(name = "policy_v1", pin_by_name)]
+pub(crate) static POLICY: HashMap<PolicyKey, PolicyValue, { POLICY_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// IPv4 conntrack, written by the programs.
+#[btf_map(name = "ct4_v1", pin_by_name)]
+pub(crate) static CT4: LruHashMap<Ct4Key, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+
+/// IPv6 conntrack, written by the programs.
+#[btf_map(name = "ct6_v1", pin_by_name)]
+pub(crate) static CT6: LruHashMap<Ct6Key, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+
+/// IPv4 prefilter deny CIDRs.
+#[btf_map(name = "prefilter4_v1", pin_by_name)]
+pub(crate) static PREFILTER4: LpmTrie<
+    [u8; 4],
+    PrefilterEntry,
+    { PREFILTER_MAX as usize },
+    AGENT_LPM,
+> = LpmTrie::new();
+
+/// IPv6 prefilter deny CIDRs.
+#[btf_map(name = "prefilter6_v1", pin_by_name)]
+pub(crate) static PREFILTER6: LpmTrie<
+    [u8; 16],
+    PrefilterEntry,
+    { PREFILTER_MAX as usize },
+    AGENT_LPM,
+> = LpmTrie::new();
 
 /// (reason, direction) → packets and bytes, per CPU.
 #[btf_map(name = "counters_v1", pin_by_name)]
 pub(crate) static COUNTERS: PerCpuArray<CounterValue, { COUNTERS_MAX as usize }> =
     PerCpuArray::new();
+
+/// Sampled drop events.
+#[btf_map(name = "drop_events_v1", pin_by_name)]
+pub(crate) static DROP_EVENTS: RingBuf<DropEvent, { DROP_EVENTS_BYTES as usize }> = RingBuf::new();

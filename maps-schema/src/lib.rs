@@ -5,14 +5,24 @@
 //! no `bool`, `Option` or Rust enum is ever stored in a map.
 #![no_std]
 
+pub mod conntrack;
 pub mod counters;
 pub mod endpoint;
+pub mod events;
+pub mod identity;
 pub mod maps;
+pub mod policy;
+pub mod prefilter;
 pub mod programs;
 pub mod reason;
 
+pub use conntrack::{Ct4Key, Ct6Key, CtEntry};
 pub use counters::{CounterKey, CounterValue};
 pub use endpoint::EndpointInfo;
+pub use events::DropEvent;
+pub use identity::IdentityInfo;
+pub use policy::{PolicyKey, PolicyValue, PortRange};
+pub use prefilter::PrefilterEntry;
 
 /// Implements `aya::Pod` for map keys and values when built for user space.
 macro_rules! user_pod {

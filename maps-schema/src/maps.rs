@@ -13,13 +13,65 @@ pub const ENDPOINTS: &str = "endpoints_v1";
 /// Default size of [`ENDPOINTS`].
 pub const ENDPOINTS_MAX: u32 = 65_536;
 
+/// Exact IPv4 address (`[u8; 4]`, network order) → [`crate::IdentityInfo`]: pods, the node's own
+/// addresses (host identity). Written by the agent.
+pub const IDENT4: &str = "ident4_v1";
+/// Exact IPv6 address (`[u8; 16]`) → [`crate::IdentityInfo`]. Written by the agent.
+pub const IDENT6: &str = "ident6_v1";
+/// Default size of [`IDENT4`] and [`IDENT6`].
+pub const IDENT_MAX: u32 = 65_536;
+
+/// IPv4 CIDR (LPM key: prefix length + `[u8; 4]`) → [`crate::IdentityInfo`] (CIDR identities).
+pub const IPCACHE4: &str = "ipcache4_v1";
+/// IPv6 CIDR (LPM key: prefix length + `[u8; 16]`) → [`crate::IdentityInfo`].
+pub const IPCACHE6: &str = "ipcache6_v1";
+/// Default size of [`IPCACHE4`] and [`IPCACHE6`].
+pub const IPCACHE_MAX: u32 = 65_536;
+
+/// [`crate::PolicyKey`] → [`crate::PolicyValue`]. Written by the agent.
+pub const POLICY: &str = "policy_v1";
+/// Default size of [`POLICY`].
+pub const POLICY_MAX: u32 = 262_144;
+
+/// [`crate::Ct4Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
+pub const CT4: &str = "ct4_v1";
+/// [`crate::Ct6Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
+pub const CT6: &str = "ct6_v1";
+/// Default size of [`CT4`] and [`CT6`].
+pub const CT_MAX: u32 = 262_144;
+
+/// IPv4 deny CIDR (LPM) → [`crate::PrefilterEntry`] for `xdp_prefilter`. Written by the agent.
+pub const PREFILTER4: &str = "prefilter4_v1";
+/// IPv6 deny CIDR (LPM) → [`crate::PrefilterEntry`] for `xdp_prefilter`. Written by the agent.
+pub const PREFILTER6: &str = "prefilter6_v1";
+/// Default size of [`PREFILTER4`] and [`PREFILTER6`].
+pub const PREFILTER_MAX: u32 = 16_384;
+
 /// [`crate::CounterKey`] → per-CPU [`crate::CounterValue`] (packets and bytes by reason and direction).
 pub const COUNTERS: &str = "counters_v1";
 /// Slots in [`COUNTERS`]: every reason × every direction.
 pub const COUNTERS_MAX: u32 = crate::reason::MAX_REASONS * crate::reason::DIRECTIONS;
 
+/// Ring buffer of sampled [`crate::DropEvent`]s. Written by the programs, read by the agent.
+pub const DROP_EVENTS: &str = "drop_events_v1";
+/// Size of [`DROP_EVENTS`] in bytes (a power of two, a multiple of the page size).
+pub const DROP_EVENTS_BYTES: u32 = 256 * 1024;
+
 /// Every map in the object, in the order `weir bpf maps` lists them.
-pub const ALL: &[&str] = &[ENDPOINTS, COUNTERS];
+pub const ALL: &[&str] = &[
+    ENDPOINTS,
+    IDENT4,
+    IDENT6,
+    IPCACHE4,
+    IPCACHE6,
+    POLICY,
+    CT4,
+    CT6,
+    PREFILTER4,
+    PREFILTER6,
+    COUNTERS,
+    DROP_EVENTS,
+];
 
 /// The pin name of map `name` at version `version` (`ct4`, 2 → `ct4_v2`).
 #[must_use]

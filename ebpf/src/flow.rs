@@ -1,0 +1,180 @@
+//! The per-packet decision both families share: conntrack first, policy for what it does not cover.
+//!
+//! A conntrack entry records the opener's egress approval and the destination's ingress approval
+//! separately. A program bypasses policy only when *its own side* approved the flow:
+//! `from_endpoint` of the opener and `to_endpoint` of the destination check the original
+//! direction's bit of their side, and the reply direction's bit of the other side's role.
+
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use maps_schema::{
+    CtEntry, EndpointInfo,
+    conntrack::{
+        FLAG_DST_INGRESS_APPROVED, FLAG_OPENER_IS_B, FLAG_SEEN_REPLY, FLAG_SRC_EGRESS_APPROVED,
+        FLAG_TCP_FIN_DST, FLAG_TCP_FIN_SRC, FLAG_TCP_RST, FLAG_TCP_SYN, FLAG_TCP_SYN_ACK,
+    },
+    reason::{
+        DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_SPOOFED_SOURCE, PASS_ESTABLISHED,
+        PASS_NEIGHBOUR, PASS_RELATED, is_pass,
+    },
+};
+
+use crate::{
+    parse::{Class, IPPROTO_TCP, Parsed, Reason, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Tuple},
+    policy::evaluate,
+};
+
+/// What differs between IPv4 and IPv6: addresses, conntrack keys, maps.
+pub(crate) trait Family {
+    type Addr: Copy;
+    type Key;
+    /// True when `addr` is one of the endpoint's own addresses.
+    fn owns(ep: &EndpointInfo, addr: &Self::Addr) -> bool;
+    /// The normalised conntrack key of a packet, and whether its source is the key's `b` end.
+    fn ct_key(t: &Tuple<Self::Addr>) -> (Self::Key, bool);
+    fn ct_get(key: &Self::Key) -> Option<*mut CtEntry>;
+    fn ct_insert(key: &Self::Key, entry: &CtEntry) -> Result<(), i32>;
+    /// The security identity of an address (exact map, then ipcache, else world).
+    fn identity(addr: &Self::Addr) -> u32;
+}
+
+/// The conntrack bit this program checks: from_endpoint is the opener in the original direction
+/// and the destination in the reply direction; to_endpoint the other way round.
+#[inline(always)]
+fn side_bit(direction: u32, original: bool) -> u32 {
+    if (direction == DIR_FROM_ENDPOINT) == original {
+        FLAG_SRC_EGRESS_APPROVED
+    } else {
+        FLAG_DST_INGRESS_APPROVED
+    }
+}
+
+/// The reason for a parsed IP packet on an endpoint's interface.
+#[inline(always)]
+pub(crate) fn decide<F: Family>(ep: &EndpointInfo, direction: u32, p: &Parsed<F::Addr>) -> Reason {
+    let t = &p.tuple;
+    if let Class::Neighbour = p.class {
+        return PASS_NEIGHBOUR;
+    }
+    if direction == DIR_FROM_ENDPOINT && !F::owns(ep, &t.src) {
+        return DROP_SPOOFED_SOURCE;
+    }
+    let peer = if direction == DIR_FROM_ENDPOINT {
+        t.dst
+    } else {
+        t.src
+    };
+    let policy = || evaluate(ep, direction, || F::identity(&peer), t.proto, p.policy_port);
+    match p.class {
+        Class::Flow => stateful::<F>(direction, p, policy),
+        Class::Related(inner) => {
+            // The error travels against the quoted packet: look it up as that packet's reply.
+            let (key, src_is_b) = F::ct_key(&inner.reversed());
+            if let Some(entry) = F::ct_get(&key) {
+                // SAFETY: a valid map value pointer for this program run.
+                let flags = unsafe { (*entry).flags };
+                let original = (flags & FLAG_OPENER_IS_B != 0) == src_is_b;
+                if flags & side_bit(direction, original) != 0 {
+                    return PASS_RELATED;
+                }
+            }
+            policy()
+        }
+        Class::Stateless | Class::Neighbour => policy(),
+    }
+}
+
+/// Conntrack for a flow packet; `policy` decides what this side has not approved yet.
+#[inline(always)]
+fn stateful<F: Family>(
+    direction: u32,
+    p: &Parsed<F::Addr>,
+    policy: impl FnOnce() -> Reason,
+) -> Reason {
+    let (key, src_is_b) = F::ct_key(&p.tuple);
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let tcp = p.tuple.proto == IPPROTO_TCP;
+    let Some(entry) = F::ct_get(&key) else {
+        let reason = policy();
+        if !is_pass(reason) {
+            return reason;
+        }
+        let mut flags = side_bit(direction, true);
+        if src_is_b {
+            flags |= FLAG_OPENER_IS_B;
+        }
+        if tcp {
+            flags |= tcp_state(p.tcp_flags, true);
+        }
+        let new = CtEntry {
+            last_seen_ns: now,
+            flags,
+            _reserved: 0,
+        };
+        return match F::ct_insert(&key, &new) {
+            Ok(()) => reason,
+            Err(_) => DROP_CT_INSERT_FAILED,
+        };
+    };
+    // SAFETY: a valid map value pointer for this program run; concurrent updates of the flags
+    // from another CPU can only lose a state bit, which the next packet sets again.
+    let (old, last) = unsafe { ((*entry).flags, (*entry).last_seen_ns) };
+    let original = (old & FLAG_OPENER_IS_B != 0) == src_is_b;
+    let side = side_bit(direction, original);
+    let (reason, approve) = if old & side != 0 {
+        (PASS_ESTABLISHED, 0)
+    } else {
+        // This side never approved the flow: decide now. An approval is only recorded for the
+        // original direction; a reply-direction packet is judged statelessly.
+        let reason = policy();
+        if !is_pass(reason) {
+            return reason;
+        }
+        (reason, if original { side } else { 0 })
+    };
+    let mut flags = old | approve;
+    if !original {
+        flags |= FLAG_SEEN_REPLY;
+    }
+    if tcp {
+        if p.tcp_flags & TCP_SYN != 0 && p.tcp_flags & TCP_ACK == 0 && original {
+            // A new connection on a reused tuple: forget the old one's closing state.
+            flags &= !(FLAG_TCP_SYN_ACK | FLAG_TCP_FIN_SRC | FLAG_TCP_FIN_DST | FLAG_TCP_RST);
+        }
+        flags |= tcp_state(p.tcp_flags, original);
+    }
+    if flags != old || now != last {
+        // SAFETY: as above.
+        unsafe {
+            (*entry).flags = flags;
+            (*entry).last_seen_ns = now;
+        }
+    }
+    reason
+}
+
+/// Conntrack TCP state bits a packet with `tcp_flags` sets.
+#[inline(always)]
+fn tcp_state(tcp_flags: u8, original: bool) -> u32 {
+    let mut state = 0;
+    if tcp_flags & TCP_SYN != 0 {
+        state |= if original && tcp_flags & TCP_ACK == 0 {
+            FLAG_TCP_SYN
+        } else if !original && tcp_flags & TCP_ACK != 0 {
+            FLAG_TCP_SYN_ACK
+        } else {
+            0
+        };
+    }
+    if tcp_flags & TCP_FIN != 0 {
+        state |= if original {
+            FLAG_TCP_FIN_SRC
+        } else {
+            FLAG_TCP_FIN_DST
+        };
+    }
+    if tcp_flags & TCP_RST != 0 {
+        state |= FLAG_TCP_RST;
+    }
+    state
+}

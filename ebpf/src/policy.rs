@@ -1,0 +1,81 @@
+//! Policy evaluation: isolation flags, the host exception and the policy map's wildcard lookups.
+
+use maps_schema::{
+    EndpointInfo, PolicyKey,
+    endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
+    identity::{ANY, HOST},
+    policy::{ANY_PORT, ANY_PROTO, EGRESS, INGRESS, VERDICT_ALLOW},
+    reason::{DIR_FROM_ENDPOINT, DROP_POLICY_DENIED, PASS, PASS_POLICY},
+};
+
+use crate::{maps::POLICY, parse::Reason};
+
+/// The reason for a packet of a new flow (or of a flow this side has not approved yet).
+/// `peer` is only called when the endpoint is isolated in this direction.
+#[inline(always)]
+pub(crate) fn evaluate(
+    ep: &EndpointInfo,
+    direction: u32,
+    peer: impl FnOnce() -> u32,
+    proto: u8,
+    port: u16,
+) -> Reason {
+    let (flag, dir) = if direction == DIR_FROM_ENDPOINT {
+        (FLAG_ISOLATED_EGRESS, EGRESS)
+    } else {
+        (FLAG_ISOLATED_INGRESS, INGRESS)
+    };
+    if ep.flags & flag == 0 {
+        return PASS;
+    }
+    let peer = peer();
+    // The node's own traffic (kubelet probes) may always enter a pod, as Cilium's
+    // allow-localhost=always.
+    if dir == INGRESS && peer == HOST {
+        return PASS_POLICY;
+    }
+    if allowed(ep.endpoint_id, dir, peer, proto, port) {
+        PASS_POLICY
+    } else {
+        DROP_POLICY_DENIED
+    }
+}
+
+/// The policy map's verdict, most specific entry first (see `maps_schema::policy`).
+#[inline(always)]
+fn allowed(endpoint_id: u32, direction: u8, peer: u32, proto: u8, port: u16) -> bool {
+    let mut key = PolicyKey {
+        endpoint_id,
+        peer_identity: peer,
+        port,
+        protocol: proto,
+        direction,
+    };
+    for peer_identity in [peer, ANY] {
+        key.peer_identity = peer_identity;
+        if port != ANY_PORT {
+            key.port = port;
+            // SAFETY: read-only to programs; the agent replaces entries whole.
+            if let Some(v) = unsafe { POLICY.get(&key) } {
+                return v.verdict == VERDICT_ALLOW;
+            }
+        }
+        key.port = ANY_PORT;
+        // SAFETY: as above.
+        if let Some(v) = unsafe { POLICY.get(&key) }
+            && v.covers(port)
+        {
+            return v.verdict == VERDICT_ALLOW;
+        }
+    }
+    key.protocol = ANY_PROTO;
+    key.port = ANY_PORT;
+    for peer_identity in [peer, ANY] {
+        key.peer_identity = peer_identity;
+        // SAFETY: as above.
+        if let Some(v) = unsafe { POLICY.get(&key) } {
+            return v.verdict == VERDICT_ALLOW;
+        }
+    }
+    false
+}

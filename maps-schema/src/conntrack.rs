@@ -1,0 +1,118 @@
+//! Conntrack (`ct4`/`ct6`): one LRU entry per flow, written by the programs.
+//!
+//! The key is normalised (`(addr_a, port_a) <= (addr_b, port_b)`), so both directions of a flow
+//! share one entry; [`FLAG_OPENER_IS_B`] records which end opened it. The entry records the
+//! source's egress approval and the destination's ingress approval separately: a program only
+//! bypasses policy for a packet when its own side of the flow approved the flow.
+
+use crate::{assert_size, user_pod};
+
+/// The flow was opened by `(addr_b, port_b)` (otherwise by `(addr_a, port_a)`).
+pub const FLAG_OPENER_IS_B: u32 = 1;
+/// The opener's egress approved the flow (its `from_endpoint`, or it is not a local endpoint).
+pub const FLAG_SRC_EGRESS_APPROVED: u32 = 1 << 1;
+/// The destination's ingress approved the flow (its `to_endpoint`).
+pub const FLAG_DST_INGRESS_APPROVED: u32 = 1 << 2;
+/// A packet went in the reply direction.
+pub const FLAG_SEEN_REPLY: u32 = 1 << 3;
+/// TCP: SYN seen from the opener.
+pub const FLAG_TCP_SYN: u32 = 1 << 4;
+/// TCP: SYN+ACK seen from the destination (the handshake completed).
+pub const FLAG_TCP_SYN_ACK: u32 = 1 << 5;
+/// TCP: FIN seen from the opener.
+pub const FLAG_TCP_FIN_SRC: u32 = 1 << 6;
+/// TCP: FIN seen from the destination.
+pub const FLAG_TCP_FIN_DST: u32 = 1 << 7;
+/// TCP: RST seen (either side).
+pub const FLAG_TCP_RST: u32 = 1 << 8;
+
+/// Default timeouts the agent's sweep applies (seconds since `last_seen_ns`); all are agent flags.
+pub const TIMEOUT_TCP_SYN_SECS: u64 = 60;
+/// TCP after the handshake.
+pub const TIMEOUT_TCP_ESTABLISHED_SECS: u64 = 6 * 3600;
+/// TCP after both FINs or an RST: closed flows go quickly.
+pub const TIMEOUT_TCP_CLOSED_SECS: u64 = 10;
+/// UDP and other protocols.
+pub const TIMEOUT_OTHER_SECS: u64 = 60;
+/// ICMP echo.
+pub const TIMEOUT_ICMP_SECS: u64 = 10;
+
+/// The clock of `last_seen_ns`: `bpf_ktime_get_coarse_ns`, i.e. `CLOCK_MONOTONIC_COARSE` in user space.
+pub const CLOCK: &str = "CLOCK_MONOTONIC_COARSE";
+
+/// IPv4 conntrack key (addresses in network byte order, ports in host byte order; for ICMP echo
+/// both ports are the echo identifier).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ct4Key {
+    /// The lower address.
+    pub addr_a: [u8; 4],
+    /// The higher address.
+    pub addr_b: [u8; 4],
+    /// `addr_a`'s port.
+    pub port_a: u16,
+    /// `addr_b`'s port.
+    pub port_b: u16,
+    /// IP protocol.
+    pub protocol: u8,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 3],
+}
+assert_size!(Ct4Key, 16);
+user_pod!(Ct4Key);
+
+/// IPv6 conntrack key (as [`Ct4Key`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ct6Key {
+    /// The lower address.
+    pub addr_a: [u8; 16],
+    /// The higher address.
+    pub addr_b: [u8; 16],
+    /// `addr_a`'s port.
+    pub port_a: u16,
+    /// `addr_b`'s port.
+    pub port_b: u16,
+    /// IP protocol (the upper-layer protocol after extension headers).
+    pub protocol: u8,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 3],
+}
+assert_size!(Ct6Key, 40);
+user_pod!(Ct6Key);
+
+/// Conntrack value, both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    /// Last packet, `CLOCK_MONOTONIC_COARSE` nanoseconds (refreshed at the clock's tick granularity).
+    pub last_seen_ns: u64,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Reserved; always zero.
+    pub _reserved: u32,
+}
+assert_size!(CtEntry, 16);
+user_pod!(CtEntry);
+
+impl CtEntry {
+    /// The sweep timeout of this entry, from its protocol and state.
+    #[must_use]
+    pub const fn timeout_secs(&self, protocol: u8) -> u64 {
+        let f = self.flags;
+        match protocol {
+            6 => {
+                if f & FLAG_TCP_RST != 0 || (f & FLAG_TCP_FIN_SRC != 0 && f & FLAG_TCP_FIN_DST != 0)
+                {
+                    TIMEOUT_TCP_CLOSED_SECS
+                } else if f & FLAG_TCP_SYN_ACK != 0 {
+                    TIMEOUT_TCP_ESTABLISHED_SECS
+                } else {
+                    TIMEOUT_TCP_SYN_SECS
+                }
+            }
+            1 | 58 => TIMEOUT_ICMP_SECS,
+            _ => TIMEOUT_OTHER_SECS,
+        }
+    }
+}
