@@ -60,7 +60,11 @@ fn ensure_toolchain(toolchain: &str, components: &[&str]) -> Result<()> {
 }
 
 fn ensure_bpf_linker(nightly: &str) -> Result<()> {
-    if util::output("bpf-linker", &["--version"]).is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+    // bpf-linker loads the nightly's libLLVM at run time; `rustup run` puts it on the library path
+    // (as it does when cargo invokes the linker), so check it the same way.
+    if util::output("rustup", &["run", nightly, "bpf-linker", "--version"])
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION))
+    {
         return Ok(());
     }
     // bpf-linker must link against an LLVM of the nightly's major version; the nightly ships one.
