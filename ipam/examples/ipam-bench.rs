@@ -1,0 +1,287 @@
+//! The IPAM benchmark behind `cargo xtask bench ipam`: prints one flat JSON object of figures on stdout.
+//!
+//! `ipam-bench [--smoke] --weir PATH`: (a) embedded store, one host, 8 clients allocate+release, and one client
+//! alone; (b) etcd, one host, 8 clients; (c) 1, 8 and 32 hosts at once on etcd, with duplicates counted;
+//! (d) `weir ipam allocate` + `release` processes against Debian's host-local ADD + DEL.
+//! Every write is durable: redb commits with `Durability::Immediate` (group commit), etcd fsyncs as configured.
+
+use std::{
+    collections::BTreeSet,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use ipam::{
+    AssignArgs, Ipam,
+    model::{IpPool, IpUse, ReleaseCheck},
+    store::{Store, embedded::EmbeddedStore, etcd::EtcdStore},
+    testing::EtcdServer,
+};
+use serde_json::{Map, Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn pool(cidr: &str) -> IpPool {
+    IpPool {
+        name: "bench".into(),
+        cidr: cidr.parse().unwrap_or_else(|_| std::process::abort()),
+        block_size: 26,
+        node_selector: String::new(),
+        namespace_selector: String::new(),
+        allowed_uses: vec![IpUse::Workload],
+        disabled: false,
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// `clients` tasks on one host, each allocating then releasing, `total` allocations in all.
+/// Returns (allocations per second, p50 ms, p99 ms) of the allocations.
+async fn churn<S: Store + Clone>(
+    ipam: &Ipam<S>,
+    clients: usize,
+    total: usize,
+) -> Res<(f64, f64, f64)> {
+    let per = total / clients;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let ipam = ipam.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per);
+            for i in 0..per {
+                let t = Instant::now();
+                let r = ipam
+                    .auto_assign(&AssignArgs::new("bench-host", &format!("c{c}-{i}"), 1, 0))
+                    .await?;
+                lat.push(t.elapsed());
+                let ip = r.ips().first().copied().ok_or("pool exhausted")?;
+                ipam.release_ips(&[(ip, ReleaseCheck::default())]).await?;
+            }
+            Res::Ok(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort();
+    Ok((
+        (per * clients) as f64 / secs,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+    ))
+}
+
+/// `hosts` hosts allocating `per_host` each at once; returns (allocations per second, duplicates).
+async fn hosts_at_once(ipam: &Ipam<EtcdStore>, hosts: usize, per_host: usize) -> Res<(f64, usize)> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for h in 0..hosts {
+        let ipam = ipam.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ips = Vec::new();
+            for i in 0..per_host {
+                let r = ipam
+                    .auto_assign(&AssignArgs::new(
+                        &format!("node{h}"),
+                        &format!("n{h}-{i}"),
+                        1,
+                        0,
+                    ))
+                    .await?;
+                ips.extend(r.ips());
+            }
+            Res::Ok(ips)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let distinct: BTreeSet<_> = all.iter().collect();
+    Ok((all.len() as f64 / secs, all.len() - distinct.len()))
+}
+
+async fn etcd_ipam() -> Res<(EtcdServer, Ipam<EtcdStore>)> {
+    let server = EtcdServer::start()?;
+    let ipam = Ipam::new(EtcdStore::connect(&[server.url().to_owned()]).await?);
+    ipam.add_pool(pool("10.0.0.0/12")).await?;
+    Ok((server, ipam))
+}
+
+/// Runs `ops` operations of `op` on `threads` threads; returns operations per second.
+fn processes(
+    ops: usize,
+    threads: usize,
+    op: Arc<dyn Fn(usize) -> Res<()> + Send + Sync>,
+) -> Res<f64> {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let op = Arc::clone(&op);
+            std::thread::spawn(move || -> Res<()> {
+                for i in (t..ops).step_by(threads) {
+                    op(i)?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "worker panicked")??;
+    }
+    Ok(ops as f64 / start.elapsed().as_secs_f64())
+}
+
+fn run_ok(cmd: &mut Command, stdin: Option<&[u8]>) -> Res<()> {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let mut child = cmd.spawn()?;
+    if let (Some(data), Some(mut s)) = (stdin, child.stdin.take()) {
+        s.write_all(data)?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(())
+}
+
+fn cli_vs_host_local(weir: &Path, dir: &Path, ops: usize, threads: usize) -> Res<(f64, f64)> {
+    let ds = format!("embedded:{}", dir.join("cli.redb").display());
+    let (w, d) = (weir.to_owned(), ds.clone());
+    run_ok(
+        Command::new(&w).args([
+            "ipam",
+            "pool",
+            "add",
+            "bench",
+            "--cidr",
+            "10.64.0.0/16",
+            "--datastore",
+            &d,
+        ]),
+        None,
+    )?;
+    let weir_op = Arc::new(move |i: usize| -> Res<()> {
+        let h = format!("c{i}");
+        run_ok(
+            Command::new(&w).args([
+                "ipam",
+                "allocate",
+                "--host",
+                "bench",
+                "--handle",
+                &h,
+                "--datastore",
+                &d,
+            ]),
+            None,
+        )?;
+        run_ok(
+            Command::new(&w).args(["ipam", "release", "--handle", &h, "--datastore", &d]),
+            None,
+        )
+    });
+    let cli = processes(ops, threads, weir_op)?;
+    let data_dir: PathBuf = dir.join("host-local");
+    let conf = json!({
+        "cniVersion": "0.4.0",
+        "name": "wtbench",
+        "ipam": { "type": "host-local", "subnet": "10.65.0.0/16", "dataDir": data_dir }
+    })
+    .to_string();
+    let plugin = PathBuf::from(
+        std::env::var("WEIR_HOST_LOCAL").unwrap_or_else(|_| "/usr/lib/cni/host-local".into()),
+    );
+    let hl_op = Arc::new(move |i: usize| -> Res<()> {
+        for verb in ["ADD", "DEL"] {
+            let mut c = Command::new(&plugin);
+            c.env("CNI_COMMAND", verb)
+                .env("CNI_CONTAINERID", format!("c{i}"))
+                .env("CNI_NETNS", "/var/run/netns/wtbench")
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", "/usr/lib/cni");
+            run_ok(&mut c, Some(conf.as_bytes()))?;
+        }
+        Ok(())
+    });
+    let hl = processes(ops, threads, hl_op)?;
+    Ok((cli, hl))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let weir = args
+        .iter()
+        .position(|a| a == "--weir")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    let (a_total, b_total, c_per_host, d_ops) = if smoke {
+        (400, 80, 4, 16)
+    } else {
+        (40_000, 4_000, 50, 400)
+    };
+    let mut out = Map::new();
+    let dir = tempfile::tempdir()?;
+
+    // (a) embedded, one host.
+    let store = EmbeddedStore::open(&dir.path().join("bench.redb"), Duration::from_secs(5))?;
+    let ipam = Ipam::new(store);
+    ipam.add_pool(pool("10.0.0.0/12")).await?;
+    let (aps, p50, p99) = churn(&ipam, 8, a_total).await?;
+    out.insert("embedded_allocs_per_s".into(), json!(aps.round()));
+    out.insert("embedded_p50_ms".into(), json!(p50));
+    out.insert("embedded_p99_ms".into(), json!(p99));
+    let (_, sp50, sp99) = churn(&ipam, 1, a_total / 10).await?;
+    out.insert("embedded_seq_p50_ms".into(), json!(sp50));
+    out.insert("embedded_seq_p99_ms".into(), json!(sp99));
+    drop(ipam);
+
+    // (b) etcd, one host, 8 clients.
+    let (server, ipam) = etcd_ipam().await?;
+    let (aps, p50, p99) = churn(&ipam, 8, b_total).await?;
+    out.insert("etcd_allocs_per_s".into(), json!(aps.round()));
+    out.insert("etcd_p50_ms".into(), json!(p50));
+    out.insert("etcd_p99_ms".into(), json!(p99));
+    drop((ipam, server));
+
+    // (c) 1, 8, 32 hosts at once, each on a fresh etcd.
+    for hosts in [1usize, 8, 32] {
+        let (server, ipam) = etcd_ipam().await?;
+        let (aps, dups) =
+            hosts_at_once(&ipam, hosts, c_per_host * if hosts == 1 { 8 } else { 1 }).await?;
+        out.insert(format!("etcd{hosts}_allocs_per_s"), json!(aps.round()));
+        out.insert(format!("etcd{hosts}_duplicates"), json!(dups));
+        drop((ipam, server));
+    }
+
+    // (d) exec to exec.
+    if let Some(weir) = weir {
+        let (cli, hl) = cli_vs_host_local(&weir, dir.path(), d_ops, 8)?;
+        out.insert("cli_allocs_per_s".into(), json!(cli.round()));
+        out.insert("hostlocal_allocs_per_s".into(), json!(hl.round()));
+    }
+    out.insert("smoke".into(), Value::Bool(smoke));
+    println!("{}", Value::Object(out));
+    Ok(())
+}
