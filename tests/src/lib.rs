@@ -10,6 +10,8 @@
 pub mod agent_proc;
 pub mod bin;
 pub mod bpf;
+pub mod datapath;
 pub mod names;
 pub mod netns;
+pub mod packet;
 pub mod privileged;
