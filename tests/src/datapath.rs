@@ -84,6 +84,20 @@ impl std::fmt::Display for Outcome {
     }
 }
 
+/// Asserts that a step had the outcome `reason` implies, naming the step.
+#[track_caller]
+pub fn expect(step: &str, got: Outcome, reason: u32) {
+    assert_eq!(
+        got,
+        Outcome {
+            passed: reason::is_pass(reason),
+            reason
+        },
+        "{step}: got {got}, want {}",
+        reason::name(reason)
+    );
+}
+
 /// The lab. Everything it created goes away on drop.
 pub struct Lab {
     /// The family packets are built in.

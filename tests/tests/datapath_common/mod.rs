@@ -17,26 +17,14 @@ use maps_schema::{
     },
 };
 use tests::{
-    datapath::{Fam, IDENTITIES, Lab, Outcome, Peer},
+    datapath::{Fam, IDENTITIES, Lab, Peer},
     packet::{ACK, FIN, PSH, RST, SYN, TCP, UDP},
 };
 
 const BOTH: u32 = FLAG_ISOLATED_INGRESS | FLAG_ISOLATED_EGRESS;
 const ALLOW: PolicyValue = PolicyValue::new(VERDICT_ALLOW, 7);
 
-/// Asserts an outcome, naming the step.
-#[track_caller]
-pub fn expect(step: &str, got: Outcome, reason: u32) {
-    assert_eq!(
-        got,
-        Outcome {
-            passed: maps_schema::reason::is_pass(reason),
-            reason
-        },
-        "{step}: got {got}, want {}",
-        maps_schema::reason::name(reason)
-    );
-}
+pub use tests::datapath::expect;
 
 /// The conntrack flags of a flow (panics when there is no entry).
 #[track_caller]
