@@ -1,0 +1,245 @@
+//! ADD: allocate through the agent, build the veth pair with the programs attached before the
+//! link comes up, configure pod and host, register the endpoint (whose answer means its map
+//! entries are written), and only then print the result. Any failure after the allocation undoes
+//! everything: endpoint, link pins, veth, addresses.
+
+use std::net::IpAddr;
+
+use serde_json::Value;
+
+use super::{CommandError, host_netlink};
+use crate::{
+    agent::{AgentClient, AllocateRequest, Endpoint},
+    attach,
+    config::Config,
+    env::Env,
+    names,
+    netlink::{Netlink, format_mac},
+    netns::Netns,
+    plumb::{self, Pair},
+    result::{CniResult, Interface, IpConfig, Route},
+};
+
+/// What ADD needs to know about one attachment.
+struct Attachment<'a> {
+    container_id: &'a str,
+    ifname: &'a str,
+    host_ifname: String,
+    handle: String,
+}
+
+pub(super) async fn add(
+    env: &Env,
+    config: &Config,
+    client: &AgentClient,
+) -> Result<Value, CommandError> {
+    let att = Attachment {
+        container_id: env.container_id(),
+        ifname: env.ifname(),
+        host_ifname: names::host_veth(env.container_id(), env.ifname()),
+        handle: config.handle(env.container_id()),
+    };
+    let netns_path = env.netns.clone().unwrap_or_default();
+    let netns = Netns::open(&netns_path)?;
+    let prev = config
+        .prev_result
+        .as_ref()
+        .map(CniResult::from_value)
+        .transpose()
+        .map_err(CommandError::BadPrevResult)?;
+    // args.cni.ips / runtimeConfig.ips win over CNI_ARGS IP= (the conventions).
+    let requested = if config.requested_ips.is_empty() {
+        env.args.ips()?
+    } else {
+        config.requested_ips.clone()
+    };
+    let host_nl = host_netlink()?;
+    let pod_nl = netns.netlink()?;
+    // Refuse before allocating anything.
+    if pod_nl.link(att.ifname).await?.is_some() {
+        return Err(plumb::PlumbError::InterfaceExists {
+            ifname: att.ifname.to_owned(),
+        }
+        .into());
+    }
+
+    let request = AllocateRequest {
+        handle: att.handle.clone(),
+        ipv4: u32::from(requested.is_empty() && config.families.ipv4),
+        ipv6: u32::from(requested.is_empty() && config.families.ipv6),
+        pools: config.pools.clone(),
+        ips: requested.clone(),
+        namespace: env.args.pod_namespace().map(str::to_owned),
+        pod: env.args.pod_name().map(str::to_owned),
+        container_id: att.container_id.to_owned(),
+        expires_in_secs: config.allocation_expiry_secs,
+    };
+    let allocation = client.allocate(&request).await?;
+    tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
+    let ips = allocation.ips;
+
+    let mut endpoint_sent = false;
+    let outcome = async {
+        check_allocation(&request, &ips)?;
+        let pair = plumb::create_pair(
+            &host_nl,
+            &pod_nl,
+            netns.raw_fd(),
+            &att.host_ifname,
+            att.ifname,
+            config.mtu,
+        )
+        .await?;
+        // Fail closed: the programs run before the host end is ever up.
+        attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname)?;
+        plumb::configure_pod(&pod_nl, &pair.pod, &pair.host.mac, &ips).await?;
+        plumb::configure_host(&host_nl, &pair.host, &ips).await?;
+        let endpoint = Endpoint {
+            container_id: att.container_id.to_owned(),
+            ifname: att.ifname.to_owned(),
+            host_ifname: att.host_ifname.clone(),
+            netns: netns_path.display().to_string(),
+            namespace: env.args.pod_namespace().map(str::to_owned),
+            pod: env.args.pod_name().map(str::to_owned),
+            labels: config.labels.clone(),
+            handle: att.handle.clone(),
+            ips: ips.clone(),
+        };
+        endpoint_sent = true;
+        client.put_endpoint(&endpoint).await?;
+        Ok::<Pair, CommandError>(pair)
+    }
+    .await;
+
+    match outcome {
+        Ok(pair) => {
+            tracing::info!(host_ifname = %att.host_ifname, "endpoint registered");
+            let ours = result(config, &netns_path.display().to_string(), &pair, &ips);
+            let full = match prev {
+                Some(prev) => prev.chain(ours),
+                None => ours,
+            }
+            .for_version(&config.cni_version);
+            // Serialising a plain struct cannot fail.
+            Ok(serde_json::to_value(full).unwrap_or_default())
+        }
+        Err(primary) => {
+            tracing::warn!(error = %primary, "ADD failed; undoing it");
+            let failures = rollback(client, &host_nl, config, &att, endpoint_sent).await;
+            if failures.is_empty() {
+                Err(primary)
+            } else {
+                Err(CommandError::RolledBack {
+                    primary: Box::new(primary),
+                    rollback: failures.join("; "),
+                })
+            }
+        }
+    }
+}
+
+/// A dual-stack half-success (or any short answer) fails the ADD; the rollback releases it.
+fn check_allocation(request: &AllocateRequest, ips: &[IpAddr]) -> Result<(), CommandError> {
+    let v4 = ips.iter().filter(|ip| ip.is_ipv4()).count();
+    let v6 = ips.len() - v4;
+    let short = if request.ips.is_empty() {
+        (request.ipv4 as usize > v4) || (request.ipv6 as usize > v6) || ips.is_empty()
+    } else {
+        request.ips.iter().any(|ip| !ips.contains(ip))
+    };
+    if short {
+        let wanted = if request.ips.is_empty() {
+            format!("{} IPv4 and {} IPv6", request.ipv4, request.ipv6)
+        } else {
+            format!("{:?}", request.ips)
+        };
+        return Err(CommandError::ShortAllocation {
+            wanted,
+            got: format!("{ips:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Undoes a failed ADD; returns what could not be undone.
+async fn rollback(
+    client: &AgentClient,
+    host_nl: &Netlink,
+    config: &Config,
+    att: &Attachment<'_>,
+    endpoint_sent: bool,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if endpoint_sent && let Err(e) = client.delete_endpoint(att.container_id, att.ifname).await {
+        failures.push(format!("removing the endpoint: {e}"));
+    }
+    if let Err(e) = attach::detach_endpoint_programs(&config.bpf_root, &att.host_ifname) {
+        failures.push(e.to_string());
+    }
+    match host_nl.link(&att.host_ifname).await {
+        Ok(Some(link)) => {
+            if let Err(e) = host_nl.delete_link(link.index, &att.host_ifname).await {
+                failures.push(e.to_string());
+            }
+        }
+        Ok(None) => {}
+        Err(e) => failures.push(e.to_string()),
+    }
+    if let Err(e) = client.release_handle(&att.handle).await {
+        failures.push(format!(
+            "releasing {}: {e} (the agent releases an unconfirmed allocation when it expires, and DEL releases it too)",
+            att.handle
+        ));
+    }
+    failures
+}
+
+fn result(config: &Config, sandbox: &str, pair: &Pair, ips: &[IpAddr]) -> CniResult {
+    let interfaces = vec![
+        Interface {
+            name: pair.host.name.clone(),
+            mac: Some(format_mac(&pair.host.mac)),
+            mtu: Some(config.mtu),
+            ..Interface::default()
+        },
+        Interface {
+            name: pair.pod.name.clone(),
+            mac: Some(format_mac(&pair.pod.mac)),
+            mtu: Some(config.mtu),
+            sandbox: Some(sandbox.to_owned()),
+            ..Interface::default()
+        },
+    ];
+    let ip_configs = ips
+        .iter()
+        .map(|ip| IpConfig {
+            address: format!("{ip}/{}", plumb::host_prefix(*ip)),
+            gateway: Some(plumb::gateway_for(*ip).to_string()),
+            interface: Some(1),
+            ..IpConfig::default()
+        })
+        .collect();
+    let mut routes = Vec::new();
+    if ips.iter().any(IpAddr::is_ipv4) {
+        routes.push(Route {
+            dst: "0.0.0.0/0".to_owned(),
+            gw: Some(plumb::GATEWAY_V4.to_string()),
+            ..Route::default()
+        });
+    }
+    if ips.iter().any(IpAddr::is_ipv6) {
+        routes.push(Route {
+            dst: "::/0".to_owned(),
+            gw: Some(plumb::GATEWAY_V6.to_string()),
+            ..Route::default()
+        });
+    }
+    CniResult {
+        cni_version: config.cni_version.clone(),
+        interfaces,
+        ips: ip_configs,
+        routes,
+        dns: config.dns.clone(),
+        extra: serde_json::Map::new(),
+    }
+}
