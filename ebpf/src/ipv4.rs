@@ -13,7 +13,7 @@ use crate::{
     maps::{CT4, IDENT4, IPCACHE4},
     parse::{
         Class, ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
-        ports,
+        echo_ports, ports,
     },
 };
 
@@ -89,9 +89,9 @@ fn icmp(pkt: &Packet, off: usize, parsed: &mut Parsed<Addr>) -> Result<(), Reaso
     parsed.policy_port = u16::from(ty);
     match ty {
         ICMP_ECHO | ICMP_ECHO_REPLY => {
-            let id = u16::from_be_bytes([h[4], h[5]]);
-            parsed.tuple.sport = id;
-            parsed.tuple.dport = id;
+            let (sport, dport) = echo_ports(ty == ICMP_ECHO, [h[4], h[5]]);
+            parsed.tuple.sport = sport;
+            parsed.tuple.dport = dport;
         }
         ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
             parsed.class = Class::Related(inner(pkt, off + 8)?);
@@ -110,8 +110,7 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
         IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMP => {
             let h = pkt.load::<8>(l4).ok_or(DROP_MALFORMED)?;
-            let id = u16::from_be_bytes([h[4], h[5]]);
-            (id, id)
+            echo_ports(h[0] == ICMP_ECHO, [h[4], h[5]])
         }
         _ => (0, 0),
     };

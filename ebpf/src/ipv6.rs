@@ -16,7 +16,7 @@ use crate::{
     maps::{CT6, IDENT6, IPCACHE6},
     parse::{
         Class, ETH_HLEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
-        ports,
+        echo_ports, ports,
     },
 };
 
@@ -137,9 +137,9 @@ fn icmp(pkt: &Packet, off: usize, parsed: &mut Parsed<Addr>) -> Result<(), Reaso
     parsed.policy_port = u16::from(ty);
     match ty {
         ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY => {
-            let id = u16::from_be_bytes([h[4], h[5]]);
-            parsed.tuple.sport = id;
-            parsed.tuple.dport = id;
+            let (sport, dport) = echo_ports(ty == ICMPV6_ECHO_REQUEST, [h[4], h[5]]);
+            parsed.tuple.sport = sport;
+            parsed.tuple.dport = dport;
         }
         ICMPV6_DEST_UNREACH..=ICMPV6_PARAM_PROB => {
             parsed.class = Class::Related(inner(pkt, off + 8)?);
@@ -162,8 +162,7 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
         IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMPV6 => {
             let h = pkt.load::<8>(l4).ok_or(DROP_MALFORMED)?;
-            let id = u16::from_be_bytes([h[4], h[5]]);
-            (id, id)
+            echo_ports(h[0] == ICMPV6_ECHO_REQUEST, [h[4], h[5]])
         }
         _ => (0, 0),
     };

@@ -123,3 +123,11 @@ pub(crate) fn ports(pkt: &Packet, off: usize) -> Option<(u16, u16)> {
         u16::from_be_bytes([p[2], p[3]]),
     ))
 }
+
+/// Conntrack "ports" of an ICMP echo: a request is `(id, 0)`, a reply `(0, id)`, so a reply
+/// matches its request's flow reversed, and a request the other way is a flow of its own.
+#[inline(always)]
+pub(crate) fn echo_ports(request: bool, id: [u8; 2]) -> (u16, u16) {
+    let id = u16::from_be_bytes(id);
+    if request { (id, 0) } else { (0, id) }
+}

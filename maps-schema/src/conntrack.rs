@@ -40,8 +40,8 @@ pub const TIMEOUT_ICMP_SECS: u64 = 10;
 /// The clock of `last_seen_ns`: `bpf_ktime_get_coarse_ns`, i.e. `CLOCK_MONOTONIC_COARSE` in user space.
 pub const CLOCK: &str = "CLOCK_MONOTONIC_COARSE";
 
-/// IPv4 conntrack key (addresses in network byte order, ports in host byte order; for ICMP echo
-/// both ports are the echo identifier).
+/// IPv4 conntrack key (addresses in network byte order, ports in host byte order; an ICMP echo
+/// request is `(identifier, 0)` and its reply `(0, identifier)`, so they share one flow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ct4Key {

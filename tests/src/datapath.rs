@@ -14,7 +14,7 @@ use aya::{
 };
 use maps_schema::{
     CounterValue, Ct4Key, Ct6Key, CtEntry, EndpointInfo, IdentityInfo, PolicyKey, PolicyValue,
-    PortRange,
+    PortRange, PrefilterEntry,
     counters::counter_index,
     identity::HOST,
     maps,
@@ -211,33 +211,14 @@ impl Lab {
             ipv4: [v4, [0; 4]],
             ipv6: [v6, [0; 16]],
         };
-        let mut endpoints: HashMap<_, u32, EndpointInfo> =
-            HashMap::try_from(self.ebpf.map_mut(maps::ENDPOINTS).expect("endpoints"))
-                .expect("hash");
-        endpoints
-            .insert(&self.ifindex[i], &info, 0)
-            .expect("insert endpoint");
+        write_endpoint(&mut self.ebpf, self.ifindex[i], &info);
         self.set_identity(IpAddr::V4(v4.into()), IDENTITIES[i]);
         self.set_identity(IpAddr::V6(v6.into()), IDENTITIES[i]);
     }
 
     /// Writes an exact address → identity entry.
     pub fn set_identity(&mut self, addr: IpAddr, identity: u32) {
-        let value = IdentityInfo { identity, flags: 0 };
-        match addr {
-            IpAddr::V4(a) => {
-                let mut m: HashMap<_, [u8; 4], IdentityInfo> =
-                    HashMap::try_from(self.ebpf.map_mut(maps::IDENT4).expect("ident4"))
-                        .expect("hash");
-                m.insert(&a.octets(), &value, 0).expect("insert ident4");
-            }
-            IpAddr::V6(a) => {
-                let mut m: HashMap<_, [u8; 16], IdentityInfo> =
-                    HashMap::try_from(self.ebpf.map_mut(maps::IDENT6).expect("ident6"))
-                        .expect("hash");
-                m.insert(&a.octets(), &value, 0).expect("insert ident6");
-            }
-        }
+        write_identity(&mut self.ebpf, addr, identity);
     }
 
     /// Writes an ipcache CIDR → identity entry.
@@ -278,9 +259,7 @@ impl Lab {
             protocol: proto,
             direction,
         };
-        let mut m: HashMap<_, PolicyKey, PolicyValue> =
-            HashMap::try_from(self.ebpf.map_mut(maps::POLICY).expect("policy")).expect("hash");
-        m.insert(&key, &value, 0).expect("insert policy");
+        write_policy(&mut self.ebpf, &key, &value);
     }
 
     /// Runs `frame` through `from_endpoint` of pod `i` (packets leaving the pod).
@@ -517,6 +496,58 @@ impl Lab {
             };
         }
         value
+    }
+}
+
+/// Writes an endpoints entry.
+pub fn write_endpoint(ebpf: &mut Ebpf, ifindex: u32, info: &EndpointInfo) {
+    let mut m: HashMap<_, u32, EndpointInfo> =
+        HashMap::try_from(ebpf.map_mut(maps::ENDPOINTS).expect("endpoints")).expect("hash");
+    m.insert(&ifindex, info, 0).expect("insert endpoint");
+}
+
+/// Writes an exact address → identity entry.
+pub fn write_identity(ebpf: &mut Ebpf, addr: IpAddr, identity: u32) {
+    let value = IdentityInfo { identity, flags: 0 };
+    match addr {
+        IpAddr::V4(a) => {
+            let mut m: HashMap<_, [u8; 4], IdentityInfo> =
+                HashMap::try_from(ebpf.map_mut(maps::IDENT4).expect("ident4")).expect("hash");
+            m.insert(&a.octets(), &value, 0).expect("insert ident4");
+        }
+        IpAddr::V6(a) => {
+            let mut m: HashMap<_, [u8; 16], IdentityInfo> =
+                HashMap::try_from(ebpf.map_mut(maps::IDENT6).expect("ident6")).expect("hash");
+            m.insert(&a.octets(), &value, 0).expect("insert ident6");
+        }
+    }
+}
+
+/// Writes a policy entry.
+pub fn write_policy(ebpf: &mut Ebpf, key: &PolicyKey, value: &PolicyValue) {
+    let mut m: HashMap<_, PolicyKey, PolicyValue> =
+        HashMap::try_from(ebpf.map_mut(maps::POLICY).expect("policy")).expect("hash");
+    m.insert(key, value, 0).expect("insert policy");
+}
+
+/// Writes a prefilter deny CIDR.
+pub fn write_prefilter(ebpf: &mut Ebpf, addr: IpAddr, prefix: u32) {
+    let value = PrefilterEntry { rule_id: 1 };
+    match addr {
+        IpAddr::V4(a) => {
+            let mut m: LpmTrie<_, [u8; 4], PrefilterEntry> =
+                LpmTrie::try_from(ebpf.map_mut(maps::PREFILTER4).expect("prefilter4"))
+                    .expect("lpm");
+            m.insert(&Key::new(prefix, a.octets()), &value, 0)
+                .expect("insert prefilter4");
+        }
+        IpAddr::V6(a) => {
+            let mut m: LpmTrie<_, [u8; 16], PrefilterEntry> =
+                LpmTrie::try_from(ebpf.map_mut(maps::PREFILTER6).expect("prefilter6"))
+                    .expect("lpm");
+            m.insert(&Key::new(prefix, a.octets()), &value, 0)
+                .expect("insert prefilter6");
+        }
     }
 }
 
