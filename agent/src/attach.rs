@@ -27,6 +27,15 @@ pub enum AttachMode {
     Replaced,
     /// A legacy clsact filter (kernels without tcx).
     Clsact,
+    /// The pinned link already runs this program: nothing written.
+    Unchanged,
+}
+
+/// The program id a pinned link runs, if the pin opens.
+#[must_use]
+pub fn pinned_link_program(link_pin: &Path) -> Option<u32> {
+    let link = FdLink::from(PinnedLink::from_pin(link_pin).ok()?);
+    link.info().ok().map(|info| info.program_id())
 }
 
 /// Errors attaching a program.

@@ -67,6 +67,9 @@ pub struct AgentArgs {
     /// Metrics and health address.
     #[arg(long, env = "WEIR_METRICS", default_value = paths::DEFAULT_METRICS_ADDR)]
     pub metrics: String,
+    /// Seconds before an allocation that no endpoint confirmed is released.
+    #[arg(long, env = "WEIR_ALLOCATION_EXPIRY", default_value_t = 600)]
+    pub allocation_expiry: u64,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -94,6 +97,8 @@ pub struct Config {
     pub prefilter_interfaces: Vec<String>,
     /// Metrics address.
     pub metrics: SocketAddr,
+    /// Expiry of unconfirmed allocations.
+    pub allocation_expiry: std::time::Duration,
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -192,6 +197,13 @@ impl AgentArgs {
                 ));
             }
         }
+        if self.allocation_expiry == 0 || self.allocation_expiry > 86_400 {
+            return Err(invalid(
+                "--allocation-expiry (WEIR_ALLOCATION_EXPIRY)",
+                &self.allocation_expiry.to_string(),
+                "must be between 1 and 86400 seconds",
+            ));
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -209,6 +221,7 @@ impl AgentArgs {
             block_size_v6: self.block_size_v6,
             prefilter_interfaces: self.prefilter_interfaces.clone(),
             metrics,
+            allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
         })
     }
 }

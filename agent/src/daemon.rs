@@ -1,14 +1,39 @@
-//! `weir agent`: load and pin the programs, attach what the operator asked for, serve until
-//! SIGTERM, then exit leaving pins and attachments in place (so traffic keeps its verdicts).
+//! `weir agent`: load (reusing unchanged pinned programs), restore the registry, watch links,
+//! serve the API and metrics, run the apply loop; on SIGTERM exit leaving every pin and attachment
+//! in place so traffic keeps its verdicts while the agent is away.
 
-use aya::programs::Xdp;
+use std::{
+    collections::BTreeSet,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
 use serde::Serialize;
+use tokio::sync::mpsc;
 
 use crate::{
     EBPF_OBJECT,
+    api::server::{self, Api},
+    applier::{MAX_FAILURES, Shared},
     attach::{self, AttachError, AttachMode},
     config::Config,
-    loader::{self, LoadError, LoadReport},
+    dataplane::{
+        attachments::AttachDriver,
+        endpoints::EndpointsManager,
+        kernel::{KernelError, PinnedHash},
+        map_driver::MapDriver,
+        plane::Dataplane,
+        tc_links::TcLinks,
+    },
+    ipam_service::{IpamService, IpamServiceError},
+    linkwatch::{self, LinkEvent},
+    loader::{self, LoadReport},
+    metrics,
+    node::{Node, NodeError},
+    programs::{Programs, ProgramsError},
 };
 
 /// Errors that stop the agent.
@@ -16,79 +41,218 @@ use crate::{
 pub enum DaemonError {
     /// Loading failed.
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Programs(#[from] ProgramsError),
     /// Attaching the prefilter failed.
     #[error(transparent)]
     Attach(#[from] AttachError),
-    /// The object lacks the prefilter program.
-    #[error("the eBPF object has no usable {0} program; rebuild the agent")]
-    MissingProgram(&'static str),
-    /// Signal handling failed.
-    #[error("cannot install signal handlers: {0}")]
-    Signals(#[source] std::io::Error),
+    /// A pinned map could not be opened.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The persisted state could not be restored.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The IPAM datastore could not be opened.
+    #[error(transparent)]
+    Ipam(#[from] IpamServiceError),
+    /// A socket or signal could not be set up.
+    #[error("cannot {what}: {source}")]
+    Io {
+        /// What.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The dataplane kept failing.
+    #[error(
+        "the dataplane failed {0} times in a row; exiting so the agent is restarted (traffic stays fail-closed)"
+    )]
+    Failing(u32),
+    /// The first apply did not complete.
+    #[error("the first dataplane apply did not complete within {0} s: {1}")]
+    NotReady(u64, String),
 }
 
-/// What the agent prints once it has loaded (one JSON line on stdout).
+/// What the agent prints once ready (one JSON line on stdout).
 #[derive(Debug, Serialize)]
 pub struct Started<'a> {
     /// Always `"started"`.
     pub event: &'static str,
     /// The node.
     pub node: &'a str,
-    /// Programs and maps.
+    /// Programs and maps, read from their pins.
     pub loaded: LoadReport,
+    /// Program name → (id, reused from its pin).
+    pub programs: Vec<(String, u32, bool)>,
     /// Prefilter attachments.
     pub prefilter: Vec<(String, AttachMode)>,
+    /// Endpoints restored from the registry.
+    pub endpoints: usize,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
-    let mut loaded = loader::load_pinned(&config.paths, EBPF_OBJECT)?;
+    let paths = config.paths.clone();
+    let mut programs = Programs::load(&paths, EBPF_OBJECT)?;
+    let program_report = programs.report.programs.clone();
     let mut prefilter = Vec::new();
-    if !config.prefilter_interfaces.is_empty() {
+    for ifname in &config.prefilter_interfaces {
         let name = maps_schema::programs::XDP_PREFILTER;
-        let program: &mut Xdp = loaded
-            .ebpf
-            .program_mut(name)
-            .and_then(|p| p.try_into().ok())
-            .ok_or(DaemonError::MissingProgram(name))?;
-        for ifname in &config.prefilter_interfaces {
-            let mode =
-                attach::attach_xdp(program, name, ifname, &config.paths.link_pin(ifname, name))?;
-            tracing::info!(ifname, ?mode, "attached xdp_prefilter");
-            prefilter.push((ifname.clone(), mode));
+        let pin = paths.link_pin(ifname, name);
+        let current = programs.xdp_prefilter.info().map(|i| i.id()).ok();
+        if attach::pinned_link_program(&pin).is_some_and(|id| Some(id) == current) {
+            prefilter.push((ifname.clone(), AttachMode::Unchanged));
+            continue;
+        }
+        let mode = attach::attach_xdp(&mut programs.xdp_prefilter, name, ifname, &pin)?;
+        tracing::info!(ifname, ?mode, "attached xdp_prefilter");
+        prefilter.push((ifname.clone(), mode));
+    }
+
+    let endpoints_map = PinnedHash::open(
+        maps_schema::maps::ENDPOINTS,
+        &paths.map_pin(maps_schema::maps::ENDPOINTS),
+    )?;
+    let dataplane = Dataplane {
+        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        endpoints: MapDriver::new(Box::new(endpoints_map)),
+        endpoints_manager: EndpointsManager::new(),
+    };
+    let node = Node::open(&paths, dataplane)?;
+    let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
+    let restored = node.summary().endpoints;
+    let shared = Shared::new(node);
+
+    // Apply loop on its own thread.
+    let stop = Arc::new(AtomicBool::new(false));
+    let applier = {
+        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("weir-apply".into())
+            .spawn(move || shared.run(&|| stop.load(Ordering::Relaxed)))
+            .map_err(io_err("start the apply thread"))?
+    };
+
+    // Link watcher → node.
+    let (tx, mut rx) = mpsc::unbounded_channel::<LinkEvent>();
+    tokio::spawn(async move {
+        if let Err(e) = linkwatch::watch(tx).await {
+            tracing::error!(error = %e, "link watcher stopped");
+        }
+    });
+    {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            while let Some(event) = rx.recv().await {
+                shared.lock().on_link(&event);
+                shared.kick();
+            }
+        });
+    }
+
+    // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
+    let ipam = IpamService::open(
+        &config.datastore,
+        &config.node,
+        config.node_labels.iter().cloned().collect(),
+        &config.pools,
+        (config.block_size_v4, config.block_size_v6),
+        config.allocation_expiry,
+        &paths.state_dir,
+    )
+    .await?;
+    ipam.confirm_all(&handles).await?;
+    let ipam = Arc::new(ipam);
+    {
+        let ipam = Arc::clone(&ipam);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Err(e) = ipam.expire().await {
+                    tracing::warn!(error = %e, "expiring allocations failed");
+                }
+            }
+        });
+    }
+
+    // Wait for the first in-sync apply, then serve.
+    let ready_timeout = Duration::from_secs(60);
+    let generation = { shared.lock().generation() };
+    let mut watch = shared.subscribe();
+    let first = tokio::time::timeout(
+        ready_timeout,
+        watch.wait_for(|a| a.ready || a.failures >= MAX_FAILURES),
+    )
+    .await;
+    match first {
+        Ok(Ok(a)) if a.ready => {}
+        Ok(Ok(a)) => return Err(DaemonError::Failing(a.failures)),
+        _ => {
+            let error = shared
+                .applied()
+                .error
+                .unwrap_or_else(|| "links not synced".into());
+            return Err(DaemonError::NotReady(ready_timeout.as_secs(), error));
         }
     }
-    let report = loaded.report(&config.paths);
-    for p in &report.programs {
-        tracing::info!(program = %p.name, id = p.id, pin = %p.pin.display(), "program loaded");
-    }
-    for m in &report.maps {
-        tracing::info!(map = %m.name, id = m.id, max_entries = m.max_entries, pin = %m.pin.display(), "map pinned");
-    }
+    tracing::info!(generation, "dataplane in sync");
+
+    let api = Arc::new(Api {
+        shared: Arc::clone(&shared),
+        ipam: Arc::clone(&ipam),
+        node: config.node.clone(),
+    });
+    let socket = paths.api_socket.clone();
+    let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
+    let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
+        .await
+        .map_err(io_err(format!("listen on {}", config.metrics)))?;
+    tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&shared)));
+
     let started = Started {
         event: "started",
         node: &config.node,
-        loaded: report,
+        loaded: loader::report(&paths),
+        programs: program_report,
         prefilter,
+        endpoints: restored,
     };
     match serde_json::to_string(&started) {
         Ok(line) => println!("{line}"),
         Err(e) => tracing::warn!(error = %e, "cannot serialise the start report"),
     }
 
-    wait_for_shutdown().await?;
+    let result = wait_for_shutdown(&shared, api_task).await;
+    stop.store(true, Ordering::Relaxed);
+    shared.kick();
+    let _ = applier.join();
+    let _ = std::fs::remove_file(&paths.api_socket);
     tracing::info!("shutting down; programs, maps and attachments stay pinned");
-    Ok(())
+    result
 }
 
-async fn wait_for_shutdown() -> Result<(), DaemonError> {
+async fn wait_for_shutdown(
+    shared: &Shared,
+    api_task: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Result<(), DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(io_err("install a SIGTERM handler"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io_err("install a SIGINT handler"))?;
+    let mut watch = shared.subscribe();
     tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
+        _ = term.recv() => { tracing::info!("SIGTERM"); Ok(()) }
+        _ = int.recv() => { tracing::info!("SIGINT"); Ok(()) }
+        result = api_task => match result {
+            Ok(Err(e)) => Err(DaemonError::Io { what: "serve the API socket".into(), source: e }),
+            _ => Err(DaemonError::Io { what: "serve the API socket".into(), source: std::io::Error::other("the server stopped") }),
+        },
+        failing = watch.wait_for(|a| a.failures >= MAX_FAILURES) => {
+            Err(DaemonError::Failing(failing.map(|a| a.failures).unwrap_or(MAX_FAILURES)))
+        }
     }
-    Ok(())
 }

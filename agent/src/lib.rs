@@ -4,12 +4,22 @@
 //! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (tc/XDP
 //! attachments through pinned links), `daemon` (the `weir agent` main loop).
 
+pub mod api;
+pub mod applier;
 pub mod attach;
 pub mod bpffs;
 pub mod config;
 pub mod daemon;
+pub mod dataplane;
+pub mod identity;
+pub mod ipam_service;
+pub mod linkwatch;
 pub mod loader;
+pub mod metrics;
+pub mod node;
 pub mod paths;
+pub mod programs;
+pub mod registry;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).

@@ -138,20 +138,20 @@ fn load_program(name: &str, program: &mut Program) -> Result<(), LoadError> {
     })
 }
 
-/// Loads the agent's object under `paths` and pins every program (replacing older pins atomically).
-pub fn load_pinned(paths: &Paths, object: &[u8]) -> Result<Loaded, LoadError> {
+/// Loads the agent's object under `paths`: bpffs mounted, pin directories created, maps pinned (or
+/// reused) under `maps/`, every program loaded but not yet pinned (see `programs`).
+pub fn load_for_agent(paths: &Paths, object: &[u8]) -> Result<Loaded, LoadError> {
     bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
     bpffs::ensure_pin_dir(&paths.bpf_root)?;
     bpffs::ensure_pin_dir(&paths.progs_dir())?;
     bpffs::ensure_pin_dir(&paths.links_dir())?;
-    let mut ebpf = load_object(object, &paths.maps_dir())?;
+    let ebpf = load_object(object, &paths.maps_dir())?;
     for name in maps_schema::programs::ALL {
-        let program = ebpf
-            .program_mut(name)
-            .ok_or_else(|| LoadError::MissingProgram {
+        if ebpf.program(name).is_none() {
+            return Err(LoadError::MissingProgram {
                 program: (*name).to_owned(),
-            })?;
-        pin_replacing(program, name, &paths.prog_pin(name))?;
+            });
+        }
     }
     Ok(Loaded { ebpf })
 }
@@ -182,42 +182,56 @@ fn pin_replacing(
 }
 
 impl Loaded {
-    /// What is loaded and where it is pinned.
-    pub fn report(&self, paths: &Paths) -> LoadReport {
-        let programs = self
+    /// The kernel tag (hash of the instructions) of a loaded program.
+    #[must_use]
+    pub fn program_tag(&self, name: &str) -> Option<u64> {
+        let info = match self.ebpf.program(name)? {
+            Program::SchedClassifier(p) => p.info(),
+            Program::Xdp(p) => p.info(),
+            _ => return None,
+        };
+        info.ok().map(|i| i.tag())
+    }
+
+    /// Pins a loaded program at `path`, replacing an older pin atomically.
+    pub fn pin_program(&mut self, name: &str, path: &std::path::Path) -> Result<(), LoadError> {
+        let program = self
             .ebpf
-            .programs()
-            .filter_map(|(name, program)| {
-                let id = program_id(program)?;
-                Some(ProgramReport {
-                    name: name.to_owned(),
-                    id,
-                    pin: paths.prog_pin(name),
-                })
-            })
-            .collect();
-        let maps = maps_schema::maps::ALL
-            .iter()
-            .filter_map(|name| {
-                let pin = paths.map_pin(name);
-                let info = MapInfo::from_pin(&pin).ok()?;
-                Some(MapReport {
-                    name: (*name).to_owned(),
-                    id: info.id(),
-                    max_entries: info.max_entries(),
-                    pin,
-                })
-            })
-            .collect();
-        LoadReport { programs, maps }
+            .program_mut(name)
+            .ok_or_else(|| LoadError::MissingProgram {
+                program: name.to_owned(),
+            })?;
+        pin_replacing(program, name, path)
     }
 }
 
-fn program_id(program: &Program) -> Option<u32> {
-    let info = match program {
-        Program::SchedClassifier(p) => p.info(),
-        Program::Xdp(p) => p.info(),
-        _ => return None,
-    };
-    info.ok().map(|info| info.id())
+/// What is pinned under `paths` (read from the pins, as an operator would see it).
+#[must_use]
+pub fn report(paths: &Paths) -> LoadReport {
+    let programs = maps_schema::programs::ALL
+        .iter()
+        .filter_map(|name| {
+            let pin = paths.prog_pin(name);
+            let info = aya::programs::ProgramInfo::from_pin(&pin).ok()?;
+            Some(ProgramReport {
+                name: (*name).to_owned(),
+                id: info.id(),
+                pin,
+            })
+        })
+        .collect();
+    let maps = maps_schema::maps::ALL
+        .iter()
+        .filter_map(|name| {
+            let pin = paths.map_pin(name);
+            let info = MapInfo::from_pin(&pin).ok()?;
+            Some(MapReport {
+                name: (*name).to_owned(),
+                id: info.id(),
+                max_entries: info.max_entries(),
+                pin,
+            })
+        })
+        .collect();
+    LoadReport { programs, maps }
 }

@@ -99,6 +99,18 @@ impl Paths {
             .join(format!("{}:{program}", ifname.replace('.', ":")))
     }
 
+    /// The endpoint registry file.
+    #[must_use]
+    pub fn registry(&self) -> PathBuf {
+        self.state_dir.join("endpoints.json")
+    }
+
+    /// The identity store file.
+    #[must_use]
+    pub fn identities(&self) -> PathBuf {
+        self.state_dir.join("identities.json")
+    }
+
     /// Embedded IPAM datastore file.
     #[must_use]
     pub fn ipam_db(&self) -> PathBuf {
@@ -110,6 +122,14 @@ impl Paths {
     pub fn owns(&self, path: &Path) -> bool {
         path.starts_with(&self.bpf_root)
     }
+}
+
+/// The (interface, program) a link pin name stands for (inverse of [`Paths::link_pin`]).
+#[must_use]
+pub fn parse_link_pin(name: &str) -> Option<(String, String)> {
+    let (ifname, program) = name.rsplit_once(':')?;
+    (!ifname.is_empty() && !program.is_empty())
+        .then(|| (ifname.replace(':', "."), program.to_owned()))
 }
 
 #[cfg(test)]
@@ -134,6 +154,10 @@ mod tests {
         assert_eq!(
             paths.link_pin("eth0.100", "xdp_prefilter"),
             Path::new("/sys/fs/bpf/wt-x/links/eth0:100:xdp_prefilter")
+        );
+        assert_eq!(
+            parse_link_pin("eth0:100:xdp_prefilter"),
+            Some(("eth0.100".to_owned(), "xdp_prefilter".to_owned()))
         );
         assert!(paths.owns(&paths.maps_dir()));
         assert!(!paths.owns(Path::new("/sys/fs/bpf/other")));

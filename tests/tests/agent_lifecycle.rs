@@ -15,6 +15,23 @@ fn xdp_prog_id(ns: &NetNs, ifname: &str) -> Option<u64> {
     links[0]["xdp"]["prog"]["id"].as_u64()
 }
 
+/// Program ids as bpftool reads them from the pins.
+fn agent_programs(root: &PinRoot) -> Vec<u64> {
+    let paths = root.paths();
+    maps_schema::programs::ALL
+        .iter()
+        .map(|name| {
+            let shown = bpftool(&[
+                "prog",
+                "show",
+                "pinned",
+                &paths.prog_pin(name).display().to_string(),
+            ]);
+            shown["id"].as_u64().expect("program id")
+        })
+        .collect()
+}
+
 #[test]
 fn agent_loads_pins_and_survives_restart() {
     if !require_root("agent_loads_pins_and_survives_restart") {
@@ -84,7 +101,9 @@ fn agent_loads_pins_and_survives_restart() {
         "the prefilter stays attached"
     );
 
-    // Restart: the pinned maps are reused (same kernel ids), the prefilter link is updated in place.
+    // Restart over an unchanged object: the pinned maps and programs are reused (same kernel ids)
+    // and the prefilter link is left as it is.
+    let first_programs = agent_programs(&root);
     let agent = AgentProcess::start(
         &root,
         &dirs,
@@ -96,13 +115,16 @@ fn agent_loads_pins_and_survives_restart() {
         first_maps,
         "a restart reuses the pinned maps"
     );
-    assert!(
-        xdp_prog_id(&node, &told.a).is_some(),
-        "the prefilter is attached after restart"
+    assert_eq!(
+        agent_programs(&root),
+        first_programs,
+        "a restart reuses the pinned programs"
     );
     assert_eq!(
-        agent.started["prefilter"][0][1], "replaced",
-        "the pinned XDP link was updated, not re-created"
+        xdp_prog_id(&node, &told.a),
+        Some(xdp_on_told),
+        "the prefilter link is untouched"
     );
+    assert_eq!(agent.started["prefilter"][0][1], "unchanged");
     assert!(agent.terminate().success());
 }

@@ -1,0 +1,102 @@
+//! API errors: `{"error": {"code": "...", "message": "..."}}` with a status code.
+
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{ipam_service::IpamServiceError, node::NodeError};
+
+/// An API error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Machine-readable code (kebab-case).
+    pub code: String,
+    /// What to fix.
+    pub message: String,
+    /// HTTP status.
+    #[serde(skip)]
+    pub status: u16,
+}
+
+impl ApiError {
+    /// An error with a status.
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_owned(),
+            message: message.into(),
+            status: status.as_u16(),
+        }
+    }
+
+    /// 400 invalid-request.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid-request", message)
+    }
+
+    /// 503: the dataplane did not apply.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dataplane-not-ready",
+            message,
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a ApiError,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(Body { error: &self })).into_response()
+    }
+}
+
+impl From<NodeError> for ApiError {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::Registry(crate::registry::RegistryError::Invalid(m)) => Self::invalid(m),
+            other => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                other.to_string(),
+            ),
+        }
+    }
+}
+
+impl From<IpamServiceError> for ApiError {
+    fn from(e: IpamServiceError) -> Self {
+        use ipam::IpamError as I;
+        let message = e.to_string();
+        match e {
+            IpamServiceError::Exhausted(_) => Self::new(StatusCode::CONFLICT, "exhausted", message),
+            IpamServiceError::Invalid(_) => Self::invalid(message),
+            IpamServiceError::Timeout(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", message)
+            }
+            IpamServiceError::Ipam(I::UnknownPool { .. } | I::PoolDisabled { .. }) => {
+                Self::new(StatusCode::BAD_REQUEST, "unknown-pool", message)
+            }
+            IpamServiceError::Ipam(I::NotInAnyPool { .. }) => {
+                Self::new(StatusCode::BAD_REQUEST, "address-not-in-pool", message)
+            }
+            IpamServiceError::Ipam(I::NoQualifiedPool { .. }) => {
+                Self::new(StatusCode::CONFLICT, "exhausted", message)
+            }
+            IpamServiceError::Ipam(I::InvalidArgument { .. } | I::HandleCap { .. }) => {
+                Self::invalid(message)
+            }
+            IpamServiceError::Ipam(I::Block { .. }) => {
+                Self::new(StatusCode::CONFLICT, "address-in-use", message)
+            }
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
+        }
+    }
+}

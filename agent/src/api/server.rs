@@ -1,0 +1,256 @@
+//! The API server: axum over the agent's unix socket (mode 0600).
+
+use std::{
+    collections::BTreeSet,
+    os::unix::fs::PermissionsExt as _,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{Path as UrlPath, Query, State},
+    http::StatusCode,
+    routing::{get, post},
+};
+use serde::{Deserialize, de::DeserializeOwned};
+use tokio::net::UnixListener;
+
+use super::{
+    error::ApiError,
+    types::{
+        DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest, ReleaseResponse, Status,
+    },
+};
+use crate::{
+    applier::Shared,
+    ipam_service::{AllocateRequest, Allocation, IpamService},
+    registry::{self, Endpoint},
+};
+
+/// How long a request may wait for the dataplane to apply its change.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request waits for a host link the CNI just created to be seen.
+const LINK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time budget of an allocation once it holds the per-host lock.
+const ALLOCATE_BUDGET: Duration = Duration::from_secs(30);
+
+/// What the handlers share.
+pub struct Api {
+    /// Node state and applier.
+    pub shared: Arc<Shared>,
+    /// IPAM.
+    pub ipam: Arc<IpamService>,
+    /// Node name.
+    pub node: String,
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}")))
+}
+
+/// The router.
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/endpoints", get(list_endpoints))
+        .route(
+            "/v1/endpoints/{key}",
+            get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
+        )
+        .route("/v1/ipam/allocate", post(allocate))
+        .route("/v1/ipam/release", post(release))
+        .with_state(api)
+}
+
+/// Binds the socket (replacing a stale one) with mode 0600 and serves until the task is dropped.
+pub async fn serve(path: &Path, api: Arc<Api>) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    axum::serve(listener, router(api)).await
+}
+
+async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
+    let (summary, dataplane) = {
+        let node = api.shared.lock();
+        (
+            node.summary(),
+            serde_json::to_value(node.dataplane.stats()).unwrap_or_default(),
+        )
+    };
+    let applied = api.shared.applied();
+    let pools = api.ipam.pools().await.unwrap_or_default();
+    Ok(Json(Status {
+        ready: applied.ready,
+        node: api.node.clone(),
+        endpoints: summary.endpoints,
+        pools,
+        state: summary,
+        applied,
+        dataplane,
+    }))
+}
+
+fn view(api: &Api, endpoint: &Endpoint) -> EndpointView {
+    let node = api.shared.lock();
+    EndpointView {
+        endpoint: endpoint.clone(),
+        identity: node.identity(endpoint),
+        ifindex: node
+            .dataplane
+            .endpoints_manager
+            .ifindex(&endpoint.host_ifname),
+    }
+}
+
+async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {
+    let endpoints: Vec<Endpoint> = api.shared.lock().endpoints().cloned().collect();
+    Ok(Json(endpoints.iter().map(|e| view(&api, e)).collect()))
+}
+
+async fn get_endpoint(
+    State(api): State<Arc<Api>>,
+    UrlPath(key): UrlPath<String>,
+) -> ApiResult<EndpointView> {
+    let endpoint = api.shared.lock().endpoint(&key).cloned();
+    match endpoint {
+        Some(e) => Ok(Json(view(&api, &e))),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no endpoint {key}"),
+        )),
+    }
+}
+
+async fn put_endpoint(
+    State(api): State<Arc<Api>>,
+    UrlPath(key): UrlPath<String>,
+    body: Bytes,
+) -> ApiResult<EndpointView> {
+    let req: EndpointRequest = parse(&body)?;
+    if registry::key(&req.container_id, &req.ifname) != key {
+        return Err(ApiError::invalid(format!(
+            "the path names endpoint {key} but the body is {}:{}",
+            req.container_id, req.ifname
+        )));
+    }
+    if req.handle.is_empty() {
+        return Err(ApiError::invalid(
+            "handle must name the IPAM handle that holds the endpoint's addresses",
+        ));
+    }
+    let held: BTreeSet<_> = api.ipam.ips_of(&req.handle).await?.into_iter().collect();
+    if let Some(ip) = req.ips.iter().find(|ip| !held.contains(ip)) {
+        return Err(ApiError::invalid(format!(
+            "address {ip} is not allocated under handle {}; allocate it first",
+            req.handle
+        )));
+    }
+    // The CNI created the host link just before: wait (bounded) until the link watcher saw it.
+    let deadline = Instant::now() + LINK_TIMEOUT;
+    while api
+        .shared
+        .lock()
+        .dataplane
+        .endpoints_manager
+        .ifindex(&req.host_ifname)
+        .is_none()
+    {
+        if Instant::now() > deadline {
+            return Err(ApiError::invalid(format!(
+                "host interface {} does not exist on this node; create the veth before registering",
+                req.host_ifname
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let endpoint = Endpoint {
+        id: 0,
+        container_id: req.container_id,
+        ifname: req.ifname,
+        host_ifname: req.host_ifname,
+        netns: req.netns,
+        namespace: req.namespace,
+        pod: req.pod,
+        labels: req.labels,
+        handle: req.handle,
+        ips: req.ips,
+    };
+    let (stored, _identity, generation) = api.shared.lock().upsert_endpoint(endpoint)?;
+    api.ipam.confirm(&stored.handle).await?;
+    api.shared
+        .wait_applied(generation, APPLY_TIMEOUT)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(view(&api, &stored)))
+}
+
+#[derive(Deserialize)]
+struct DeleteQuery {
+    #[serde(default)]
+    release: bool,
+}
+
+async fn delete_endpoint(
+    State(api): State<Arc<Api>>,
+    UrlPath(key): UrlPath<String>,
+    Query(query): Query<DeleteQuery>,
+) -> ApiResult<DeleteResponse> {
+    let (removed, generation) = api.shared.lock().delete_endpoint(&key)?;
+    api.shared
+        .wait_applied(generation, APPLY_TIMEOUT)
+        .await
+        .map_err(ApiError::unavailable)?;
+    let mut released = Vec::new();
+    if query.release
+        && let Some(endpoint) = &removed
+        && !endpoint.handle.is_empty()
+    {
+        released = api.ipam.release_handle(&endpoint.handle).await?;
+    }
+    Ok(Json(DeleteResponse {
+        deleted: removed.is_some(),
+        released,
+    }))
+}
+
+async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocation> {
+    let req: AllocateRequest = parse(&body)?;
+    Ok(Json(api.ipam.allocate(&req, ALLOCATE_BUDGET).await?))
+}
+
+async fn release(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<ReleaseResponse> {
+    let req: ReleaseRequest = parse(&body)?;
+    match (req.handle, req.ips.is_empty()) {
+        (Some(handle), true) => {
+            let released = api.ipam.release_handle(&handle).await?;
+            Ok(Json(ReleaseResponse {
+                released,
+                not_allocated: Vec::new(),
+            }))
+        }
+        (None, false) => {
+            let (released, not_allocated) = api.ipam.release_ips(&req.ips).await?;
+            Ok(Json(ReleaseResponse {
+                released,
+                not_allocated,
+            }))
+        }
+        _ => Err(ApiError::invalid(
+            "give either handle or ips, not both and not neither",
+        )),
+    }
+}

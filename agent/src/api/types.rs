@@ -1,0 +1,97 @@
+//! Request and response bodies of the agent API.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ipam_service::PoolStatus, node::NodeSummary, registry::Endpoint};
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    /// Ready: first in-sync applied and the dataplane is not failing.
+    pub ready: bool,
+    /// Node name.
+    pub node: String,
+    /// Registered endpoints.
+    pub endpoints: usize,
+    /// Pools.
+    pub pools: Vec<PoolStatus>,
+    /// Node state.
+    pub state: NodeSummary,
+    /// Applier progress.
+    pub applied: crate::applier::Applied,
+    /// Driver counters.
+    pub dataplane: serde_json::Value,
+}
+
+/// `PUT /v1/endpoints/{container_id}:{ifname}` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointRequest {
+    /// Container id.
+    pub container_id: String,
+    /// Interface inside the pod.
+    pub ifname: String,
+    /// Host-side veth.
+    pub host_ifname: String,
+    /// Pod netns path.
+    #[serde(default)]
+    pub netns: String,
+    /// Namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// Pod.
+    #[serde(default)]
+    pub pod: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// IPAM handle.
+    #[serde(default)]
+    pub handle: String,
+    /// Addresses.
+    pub ips: Vec<IpAddr>,
+}
+
+/// An endpoint as the API returns it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EndpointView {
+    /// The endpoint.
+    #[serde(flatten)]
+    pub endpoint: Endpoint,
+    /// Its security identity.
+    pub identity: Option<u32>,
+    /// The host link's ifindex, when the link exists.
+    pub ifindex: Option<u32>,
+}
+
+/// `DELETE /v1/endpoints/…` answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeleteResponse {
+    /// True when an endpoint was removed.
+    pub deleted: bool,
+    /// Addresses released.
+    pub released: Vec<IpAddr>,
+}
+
+/// `POST /v1/ipam/release` body.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// Release everything under this handle.
+    #[serde(default)]
+    pub handle: Option<String>,
+    /// Or these addresses.
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+}
+
+/// `POST /v1/ipam/release` answer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReleaseResponse {
+    /// Released addresses.
+    pub released: Vec<IpAddr>,
+    /// Addresses that were not allocated.
+    pub not_allocated: Vec<IpAddr>,
+}

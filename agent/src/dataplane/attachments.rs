@@ -1,0 +1,334 @@
+//! The attachment driver: both tc programs on every `weir*` link, through pinned tcx links.
+//!
+//! Read back: the link pins under `links/` and, for each, whether its program is still attached to
+//! the interface (a pin can outlive its interface). Classify: in sync (pin live, right program),
+//! out of sync (pin live, other program → atomic `bpf_link_update`), missing or stale (attach
+//! anew), orphan (pin of a link that is no longer desired → unpinned, which detaches it).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::programs::TcAttachType;
+use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT};
+use serde::Serialize;
+
+use super::kernel::KernelError;
+
+/// The kernel operations the driver needs; the real one uses aya and bpffs.
+pub trait Attacher: Send {
+    /// Link pins present: (ifname, program).
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError>;
+    /// The program id the pinned link runs, if the pin opens.
+    fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32>;
+    /// True when program `id` is attached at `hook` of interface `ifindex`.
+    fn is_attached(&self, ifindex: u32, hook: TcAttachType, id: u32) -> bool;
+    /// The id of the program this agent attaches as `program`.
+    fn current(&self, program: &str) -> u32;
+    /// Attaches `program` to `ifname` anew (pinning the link).
+    fn attach(
+        &mut self,
+        ifname: &str,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError>;
+    /// Points the pinned link at the current program (atomic).
+    fn update(
+        &mut self,
+        ifname: &str,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError>;
+    /// Removes the pin (detaching the link once nothing else holds it).
+    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
+}
+
+/// Counters of the attachment driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AttachStats {
+    /// New attachments.
+    pub attaches: u64,
+    /// Program replacements through existing links.
+    pub updates: u64,
+    /// Pins removed (orphans and stale pins).
+    pub unpins: u64,
+    /// Applies that failed.
+    pub errors: u64,
+}
+
+const HOOKS: [(&str, TcAttachType); 2] = [
+    (FROM_ENDPOINT, TcAttachType::Ingress),
+    (TO_ENDPOINT, TcAttachType::Egress),
+];
+
+/// Desired attachments: every workload link (ifname → ifindex).
+pub struct AttachDriver {
+    io: Box<dyn Attacher>,
+    links: BTreeMap<String, u32>,
+    dirty: BTreeSet<String>,
+    resync: bool,
+    stats: AttachStats,
+}
+
+impl AttachDriver {
+    /// A driver whose first apply reads everything back.
+    pub fn new(io: Box<dyn Attacher>) -> Self {
+        Self {
+            io,
+            links: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            resync: true,
+            stats: AttachStats::default(),
+        }
+    }
+
+    /// Manager side: a workload link exists (or changed index). No kernel I/O.
+    pub fn link_up(&mut self, ifname: &str, ifindex: u32) {
+        if self.links.insert(ifname.to_owned(), ifindex) != Some(ifindex) {
+            self.dirty.insert(ifname.to_owned());
+        }
+    }
+
+    /// Manager side: a workload link is gone. No kernel I/O.
+    pub fn link_gone(&mut self, ifname: &str) {
+        if self.links.remove(ifname).is_some() {
+            self.dirty.insert(ifname.to_owned());
+        }
+    }
+
+    /// The workload links known.
+    pub fn links(&self) -> &BTreeMap<String, u32> {
+        &self.links
+    }
+
+    /// Program changed (new object): re-read everything.
+    pub fn request_resync(&mut self) {
+        self.resync = true;
+    }
+
+    /// True when an apply has work to do.
+    pub fn is_dirty(&self) -> bool {
+        self.resync || !self.dirty.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> AttachStats {
+        self.stats
+    }
+
+    /// Reconciles. With `only_new` (before the first in-sync), only attaches to links that have no
+    /// attachment at all — attaching the deny-by-default programs only closes — and never unpins.
+    pub fn apply(&mut self, only_new: bool) -> Result<(), KernelError> {
+        let result = self.apply_inner(only_new);
+        if result.is_err() {
+            self.stats.errors += 1;
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, only_new: bool) -> Result<(), KernelError> {
+        let resync = self.resync && !only_new;
+        let mut todo: BTreeSet<String> = std::mem::take(&mut self.dirty);
+        if resync {
+            for (ifname, program) in self.io.pinned()? {
+                if !self.links.contains_key(&ifname) && HOOKS.iter().any(|(p, _)| *p == program) {
+                    self.io.unpin(&ifname, &program)?;
+                    self.stats.unpins += 1;
+                }
+            }
+            todo.extend(self.links.keys().cloned());
+        }
+        let mut failed = None;
+        for ifname in &todo {
+            if let Err(e) = self.reconcile_link(ifname, only_new) {
+                failed.get_or_insert(e);
+                self.dirty.insert(ifname.clone());
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if resync {
+            self.resync = false;
+        }
+        Ok(())
+    }
+
+    fn reconcile_link(&mut self, ifname: &str, only_new: bool) -> Result<(), KernelError> {
+        let Some(&ifindex) = self.links.get(ifname) else {
+            if !only_new {
+                for (program, _) in HOOKS {
+                    if self.io.pinned_program(ifname, program).is_some() {
+                        self.io.unpin(ifname, program)?;
+                        self.stats.unpins += 1;
+                    }
+                }
+            }
+            return Ok(());
+        };
+        for (program, hook) in HOOKS {
+            let current = self.io.current(program);
+            match self.io.pinned_program(ifname, program) {
+                Some(id) if self.io.is_attached(ifindex, hook, id) => {
+                    if id != current && !only_new {
+                        self.io.update(ifname, program, hook)?;
+                        self.stats.updates += 1;
+                    }
+                }
+                Some(_) => {
+                    // The pin outlived its interface (same name, new link): start over.
+                    self.io.unpin(ifname, program)?;
+                    self.stats.unpins += 1;
+                    self.io.attach(ifname, program, hook)?;
+                    self.stats.attaches += 1;
+                }
+                None => {
+                    self.io.attach(ifname, program, hook)?;
+                    self.stats.attaches += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Fake kernel: pins map (ifname, program) → (program id, ifindex attached to).
+    #[derive(Clone, Default)]
+    struct Fake(Arc<Mutex<FakeState>>);
+    #[derive(Default)]
+    struct FakeState {
+        pins: BTreeMap<(String, String), u32>,
+        attached: BTreeSet<(u32, String, u32)>,
+        current: u32,
+        ifindex: BTreeMap<String, u32>,
+        ops: u32,
+    }
+
+    impl Attacher for Fake {
+        fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
+            Ok(self.0.lock().expect("lock").pins.keys().cloned().collect())
+        }
+        fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32> {
+            self.0
+                .lock()
+                .expect("lock")
+                .pins
+                .get(&(ifname.to_owned(), program.to_owned()))
+                .copied()
+        }
+        fn is_attached(&self, ifindex: u32, hook: TcAttachType, id: u32) -> bool {
+            self.0
+                .lock()
+                .expect("lock")
+                .attached
+                .contains(&(ifindex, format!("{hook:?}"), id))
+        }
+        fn current(&self, _program: &str) -> u32 {
+            self.0.lock().expect("lock").current
+        }
+        fn attach(
+            &mut self,
+            ifname: &str,
+            program: &str,
+            hook: TcAttachType,
+        ) -> Result<(), KernelError> {
+            let mut s = self.0.lock().expect("lock");
+            let (id, ifindex) = (s.current, s.ifindex[ifname]);
+            s.pins.insert((ifname.to_owned(), program.to_owned()), id);
+            s.attached.insert((ifindex, format!("{hook:?}"), id));
+            s.ops += 1;
+            Ok(())
+        }
+        fn update(
+            &mut self,
+            ifname: &str,
+            program: &str,
+            hook: TcAttachType,
+        ) -> Result<(), KernelError> {
+            let mut s = self.0.lock().expect("lock");
+            let (id, ifindex) = (s.current, s.ifindex[ifname]);
+            let old = s
+                .pins
+                .insert((ifname.to_owned(), program.to_owned()), id)
+                .expect("pinned");
+            s.attached.remove(&(ifindex, format!("{hook:?}"), old));
+            s.attached.insert((ifindex, format!("{hook:?}"), id));
+            s.ops += 1;
+            Ok(())
+        }
+        fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
+            let mut s = self.0.lock().expect("lock");
+            s.pins.remove(&(ifname.to_owned(), program.to_owned()));
+            s.ops += 1;
+            Ok(())
+        }
+    }
+
+    fn fake() -> Fake {
+        let f = Fake::default();
+        {
+            let mut s = f.0.lock().expect("lock");
+            s.current = 7;
+            s.ifindex.insert("weira".into(), 10);
+            s.ifindex.insert("weirb".into(), 11);
+        }
+        f
+    }
+
+    #[test]
+    fn attaches_new_links_sweeps_orphans_and_a_restart_writes_nothing() {
+        let f = fake();
+        f.0.lock()
+            .expect("lock")
+            .pins
+            .insert(("weirgone".into(), FROM_ENDPOINT.into()), 7);
+        let mut d = AttachDriver::new(Box::new(f.clone()));
+        d.link_up("weira", 10);
+        d.apply(true).expect("pre-in-sync: attach only");
+        assert_eq!(d.stats().attaches, 2);
+        assert_eq!(d.stats().unpins, 0, "nothing is removed before in-sync");
+        d.link_up("weirb", 11);
+        d.apply(false).expect("apply");
+        assert_eq!(d.stats().attaches, 4);
+        assert_eq!(d.stats().unpins, 1, "the orphan pin is swept");
+
+        // A new agent over the same kernel state writes nothing.
+        let ops = f.0.lock().expect("lock").ops;
+        let mut again = AttachDriver::new(Box::new(f.clone()));
+        again.link_up("weira", 10);
+        again.link_up("weirb", 11);
+        again.apply(false).expect("apply");
+        assert_eq!(
+            f.0.lock().expect("lock").ops,
+            ops,
+            "restart over unchanged state: no kernel writes"
+        );
+    }
+
+    #[test]
+    fn a_new_program_is_swapped_in_through_the_links_and_stale_pins_are_replaced() {
+        let f = fake();
+        let mut d = AttachDriver::new(Box::new(f.clone()));
+        d.link_up("weira", 10);
+        d.apply(false).expect("apply");
+        f.0.lock().expect("lock").current = 8;
+        d.request_resync();
+        d.apply(false).expect("apply");
+        assert_eq!(d.stats().updates, 2, "both links updated in place");
+        // Interface recreated with a new index under the same name: the pins are stale.
+        f.0.lock().expect("lock").ifindex.insert("weira".into(), 20);
+        d.link_up("weira", 20);
+        d.apply(false).expect("apply");
+        assert_eq!(d.stats().attaches, 4);
+        assert!(
+            f.0.lock()
+                .expect("lock")
+                .attached
+                .contains(&(20, "Ingress".into(), 8))
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! The dataplane, Felix-style: managers record desired state (cheap, no kernel I/O), drivers
+//! reconcile one kind of kernel state each, and a throttled apply loop runs the drivers.
+//!
+//! - `kernel`: the one seam to the kernel's BPF maps (real: pinned aya maps; `fake` for unit tests).
+//! - `map_driver`: a generic driver that reads a map back, writes only what is out of sync and
+//!   sweeps orphans; it counts its writes and deletes.
+
+pub mod attachments;
+pub mod endpoints;
+pub mod kernel;
+pub mod map_driver;
+pub mod plane;
+pub mod tc_links;
+
+#[cfg(test)]
+pub(crate) mod fake;

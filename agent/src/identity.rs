@@ -1,0 +1,199 @@
+//! Security identities: every distinct label set (pod labels plus its namespace and the
+//! namespace's labels) and every policy CIDR gets a number, **allocated** (never hashed), persisted
+//! in the state directory (`identities.json`) and stable across restarts. Numbers below
+//! `maps_schema::identity::FIRST_ALLOCATED` are reserved (host, world, unmanaged).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{self, Write as _},
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors of the identity store.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// Reading or writing failed.
+    #[error("cannot {op} the identity store {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The file does not parse.
+    #[error(
+        "the identity store {path} is corrupt ({source}); restore it, or move it aside to renumber every identity (established flows keep working, policy is rebuilt)"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The numbers ran out.
+    #[error("no security identities are left; remove unused label sets and restart")]
+    Exhausted,
+}
+
+/// A label set, canonical: sorted `key=value` pairs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LabelSet(pub BTreeMap<String, String>);
+
+/// Label key carrying the pod's namespace inside a label set.
+pub const NAMESPACE_LABEL: &str = "weir.dev/namespace";
+/// Prefix of the namespace's own labels inside a pod's label set.
+pub const NAMESPACE_LABELS_PREFIX: &str = "weir.dev/ns-label:";
+
+impl LabelSet {
+    /// A pod's identity labels: its labels, its namespace, and the namespace's labels.
+    #[must_use]
+    pub fn for_pod(
+        labels: &BTreeMap<String, String>,
+        namespace: &str,
+        namespace_labels: &BTreeMap<String, String>,
+    ) -> Self {
+        let mut set = labels.clone();
+        set.insert(NAMESPACE_LABEL.to_owned(), namespace.to_owned());
+        for (k, v) in namespace_labels {
+            set.insert(format!("{NAMESPACE_LABELS_PREFIX}{k}"), v.clone());
+        }
+        Self(set)
+    }
+
+    /// The identity label set of a policy CIDR.
+    #[must_use]
+    pub fn for_cidr(cidr: &ipnetwork::IpNetwork) -> Self {
+        Self(BTreeMap::from([(
+            "weir.dev/cidr".to_owned(),
+            cidr.to_string(),
+        )]))
+    }
+
+    fn canonical(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct File {
+    next: u32,
+    identities: BTreeMap<String, u32>,
+}
+
+/// The allocator, backed by one file.
+pub struct Identities {
+    path: PathBuf,
+    file: File,
+}
+
+impl Identities {
+    /// Loads the store (absent file: empty).
+    pub fn load(path: &Path) -> Result<Self, IdentityError> {
+        let file = match fs::read(path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|source| IdentityError::Corrupt {
+                    path: path.to_owned(),
+                    source,
+                })?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => File::default(),
+            Err(source) => {
+                return Err(IdentityError::Io {
+                    op: "read",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// The identity of `labels`, allocating (and persisting) a new one if needed.
+    pub fn get_or_allocate(&mut self, labels: &LabelSet) -> Result<u32, IdentityError> {
+        let key = labels.canonical();
+        if let Some(id) = self.file.identities.get(&key) {
+            return Ok(*id);
+        }
+        let id = self.file.next.max(maps_schema::identity::FIRST_ALLOCATED);
+        let next = id.checked_add(1).ok_or(IdentityError::Exhausted)?;
+        self.file.identities.insert(key.clone(), id);
+        let previous_next = std::mem::replace(&mut self.file.next, next);
+        if let Err(e) = self.persist() {
+            self.file.identities.remove(&key);
+            self.file.next = previous_next;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// The identity of `labels` if one was allocated.
+    #[must_use]
+    pub fn get(&self, labels: &LabelSet) -> Option<u32> {
+        self.file.identities.get(&labels.canonical()).copied()
+    }
+
+    fn persist(&self) -> Result<(), IdentityError> {
+        let io_err = |op, source| IdentityError::Io {
+            op,
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir).map_err(|e| io_err("create the directory of", e))?;
+        }
+        let bytes = serde_json::to_vec_pretty(&self.file)
+            .map_err(|e| io_err("serialise", io::Error::other(e)))?;
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = fs::File::create(&tmp).map_err(|e| io_err("write", e))?;
+        f.write_all(&bytes).map_err(|e| io_err("write", e))?;
+        f.sync_all().map_err(|e| io_err("sync", e))?;
+        fs::rename(&tmp, &self.path).map_err(|e| io_err("replace", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_are_allocated_stable_and_distinct() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("identities.json");
+        let web = LabelSet::for_pod(
+            &BTreeMap::from([("app".into(), "web".into())]),
+            "default",
+            &BTreeMap::new(),
+        );
+        let web_other_ns = LabelSet::for_pod(
+            &BTreeMap::from([("app".into(), "web".into())]),
+            "prod",
+            &BTreeMap::new(),
+        );
+        let mut ids = Identities::load(&path).expect("empty");
+        let a = ids.get_or_allocate(&web).expect("web");
+        let b = ids.get_or_allocate(&web_other_ns).expect("web prod");
+        assert!(a >= maps_schema::identity::FIRST_ALLOCATED);
+        assert_ne!(a, b, "the namespace is part of the identity");
+        assert_eq!(ids.get_or_allocate(&web).expect("again"), a);
+        let mut reloaded = Identities::load(&path).expect("reload");
+        assert_eq!(reloaded.get(&web), Some(a), "stable across restarts");
+        let c = reloaded
+            .get_or_allocate(&LabelSet::for_cidr(&"10.0.0.0/8".parse().expect("cidr")))
+            .expect("cidr");
+        assert!(c > b, "numbers are never reused");
+    }
+}
