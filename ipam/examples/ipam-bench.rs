@@ -239,7 +239,7 @@ async fn main() -> Res<()> {
     let (a_total, b_total, c_per_host, d_ops) = if smoke {
         (400, 80, 4, 16)
     } else {
-        (40_000, 4_000, 50, 400)
+        (8_000, 2_000, 50, 200)
     };
     let mut out = Map::new();
     let dir = tempfile::tempdir()?;

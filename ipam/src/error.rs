@@ -85,7 +85,7 @@ pub enum IpamError {
         ip: IpAddr,
     },
     /// A block refused the operation.
-    #[error("block {block}: {source}")]
+    #[error("block {block} refused the operation")]
     Block {
         /// The block.
         block: IpNetwork,
@@ -94,7 +94,7 @@ pub enum IpamError {
         source: BlockError,
     },
     /// The config is invalid.
-    #[error("invalid ipam config: {0}")]
+    #[error("invalid ipam config")]
     Config(#[from] ConfigError),
     /// A request argument is invalid.
     #[error("{what}: {fix}")]

@@ -4,7 +4,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use ipam::{
     AssignArgs, Ipam, IpamError,
-    model::{AffinityState, IpPool, IpUse, IpamConfig, ReleaseCheck, Reservation},
+    model::{AffinityState, BlockError, IpPool, IpUse, IpamConfig, ReleaseCheck, Reservation},
     store::{Store, memory::MemoryStore},
 };
 
@@ -794,7 +794,16 @@ async fn assigning_a_specific_address() {
         .assign_ip(ip("192.168.1.0"), "b", Default::default(), "h", None)
         .await
         .expect_err("twice");
-    assert!(e.to_string().contains("already allocated"), "{e}");
+    assert!(
+        matches!(
+            e,
+            IpamError::Block {
+                source: BlockError::AlreadyAllocated { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = ipam
         .assign_ip(ip("1.1.1.1"), "b", Default::default(), "h", None)
         .await

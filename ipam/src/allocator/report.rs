@@ -24,16 +24,28 @@ pub struct Utilization {
     /// The pool or block CIDR.
     pub cidr: IpNetwork,
     /// Addresses in the range.
+    #[serde(serialize_with = "big")]
     pub capacity: u128,
     /// Addresses allocated.
+    #[serde(serialize_with = "big")]
     pub in_use: u128,
     /// Addresses reserved.
+    #[serde(serialize_with = "big")]
     pub reserved: u128,
     /// Addresses that could be handed out now or after their cooldown.
+    #[serde(serialize_with = "big")]
     pub available: u128,
     /// Per block (filled when asked for).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocks: Vec<Utilization>,
+}
+
+/// A count as a JSON number while it fits in 64 bits, as a decimal string beyond (IPv6 pools).
+fn big<S: serde::Serializer>(v: &u128, s: S) -> Result<S::Ok, S::Error> {
+    match u64::try_from(*v) {
+        Ok(n) => s.serialize_u64(n),
+        Err(_) => s.serialize_str(&v.to_string()),
+    }
 }
 
 /// One block as `show --show-blocks` lists it.
