@@ -43,5 +43,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ipam(args) => cli::ipam::run(args),
+        Command::Status(args) => cli::agent_client::status(args),
+        Command::Endpoint(args) => cli::agent_client::endpoint(args),
     }
 }

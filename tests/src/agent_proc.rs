@@ -17,6 +17,8 @@ pub struct AgentProcess {
     child: Option<Child>,
     /// The agent's start report (its first stdout line).
     pub started: serde_json::Value,
+    /// Its API socket.
+    pub socket: PathBuf,
 }
 
 /// Where an agent keeps its files (all temporary).
@@ -99,6 +101,7 @@ impl AgentProcess {
         let mut agent = Self {
             child: Some(child),
             started: serde_json::Value::Null,
+            socket: dirs.path("weir.sock"),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
@@ -140,6 +143,16 @@ impl AgentProcess {
         }
     }
 
+    /// Calls the agent's API (`docs/agent-api.md`) and decodes the answer.
+    pub fn api<T: serde::de::DeserializeOwned>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<T, agent::api::client::ClientError> {
+        call_api(&self.socket, method, path, body)
+    }
+
     /// The map ids of the start report, by name.
     #[must_use]
     pub fn map_ids(&self) -> Vec<(String, u64)> {
@@ -170,4 +183,18 @@ impl Drop for AgentProcess {
 #[must_use]
 pub fn pinned(path: &Path) -> bool {
     path.exists()
+}
+
+/// Calls an agent API socket and decodes the answer.
+pub fn call_api<T: serde::de::DeserializeOwned>(
+    socket: &Path,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<T, agent::api::client::ClientError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(agent::api::client::call(socket, method, path, body))
 }

@@ -1,5 +1,6 @@
 //! The `weir` command line: `weir agent` (the daemon) and the operator subcommands.
 
+pub mod agent_client;
 pub mod ipam;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent.
     Agent(Box<agent::config::AgentArgs>),
+    /// The agent's state: readiness, endpoints, pools, apply progress.
+    Status(agent_client::StatusArgs),
+    /// Endpoints registered with the agent.
+    Endpoint(agent_client::EndpointArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
     Ipam(ipam::IpamArgs),
 }

@@ -1,0 +1,152 @@
+//! Operator commands that talk to the running agent over its socket: `weir status`,
+//! `weir endpoint list|get`.
+
+use std::path::PathBuf;
+
+use agent::api::{
+    client::call,
+    types::{EndpointView, Status},
+};
+use anyhow::{Context as _, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use hyper::Method;
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum Output {
+    /// A table for people.
+    #[default]
+    Table,
+    /// JSON for programs.
+    Json,
+}
+
+/// Where the agent is and how to print.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// The agent's API socket.
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET)]
+    pub api_socket: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// `weir status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `weir endpoint …`.
+#[derive(Debug, Args)]
+pub struct EndpointArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    command: EndpointCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum EndpointCommand {
+    /// Every endpoint on this node.
+    List,
+    /// One endpoint, by `<container_id>:<ifname>`.
+    Get {
+        /// `<container_id>:<ifname>`.
+        key: String,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start a tokio runtime")
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Runs `weir status`.
+pub fn status(args: StatusArgs) -> Result<()> {
+    let status: Status = runtime()?.block_on(call::<(), _>(
+        &args.common.api_socket,
+        Method::GET,
+        "/v1/status",
+        None,
+    ))?;
+    match args.common.output {
+        Output::Json => print_json(&status),
+        Output::Table => {
+            println!("node:       {}", status.node);
+            println!("ready:      {}", status.ready);
+            println!("endpoints:  {}", status.endpoints);
+            println!("links:      {} workload links", status.state.workload_links);
+            println!(
+                "applied:    generation {} of {}",
+                status.applied.generation, status.state.generation
+            );
+            if let Some(error) = &status.applied.error {
+                println!("last error: {error}");
+            }
+            for pool in &status.pools {
+                println!(
+                    "pool:       {} {} free {}{}",
+                    pool.name,
+                    pool.cidr,
+                    pool.free,
+                    if pool.disabled { " (disabled)" } else { "" }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs `weir endpoint …`.
+pub fn endpoint(args: EndpointArgs) -> Result<()> {
+    let rt = runtime()?;
+    let socket = &args.common.api_socket;
+    let endpoints: Vec<EndpointView> = match &args.command {
+        EndpointCommand::List => {
+            rt.block_on(call::<(), _>(socket, Method::GET, "/v1/endpoints", None))?
+        }
+        EndpointCommand::Get { key } => {
+            vec![rt.block_on(call::<(), _>(
+                socket,
+                Method::GET,
+                &format!("/v1/endpoints/{key}"),
+                None,
+            ))?]
+        }
+    };
+    match args.common.output {
+        Output::Json if matches!(args.command, EndpointCommand::Get { .. }) => {
+            print_json(&endpoints[0])
+        }
+        Output::Json => print_json(&endpoints),
+        Output::Table => {
+            println!(
+                "{:<6} {:<30} {:<16} {:<10} {:<24} IPS",
+                "ID", "ENDPOINT", "HOST LINK", "IDENTITY", "POD"
+            );
+            for e in &endpoints {
+                let ips: Vec<String> = e.endpoint.ips.iter().map(ToString::to_string).collect();
+                println!(
+                    "{:<6} {:<30} {:<16} {:<10} {:<24} {}",
+                    e.endpoint.id,
+                    e.endpoint.key(),
+                    e.endpoint.host_ifname,
+                    e.identity.map_or_else(|| "-".into(), |i| i.to_string()),
+                    format!("{}/{}", e.endpoint.namespace, e.endpoint.pod),
+                    ips.join(",")
+                );
+            }
+            Ok(())
+        }
+    }
+}
