@@ -10,7 +10,7 @@ use std::{
 
 use aya::programs::{
     LinkOrder, ProgramError, SchedClassifier, TcAttachType,
-    links::FdLink,
+    links::{FdLink, PinnedLink},
     tc::{NlOptions, TcAttach, TcHandle},
 };
 use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT};
@@ -101,7 +101,12 @@ pub fn attach_endpoint_programs(bpf_root: &Path, ifname: &str) -> Result<(), Att
             source,
         };
         let link_path = link_pin(bpf_root, ifname, program);
-        // A pin left by an earlier veth of the same name points at a dead link: replace it.
+        // The agent watches `weir*` links and may have attached this program already: keep its
+        // link. A pin left by an earlier veth of the same name points elsewhere: replace it.
+        if pinned_and_attached(&link_path, ifname, hook) {
+            tracing::debug!(ifname, program, "already attached by the agent");
+            continue;
+        }
         remove_pin(&link_path)?;
         let tcx = TcAttach::Tcx {
             attach_type: hook,
@@ -111,9 +116,13 @@ pub fn attach_endpoint_programs(bpf_root: &Path, ifname: &str) -> Result<(), Att
             Ok(id) => {
                 let link = prog.take_link(id).map_err(|e| attach_err(Box::new(e)))?;
                 let fd_link = FdLink::try_from(link).map_err(|e| attach_err(Box::new(e)))?;
-                fd_link
-                    .pin(&link_path)
-                    .map_err(|e| attach_err(Box::new(e)))?;
+                if let Err(e) = fd_link.pin(&link_path) {
+                    // The agent pinned its own link in between: ours is dropped (detached) and
+                    // its link stays.
+                    if !pinned_and_attached(&link_path, ifname, hook) {
+                        return Err(attach_err(Box::new(e)));
+                    }
+                }
             }
             Err(tcx_error) => {
                 tracing::debug!(ifname, error = %tcx_error, "tcx attach failed, using clsact");
@@ -142,6 +151,21 @@ pub fn detach_endpoint_programs(bpf_root: &Path, ifname: &str) -> Result<(), Att
         remove_pin(&link_pin(bpf_root, ifname, program))?;
     }
     Ok(())
+}
+
+/// True when the link pinned at `pin` runs its program on `ifname` at `hook`.
+fn pinned_and_attached(pin: &Path, ifname: &str, hook: TcAttachType) -> bool {
+    let Ok(pinned) = PinnedLink::from_pin(pin) else {
+        return false;
+    };
+    let Ok(info) = FdLink::from(pinned).info() else {
+        return false;
+    };
+    let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
+        return false;
+    };
+    SchedClassifier::query_tcx(ifindex, hook)
+        .is_ok_and(|(_, progs)| progs.iter().any(|p| p.id() == info.program_id()))
 }
 
 fn remove_pin(pin: &Path) -> Result<(), AttachError> {

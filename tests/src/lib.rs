@@ -10,6 +10,7 @@
 pub mod agent_proc;
 pub mod bin;
 pub mod bpf;
+pub mod cni;
 pub mod datapath;
 pub mod names;
 pub mod netns;

@@ -77,6 +77,7 @@ pub(super) async fn add(
     let allocation = client.allocate(&request).await?;
     tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
     let ips = allocation.ips;
+    failpoint("after-allocate").await;
 
     let mut endpoint_sent = false;
     let outcome = async {
@@ -105,6 +106,7 @@ pub(super) async fn add(
             handle: att.handle.clone(),
             ips: ips.clone(),
         };
+        failpoint("before-endpoint").await;
         endpoint_sent = true;
         client.put_endpoint(&endpoint).await?;
         Ok::<Pair, CommandError>(pair)
@@ -241,5 +243,30 @@ fn result(config: &Config, sandbox: &str, pair: &Pair, ips: &[IpAddr]) -> CniRes
         routes,
         dns: config.dns.clone(),
         extra: serde_json::Map::new(),
+    }
+}
+
+/// Crash tests (`WEIR_CNI_FAILPOINT`): `abort-after-allocate` aborts the process right after the
+/// allocation (a plugin killed mid-ADD); `pause-before-endpoint=<secs>` sleeps before the endpoint
+/// registration (so a test can stop the agent there). Unset in production.
+async fn failpoint(at: &str) {
+    let Ok(spec) = std::env::var("WEIR_CNI_FAILPOINT") else {
+        return;
+    };
+    let (name, arg) = spec.split_once('=').unwrap_or((spec.as_str(), ""));
+    match name
+        .strip_prefix("abort-")
+        .or_else(|| name.strip_prefix("pause-"))
+    {
+        Some(point) if point == at => {
+            if name.starts_with("abort-") {
+                tracing::warn!(at, "failpoint: aborting");
+                std::process::abort();
+            }
+            let secs = arg.parse().unwrap_or(5);
+            tracing::warn!(at, secs, "failpoint: pausing");
+            tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+        }
+        _ => {}
     }
 }
