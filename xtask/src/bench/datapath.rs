@@ -1,5 +1,104 @@
-//! `cargo xtask bench datapath` (being written with its issue).
+//! `cargo xtask bench datapath [--smoke]`: builds the `bench` variant of the eBPF object (with the
+//! empty `wt_empty` tc program, the floor), runs the `datapath-bench` example of the tests crate
+//! (root: it loads programs and builds namespaces), prints a table and writes
+//! `target/weir-bench/datapath.json`.
 
-pub(crate) fn run(_workspace: &std::path::Path, _smoke: bool) -> anyhow::Result<()> {
-    anyhow::bail!("the datapath benchmark is not written yet")
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+use crate::ebpf_build::EbpfBuild;
+
+/// Figures printed, with the target each one is measured against.
+const ROWS: &[(&str, &str)] = &[
+    ("floor_ns", "floor: empty tc program, ns/packet"),
+    ("established_ns", "established, largest config, ns/packet"),
+    ("established_ratio", "  over the floor (target <= 3)"),
+    (
+        "new_flow_floor_ns",
+        "new-flow floor (repeat 1, distinct packets), ns",
+    ),
+    ("new_flow_ns", "new allowed flow, largest config, ns"),
+    ("new_flow_ratio", "  over its floor (target <= 12)"),
+    ("denied_ns", "new denied flow, largest config, ns"),
+    (
+        "flatness_ratio",
+        "flatness: largest over smallest (target <= 1.15)",
+    ),
+    (
+        "traffic_none_ns",
+        "UDP traffic, no filtering, ns/packet (median)",
+    ),
+    (
+        "weir_added_ns",
+        "weir added, ns/packet (at least the floor)",
+    ),
+    ("iptables_nft_added_ns", "iptables-nft added, ns/packet"),
+    (
+        "iptables_legacy_added_ns",
+        "iptables-legacy added, ns/packet",
+    ),
+    (
+        "iptables_nft_over_weir",
+        "  iptables-nft over weir (target >= 100)",
+    ),
+];
+
+pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
+    let build = EbpfBuild {
+        workspace,
+        release: true,
+        features: &["bench"],
+    };
+    let object = build
+        .run()
+        .map_err(|e| anyhow::anyhow!("building the bench eBPF variant: {e}"))?;
+    let dir = workspace.join("target").join("weir-bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join("datapath.json");
+    let object_s = object.to_string_lossy().into_owned();
+    let path_s = path.to_string_lossy().into_owned();
+    let mut args = vec![
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "tests",
+        "--example",
+        "datapath-bench",
+        "--",
+        "--object",
+        &object_s,
+        "--out",
+        &path_s,
+    ];
+    if smoke {
+        args.push("--smoke");
+    }
+    let status = Command::new("cargo")
+        .args(&args)
+        .current_dir(workspace)
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("the datapath benchmark failed ({status})");
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let figures: Value = serde_json::from_str(&text).context("malformed datapath.json")?;
+    println!(
+        "{:<52} {:>12}",
+        "datapath benchmark",
+        if smoke { "smoke" } else { "value" }
+    );
+    for (key, label) in ROWS {
+        let v = figures
+            .get(key)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
+        println!("{label:<52} {v:>12}");
+    }
+    println!("wrote {}", path.display());
+    Ok(())
 }
