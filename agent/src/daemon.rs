@@ -23,7 +23,7 @@ use crate::{
     dataplane::{
         attachments::AttachDriver,
         endpoints::EndpointsManager,
-        kernel::{KernelError, PinnedHash},
+        kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
         plane::Dataplane,
         tc_links::TcLinks,
@@ -33,6 +33,7 @@ use crate::{
     loader::{self, LoadReport},
     metrics,
     node::{Node, NodeError},
+    policy,
     programs::{Programs, ProgramsError},
 };
 
@@ -114,16 +115,23 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         prefilter.push((ifname.clone(), mode));
     }
 
-    let endpoints_map = PinnedHash::open(
-        maps_schema::maps::ENDPOINTS,
-        &paths.map_pin(maps_schema::maps::ENDPOINTS),
-    )?;
+    let maps = |name: &str| paths.map_pin(name);
+    use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
     let dataplane = Dataplane {
         attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
-        endpoints: MapDriver::new(Box::new(endpoints_map)),
+        endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &maps(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
+        ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &maps(IDENT4))?)),
+        ident6: MapDriver::new(Box::new(PinnedHash::open(IDENT6, &maps(IDENT6))?)),
+        ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &maps(IPCACHE4))?)),
+        ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &maps(IPCACHE6))?)),
+        policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &maps(POLICY))?)),
     };
-    let node = Node::open(&paths, dataplane)?;
+    let (policies, policy_errors) = policy::load::load_dir(&paths.policy_dir);
+    for e in &policy_errors {
+        tracing::warn!(error = %e, "policy document refused");
+    }
+    let node = Node::open(&paths, dataplane, policies, policy_errors)?;
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
     let shared = Shared::new(node);
@@ -150,6 +158,41 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
                 shared.lock().on_link(&event);
+                shared.kick();
+            }
+        });
+    }
+
+    // Policy files: hot reload (a cheap stat of the directory every 50 ms).
+    {
+        let shared = Arc::clone(&shared);
+        let dir = paths.policy_dir.clone();
+        tokio::spawn(async move {
+            let mut seen = policy::load::fingerprint(&dir);
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let now = policy::load::fingerprint(&dir);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                let (set, errors) = policy::load::load_dir(&dir);
+                let mut node = shared.lock();
+                if errors.is_empty() {
+                    match node.set_policies(set, errors) {
+                        Ok(_) => tracing::info!(
+                            policies = node.summary().policies,
+                            "policy files reloaded"
+                        ),
+                        Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
+                    }
+                } else {
+                    for e in &errors {
+                        tracing::warn!(error = %e, "policy document refused; the last good policies stay in force");
+                    }
+                    node.policy_refused(errors);
+                }
+                drop(node);
                 shared.kick();
             }
         });

@@ -18,6 +18,7 @@ pub mod loader;
 pub mod metrics;
 pub mod node;
 pub mod paths;
+pub mod policy;
 pub mod programs;
 pub mod registry;
 

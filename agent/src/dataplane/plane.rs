@@ -1,14 +1,15 @@
 //! The drivers together, applied in security order: attachments first (they only close), then
-//! the endpoint entries (which open an endpoint) last, so nothing is opened before what guards it
-//! is in place. A failed driver stops the apply there; its state stays dirty for the retry.
+//! identities, ipcache and policy, and the endpoint entries (whose isolation flags and addresses
+//! open an endpoint) last, so nothing is opened before the policy that guards it is in place. A failed driver stops the apply there; its state stays dirty for the retry.
 
-use maps_schema::EndpointInfo;
+use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 use serde::Serialize;
 
 use super::{
     attachments::{AttachDriver, AttachStats},
     endpoints::EndpointsManager,
     kernel::KernelError,
+    kernel::Prefix,
     map_driver::{DriverStats, MapDriver},
 };
 
@@ -20,6 +21,16 @@ pub struct Dataplane {
     pub endpoints: MapDriver<u32, EndpointInfo>,
     /// Desired endpoint entries.
     pub endpoints_manager: EndpointsManager,
+    /// `ident4_v1`: pod and node addresses → identity.
+    pub ident4: MapDriver<[u8; 4], IdentityInfo>,
+    /// `ident6_v1`.
+    pub ident6: MapDriver<[u8; 16], IdentityInfo>,
+    /// `ipcache4_v1`: policy CIDRs → CIDR identity.
+    pub ipcache4: MapDriver<Prefix<[u8; 4]>, IdentityInfo>,
+    /// `ipcache6_v1`.
+    pub ipcache6: MapDriver<Prefix<[u8; 16]>, IdentityInfo>,
+    /// `policy_v1`.
+    pub policy: MapDriver<PolicyKey, PolicyValue>,
 }
 
 /// Counters of every driver, for metrics and `weir status`.
@@ -34,7 +45,13 @@ pub struct DataplaneStats {
 impl Dataplane {
     /// True when an apply has work to do.
     pub fn is_dirty(&self) -> bool {
-        self.attachments.is_dirty() || self.endpoints.is_dirty()
+        self.attachments.is_dirty()
+            || self.endpoints.is_dirty()
+            || self.ident4.is_dirty()
+            || self.ident6.is_dirty()
+            || self.ipcache4.is_dirty()
+            || self.ipcache6.is_dirty()
+            || self.policy.is_dirty()
     }
 
     /// Before the first in-sync: only attach the deny-by-default programs to new workload links.
@@ -45,6 +62,11 @@ impl Dataplane {
     /// A full apply, in security order.
     pub fn apply(&mut self) -> Result<(), KernelError> {
         self.attachments.apply(false)?;
+        self.ident4.apply()?;
+        self.ident6.apply()?;
+        self.ipcache4.apply()?;
+        self.ipcache6.apply()?;
+        self.policy.apply()?;
         self.endpoints.apply()?;
         Ok(())
     }
@@ -53,7 +75,14 @@ impl Dataplane {
     pub fn stats(&self) -> DataplaneStats {
         DataplaneStats {
             attachments: self.attachments.stats(),
-            maps: vec![(self.endpoints.name().to_owned(), self.endpoints.stats())],
+            maps: vec![
+                (self.endpoints.name().to_owned(), self.endpoints.stats()),
+                (self.ident4.name().to_owned(), self.ident4.stats()),
+                (self.ident6.name().to_owned(), self.ident6.stats()),
+                (self.ipcache4.name().to_owned(), self.ipcache4.stats()),
+                (self.ipcache6.name().to_owned(), self.ipcache6.stats()),
+                (self.policy.name().to_owned(), self.policy.stats()),
+            ],
         }
     }
 }

@@ -1,0 +1,429 @@
+//! From policies, endpoints and identities to map contents: isolation flags per endpoint, policy
+//! entries, and ipcache entries for policy CIDRs. Pure: no I/O besides allocating identities.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ipnetwork::IpNetwork;
+use maps_schema::{
+    IdentityInfo, PolicyKey, PolicyValue,
+    endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
+    identity::ANY,
+    policy::{
+        ANY_PORT, ANY_PROTO, EGRESS, FLAG_ALL_PORTS, INGRESS, MAX_PORT_RANGES, NO_RANGE, PortRange,
+        VERDICT_ALLOW,
+    },
+};
+use serde::Serialize;
+
+use super::model::{Peer, PolicySet, PortSpec, Rule};
+use crate::{
+    dataplane::kernel::Prefix,
+    identity::{Identities, IdentityError, LabelSet},
+    registry::Endpoint,
+};
+
+/// A local endpoint as the compiler sees it.
+pub struct Subject<'a> {
+    /// The endpoint.
+    pub endpoint: &'a Endpoint,
+    /// Its identity.
+    pub identity: u32,
+}
+
+/// Where an allow came from (rule ids index this list).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RuleRef {
+    /// `namespace/name`.
+    pub policy: String,
+    /// `ingress` or `egress`.
+    pub direction: &'static str,
+    /// Index of the rule in its list.
+    pub index: usize,
+}
+
+/// The compiled maps.
+#[derive(Default)]
+pub struct Compiled {
+    /// Endpoint id → isolation flags.
+    pub flags: BTreeMap<u32, u32>,
+    /// `policy_v1` contents.
+    pub policy: HashMap<PolicyKey, PolicyValue>,
+    /// `ipcache4_v1` contents.
+    pub ipcache4: HashMap<Prefix<[u8; 4]>, IdentityInfo>,
+    /// `ipcache6_v1` contents.
+    pub ipcache6: HashMap<Prefix<[u8; 16]>, IdentityInfo>,
+    /// Rule id → origin (rule id = index + 1).
+    pub rules: Vec<RuleRef>,
+}
+
+fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
+    outer.is_ipv4() == inner.is_ipv4()
+        && outer.prefix() <= inner.prefix()
+        && outer.contains(inner.network())
+}
+
+/// Compiles `set` for the local `subjects`.
+pub fn compile(
+    set: &PolicySet,
+    subjects: &[Subject<'_>],
+    identities: &mut Identities,
+) -> Result<Compiled, IdentityError> {
+    let mut out = Compiled::default();
+    // Every CIDR named anywhere (blocks and exceptions) gets an identity and an ipcache entry.
+    let mut cidrs: BTreeMap<IpNetwork, u32> = BTreeMap::new();
+    for policy in set.policies.values() {
+        for rule in policy.ingress.iter().chain(&policy.egress) {
+            for peer in &rule.peers {
+                if let Peer::Cidr { cidr, except } = peer {
+                    for net in std::iter::once(cidr).chain(except) {
+                        if !cidrs.contains_key(net) {
+                            cidrs.insert(
+                                *net,
+                                identities.get_or_allocate(&LabelSet::for_cidr(net))?,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (net, identity) in &cidrs {
+        let info = IdentityInfo {
+            identity: *identity,
+            flags: 0,
+        };
+        match net {
+            IpNetwork::V4(n) => {
+                out.ipcache4.insert(
+                    Prefix {
+                        len: u32::from(n.prefix()),
+                        data: n.network().octets(),
+                    },
+                    info,
+                );
+            }
+            IpNetwork::V6(n) => {
+                out.ipcache6.insert(
+                    Prefix {
+                        len: u32::from(n.prefix()),
+                        data: n.network().octets(),
+                    },
+                    info,
+                );
+            }
+        }
+    }
+    let empty = BTreeMap::new();
+    for policy in set.policies.values() {
+        let selected: Vec<&Subject<'_>> = subjects
+            .iter()
+            .filter(|s| {
+                s.endpoint.namespace == policy.namespace
+                    && policy.pod_selector.matches(&s.endpoint.labels)
+            })
+            .collect();
+        if selected.is_empty() {
+            continue;
+        }
+        for (isolated, rules, dir, flag, name) in [
+            (
+                policy.ingress_isolated,
+                &policy.ingress,
+                INGRESS,
+                FLAG_ISOLATED_INGRESS,
+                "ingress",
+            ),
+            (
+                policy.egress_isolated,
+                &policy.egress,
+                EGRESS,
+                FLAG_ISOLATED_EGRESS,
+                "egress",
+            ),
+        ] {
+            if !isolated {
+                continue;
+            }
+            for subject in &selected {
+                *out.flags.entry(subject.endpoint.id).or_default() |= flag;
+            }
+            for (index, rule) in rules.iter().enumerate() {
+                out.rules.push(RuleRef {
+                    policy: format!("{}/{}", policy.namespace, policy.name),
+                    direction: name,
+                    index,
+                });
+                let rule_id = u32::try_from(out.rules.len()).unwrap_or(u32::MAX);
+                let peers = peer_identities(
+                    rule,
+                    &policy.namespace,
+                    subjects,
+                    &set.namespaces,
+                    &empty,
+                    &cidrs,
+                );
+                for subject in &selected {
+                    for peer in &peers {
+                        add_ports(
+                            &mut out.policy,
+                            subject.endpoint.id,
+                            dir,
+                            *peer,
+                            &rule.ports,
+                            rule_id,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn peer_identities(
+    rule: &Rule,
+    namespace: &str,
+    subjects: &[Subject<'_>],
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    empty: &BTreeMap<String, String>,
+    cidrs: &BTreeMap<IpNetwork, u32>,
+) -> BTreeSet<u32> {
+    if rule.peers.is_empty() {
+        return BTreeSet::from([ANY]);
+    }
+    let mut ids = BTreeSet::new();
+    for peer in &rule.peers {
+        match peer {
+            Peer::Pods {
+                namespaces: ns_sel,
+                pods,
+            } => {
+                for s in subjects {
+                    let ns_ok = match ns_sel {
+                        None => s.endpoint.namespace == namespace,
+                        Some(sel) => {
+                            sel.matches(namespaces.get(&s.endpoint.namespace).unwrap_or(empty))
+                        }
+                    };
+                    if ns_ok && pods.as_ref().is_none_or(|p| p.matches(&s.endpoint.labels)) {
+                        ids.insert(s.identity);
+                    }
+                }
+            }
+            Peer::Cidr { cidr, except } => {
+                // Every CIDR identity inside the block and outside its exceptions: so an address
+                // whose longest match is a more specific block of another policy is still selected.
+                for (net, id) in cidrs {
+                    if contains(cidr, net) && !except.iter().any(|e| contains(e, net)) {
+                        ids.insert(*id);
+                    }
+                }
+            }
+        }
+    }
+    ids
+}
+
+fn add_ports(
+    map: &mut HashMap<PolicyKey, PolicyValue>,
+    endpoint_id: u32,
+    direction: u8,
+    peer: u32,
+    ports: &[PortSpec],
+    rule_id: u32,
+) {
+    let key = |protocol, port| PolicyKey {
+        endpoint_id,
+        peer_identity: peer,
+        port,
+        protocol,
+        direction,
+    };
+    if ports.is_empty() {
+        map.insert(
+            key(ANY_PROTO, ANY_PORT),
+            PolicyValue::new(VERDICT_ALLOW, rule_id),
+        );
+        return;
+    }
+    for spec in ports {
+        match (spec.port, spec.end_port) {
+            (None, _) => {
+                map.insert(
+                    key(spec.protocol, ANY_PORT),
+                    PolicyValue::new(VERDICT_ALLOW, rule_id),
+                );
+            }
+            (Some(p), None) => {
+                map.entry(key(spec.protocol, p))
+                    .or_insert_with(|| PolicyValue::new(VERDICT_ALLOW, rule_id));
+            }
+            (Some(first), Some(last)) if first == last => {
+                map.entry(key(spec.protocol, first))
+                    .or_insert_with(|| PolicyValue::new(VERDICT_ALLOW, rule_id));
+            }
+            (Some(first), Some(last)) => {
+                add_range(map, key(spec.protocol, ANY_PORT), first, last, rule_id);
+            }
+        }
+    }
+}
+
+fn add_range(
+    map: &mut HashMap<PolicyKey, PolicyValue>,
+    range_key: PolicyKey,
+    first: u16,
+    last: u16,
+    rule_id: u32,
+) {
+    let entry = map.entry(range_key).or_insert_with(|| PolicyValue {
+        flags: 0,
+        ranges: [NO_RANGE; MAX_PORT_RANGES],
+        ..PolicyValue::new(VERDICT_ALLOW, rule_id)
+    });
+    if entry.flags & FLAG_ALL_PORTS != 0 {
+        return;
+    }
+    if let Some(slot) = entry.ranges.iter_mut().find(|r| r.last < r.first) {
+        *slot = PortRange { first, last };
+        return;
+    }
+    // More ranges than a slot holds: the rest become exact-port entries.
+    for port in first..=last {
+        let exact = PolicyKey { port, ..range_key };
+        map.entry(exact)
+            .or_insert_with(|| PolicyValue::new(VERDICT_ALLOW, rule_id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::load::parse_str;
+
+    fn endpoint(id: u32, ns: &str, app: &str) -> Endpoint {
+        Endpoint {
+            id,
+            container_id: format!("c{id}"),
+            ifname: "eth0".into(),
+            host_ifname: format!("weir{id:011}"),
+            netns: String::new(),
+            namespace: ns.into(),
+            pod: format!("p{id}"),
+            labels: BTreeMap::from([("app".into(), app.into())]),
+            handle: String::new(),
+            ips: vec![],
+        }
+    }
+
+    #[test]
+    fn selected_endpoints_are_isolated_and_get_their_allows() {
+        let set = parse_str(
+            "p.yaml",
+            r"
+kind: NetworkPolicy
+metadata: {name: web, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: client}}}]
+    ports: [{port: 80}, {protocol: UDP, port: 5000, endPort: 5010}]
+  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
+",
+        )
+        .expect("valid");
+        let (web, client, other) = (
+            endpoint(1, "default", "web"),
+            endpoint(2, "default", "client"),
+            endpoint(3, "default", "db"),
+        );
+        let subjects = [
+            Subject {
+                endpoint: &web,
+                identity: 300,
+            },
+            Subject {
+                endpoint: &client,
+                identity: 301,
+            },
+            Subject {
+                endpoint: &other,
+                identity: 302,
+            },
+        ];
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut ids = Identities::load(&dir.path().join("i.json")).expect("ids");
+        let c = compile(&set, &subjects, &mut ids).expect("compile");
+        assert_eq!(c.flags.get(&1), Some(&FLAG_ISOLATED_INGRESS));
+        assert_eq!(c.flags.get(&2), None, "unselected endpoints stay open");
+        let k = |peer, proto, port| PolicyKey {
+            endpoint_id: 1,
+            peer_identity: peer,
+            port,
+            protocol: proto,
+            direction: INGRESS,
+        };
+        assert!(c.policy.contains_key(&k(301, 6, 80)));
+        let range = c.policy[&k(301, 17, ANY_PORT)];
+        assert!(range.covers(5005) && !range.covers(5011) && !range.covers(80));
+        assert!(
+            !c.policy.keys().any(|k| k.peer_identity == 302),
+            "db is not a peer"
+        );
+        // The block and its exception both get identities and ipcache entries; only the block is allowed.
+        let block = ids
+            .get(&LabelSet::for_cidr(&"10.0.0.0/8".parse().expect("cidr")))
+            .expect("block id");
+        let except = ids
+            .get(&LabelSet::for_cidr(&"10.1.0.0/16".parse().expect("cidr")))
+            .expect("except id");
+        assert_eq!(c.ipcache4.len(), 2);
+        assert!(c.policy.contains_key(&k(block, ANY_PROTO, ANY_PORT)));
+        assert!(
+            !c.policy.keys().any(|k| k.peer_identity == except),
+            "the exception is carved out"
+        );
+    }
+
+    #[test]
+    fn overlapping_blocks_of_two_policies_are_a_union() {
+        let set = parse_str(
+            "p.yaml",
+            r"
+kind: NetworkPolicy
+metadata: {name: a, namespace: default}
+spec:
+  podSelector: {}
+  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8}}]}]
+---
+kind: NetworkPolicy
+metadata: {name: b, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: none}}
+  ingress: [{from: [{ipBlock: {cidr: 10.2.0.0/16}}]}]
+",
+        )
+        .expect("valid");
+        let web = endpoint(1, "default", "web");
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut ids = Identities::load(&dir.path().join("i.json")).expect("ids");
+        let c = compile(
+            &set,
+            &[Subject {
+                endpoint: &web,
+                identity: 300,
+            }],
+            &mut ids,
+        )
+        .expect("compile");
+        let inner = ids
+            .get(&LabelSet::for_cidr(&"10.2.0.0/16".parse().expect("cidr")))
+            .expect("id");
+        assert!(
+            c.policy
+                .keys()
+                .any(|k| k.endpoint_id == 1 && k.peer_identity == inner),
+            "10.2.0.0/16 addresses (their own identity in the LPM) are still inside policy a's /8"
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! NetworkPolicy files drive real traffic through the agent, hot-reloaded: a policy on `web` lets
+//! `client` in and keeps `other` out (each denial beside a passing positive control); editing the
+//! file swaps them with no restart; a broken file is refused with file and line while the last
+//! good policy stays in force; removing the file opens `web` again.
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use hyper::Method;
+use serde_json::{Value, json};
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess},
+    bpf::PinRoot,
+    names,
+    netns::{NetNs, VethPair},
+    privileged::require_root,
+};
+
+const GATEWAY: &str = "169.254.1.1";
+
+fn workload_name() -> String {
+    let unique = names::unique("");
+    let digits: String = unique.chars().skip(2).collect();
+    format!("weir{digits:0>11}").chars().take(15).collect()
+}
+
+struct Pod<'a> {
+    ns: NetNs,
+    ip: String,
+    _veth: VethPair<'a>,
+}
+
+fn pod<'a>(node: &'a NetNs, agent: &AgentProcess, name: &str, app: &str) -> Pod<'a> {
+    let ns = NetNs::new();
+    let host = workload_name();
+    let veth = VethPair::named(node, &host, &ns, "eth0");
+    let handle = format!("wt-net.{name}");
+    let alloc: Value = agent
+        .api(
+            Method::POST,
+            "/v1/ipam/allocate",
+            Some(&json!({"handle": handle, "ipv4": 1})),
+        )
+        .expect("allocate");
+    let ip = alloc["ips"][0].as_str().expect("address").to_owned();
+    node.exec(&["ip", "addr", "add", &format!("{GATEWAY}/32"), "dev", &host]);
+    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &host]);
+    ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+    ns.exec(&["ip", "route", "add", GATEWAY, "dev", "eth0"]);
+    ns.exec(&[
+        "ip", "route", "add", "default", "via", GATEWAY, "dev", "eth0",
+    ]);
+    let body = json!({
+        "container_id": name, "ifname": "eth0", "host_ifname": host, "namespace": "default",
+        "pod": name, "labels": {"app": app}, "handle": handle, "ips": [ip],
+    });
+    let _: Value = agent
+        .api(
+            Method::PUT,
+            &format!("/v1/endpoints/{name}:eth0"),
+            Some(&body),
+        )
+        .expect("register");
+    Pod {
+        ns,
+        ip,
+        _veth: veth,
+    }
+}
+
+fn connects(from: &Pod<'_>, to: &Pod<'_>) -> bool {
+    let addr: SocketAddr = format!("{}:8080", to.ip).parse().expect("addr");
+    from.ns
+        .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok())
+}
+
+/// Waits (bounded) until `client` and `other` reach `web` as expected.
+fn expect(
+    web: &Pod<'_>,
+    client: &Pod<'_>,
+    other: &Pod<'_>,
+    client_ok: bool,
+    other_ok: bool,
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (c, o) = (connects(client, web), connects(other, web));
+        if c == client_ok && o == other_ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: client reached web: {c} (want {client_ok}), other: {o} (want {other_ok})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn policy(allowed_app: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: web, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  ingress:\n  - from: [{{podSelector: {{matchLabels: {{app: {allowed_app}}}}}}}]\n    ports: [{{protocol: TCP, port: 8080}}]\n"
+    )
+}
+
+#[test]
+fn policy_files_change_what_passes_without_a_restart() {
+    if !require_root("policy_files_change_what_passes_without_a_restart") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let policy_dir = dirs.path("policies");
+    std::fs::create_dir_all(&policy_dir).expect("policy dir");
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    let web = pod(&node, &agent, "web", "web");
+    let client = pod(&node, &agent, "client", "client");
+    let other = pod(&node, &agent, "other", "other");
+    let _listener = web
+        .ns
+        .run(|| TcpListener::bind("0.0.0.0:8080").expect("listen in web"));
+
+    expect(
+        &web,
+        &client,
+        &other,
+        true,
+        true,
+        "no policy: web is open to all",
+    );
+
+    let file = policy_dir.join("web.yaml");
+    std::fs::write(&file, policy("client")).expect("write policy");
+    expect(&web, &client, &other, true, false, "web admits client only");
+
+    std::fs::write(&file, policy("other")).expect("edit policy");
+    expect(
+        &web,
+        &client,
+        &other,
+        false,
+        true,
+        "the edit swaps them, no restart",
+    );
+
+    std::fs::write(&file, "kind: NetworkPolicy\nmetadata: {name: web}\nspec: {podSelector: {}, ingress: [{ports: [{port: 0}]}]}\n")
+        .expect("break policy");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let errors = loop {
+        let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
+        let errors = status["state"]["policy_errors"].clone();
+        if errors.as_array().is_some_and(|e| !e.is_empty()) {
+            break errors;
+        }
+        assert!(Instant::now() < deadline, "the broken file is reported");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        errors[0]
+            .as_str()
+            .is_some_and(|e| e.contains("web.yaml:1:") && e.contains("port 0")),
+        "{errors}"
+    );
+    expect(
+        &web,
+        &client,
+        &other,
+        false,
+        true,
+        "the last good policy stays in force",
+    );
+
+    std::fs::remove_file(&file).expect("remove policy");
+    expect(
+        &web,
+        &client,
+        &other,
+        true,
+        true,
+        "without policy web is open again",
+    );
+    assert!(agent.terminate().success());
+}
