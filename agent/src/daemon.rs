@@ -33,7 +33,7 @@ use crate::{
     loader::{self, LoadReport},
     metrics,
     node::{Node, NodeError},
-    policy,
+    node_setup, policy,
     programs::{Programs, ProgramsError},
 };
 
@@ -55,6 +55,9 @@ pub enum DaemonError {
     /// The IPAM datastore could not be opened.
     #[error(transparent)]
     Ipam(#[from] IpamServiceError),
+    /// Forwarding or the CNI configuration could not be set up.
+    #[error(transparent)]
+    Setup(#[from] node_setup::SetupError),
     /// A socket or signal could not be set up.
     #[error("cannot {what}: {source}")]
     Io {
@@ -157,6 +160,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
+                if let LinkEvent::Up { ifname, .. } = &event
+                    && let Err(e) = node_setup::workload_link_sysctls(ifname)
+                {
+                    tracing::warn!(error = %e, "workload link sysctl");
+                }
                 shared.lock().on_link(&event);
                 shared.kick();
             }
@@ -245,6 +253,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     tracing::info!(generation, "dataplane in sync");
 
+    node_setup::enable_forwarding()?;
     let api = Arc::new(Api {
         shared: Arc::clone(&shared),
         ipam: Arc::clone(&ipam),
@@ -257,6 +266,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(io_err(format!("listen on {}", config.metrics)))?;
     tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&shared)));
 
+    // Ready: tell the runtime how to use us.
+    let conflist = node_setup::write_conflist(&paths)?;
+    tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     let started = Started {
         event: "started",
         node: &config.node,

@@ -17,6 +17,7 @@ pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
 pub mod node;
+pub mod node_setup;
 pub mod paths;
 pub mod policy;
 pub mod programs;

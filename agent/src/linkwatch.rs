@@ -1,5 +1,6 @@
-//! Watches links over rtnetlink and reports workload links (`weir*`) as they appear and go:
-//! first a full dump (then `Synced`), then live events.
+//! Watches links and addresses over rtnetlink: workload links (`weir*`) as they appear and go, and
+//! the node's own addresses (which carry the host identity): first a full dump (then `Synced`),
+//! then live events.
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use netlink_packet_route::{
@@ -24,8 +25,39 @@ pub enum LinkEvent {
         /// Name.
         ifname: String,
     },
+    /// A node address appeared on (or left) interface `ifindex`.
+    Address {
+        /// Interface.
+        ifindex: u32,
+        /// Address.
+        addr: std::net::IpAddr,
+        /// True when added, false when removed.
+        present: bool,
+    },
     /// The initial dump is complete.
     Synced,
+}
+
+fn address(
+    msg: &netlink_packet_route::address::AddressMessage,
+    present: bool,
+) -> Option<LinkEvent> {
+    use netlink_packet_route::address::AddressAttribute;
+    let addr = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let addr = addr.or_else(|| {
+        msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        })
+    })?;
+    Some(LinkEvent::Address {
+        ifindex: msg.header.index,
+        addr,
+        present,
+    })
 }
 
 /// Errors of the watcher.
@@ -52,8 +84,12 @@ fn is_workload(name: &str) -> bool {
 
 /// Starts watching (in the caller's network namespace) and sends events to `tx` until it closes.
 pub async fn watch(tx: mpsc::UnboundedSender<LinkEvent>) -> Result<(), LinkWatchError> {
-    let (conn, handle, mut messages) = rtnetlink::new_multicast_connection(&[MulticastGroup::Link])
-        .map_err(LinkWatchError::Socket)?;
+    let (conn, handle, mut messages) = rtnetlink::new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv6Ifaddr,
+    ])
+    .map_err(LinkWatchError::Socket)?;
     tokio::spawn(conn);
     let mut dump = handle.link().get().execute();
     while let Some(msg) = dump.try_next().await.map_err(LinkWatchError::Dump)? {
@@ -62,6 +98,12 @@ pub async fn watch(tx: mpsc::UnboundedSender<LinkEvent>) -> Result<(), LinkWatch
                 ifname: name.to_owned(),
                 ifindex: msg.header.index,
             });
+        }
+    }
+    let mut addrs = handle.address().get().execute();
+    while let Some(msg) = addrs.try_next().await.map_err(LinkWatchError::Dump)? {
+        if let Some(event) = address(&msg, true) {
+            let _ = tx.send(event);
         }
     }
     if tx.send(LinkEvent::Synced).is_err() {
@@ -75,6 +117,12 @@ pub async fn watch(tx: mpsc::UnboundedSender<LinkEvent>) -> Result<(), LinkWatch
                     ifname: n.to_owned(),
                     ifindex: msg.header.index,
                 }),
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(msg)) => {
+                address(&msg, true)
+            }
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelAddress(msg)) => {
+                address(&msg, false)
+            }
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(msg)) => ifname(&msg)
                 .filter(|n| is_workload(n))
                 .map(|n| LinkEvent::Gone {

@@ -44,6 +44,7 @@ pub struct Node {
     policy_errors: Vec<PolicyFileError>,
     rules: Vec<RuleRef>,
     node_addresses: BTreeSet<IpAddr>,
+    address_sources: BTreeSet<(u32, IpAddr)>,
     links_synced: bool,
     generation: u64,
 }
@@ -84,6 +85,7 @@ impl Node {
             policy_errors,
             rules: Vec::new(),
             node_addresses: BTreeSet::new(),
+            address_sources: BTreeSet::new(),
             links_synced: false,
             generation: 1,
         };
@@ -200,6 +202,23 @@ impl Node {
             LinkEvent::Gone { ifname } => {
                 attachments.link_gone(ifname);
                 manager.link_gone(driver, ifname);
+            }
+            LinkEvent::Address {
+                ifindex,
+                addr,
+                present,
+            } => {
+                let changed = if *present {
+                    self.address_sources.insert((*ifindex, *addr))
+                } else {
+                    self.address_sources.remove(&(*ifindex, *addr))
+                };
+                if changed {
+                    let addresses = self.address_sources.iter().map(|(_, a)| *a).collect();
+                    if let Err(e) = self.set_node_addresses(addresses) {
+                        tracing::error!(error = %e, "cannot recompute after a node address change");
+                    }
+                }
             }
             LinkEvent::Synced => self.links_synced = true,
         }

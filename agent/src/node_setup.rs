@@ -1,0 +1,115 @@
+//! What the node needs from the kernel outside BPF, and the CNI configuration the runtime reads:
+//! forwarding on, `rp_filter` off on workload links (pods' source addresses are checked by
+//! `from_endpoint` instead), and `04-weir.conflist` written once the agent is ready.
+
+use std::{
+    fs,
+    io::{self, Write as _},
+    path::{Path, PathBuf},
+};
+
+use crate::paths::{CNI_CONFLIST, Paths};
+
+/// Errors of node set-up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A sysctl could not be written.
+    #[error("cannot set {path} to {value}: {source}; run the agent as root")]
+    Sysctl {
+        /// The sysctl file.
+        path: String,
+        /// The value.
+        value: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The conflist could not be written.
+    #[error("cannot write the CNI configuration {path}: {source}; check --cni-conf-dir")]
+    Conflist {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn sysctl(path: String, value: &'static str) -> Result<(), SetupError> {
+    if fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+        return Ok(());
+    }
+    fs::write(&path, value).map_err(|source| SetupError::Sysctl {
+        path,
+        value,
+        source,
+    })
+}
+
+/// Forwarding on for both families (in the agent's network namespace).
+pub fn enable_forwarding() -> Result<(), SetupError> {
+    sysctl("/proc/sys/net/ipv4/ip_forward".into(), "1")?;
+    sysctl("/proc/sys/net/ipv6/conf/all/forwarding".into(), "1")
+}
+
+/// `rp_filter` off on a workload link (anti-spoofing is `from_endpoint`'s job).
+pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
+    sysctl(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "0")
+}
+
+/// The conflist the runtime reads: weir-cni pointed at this agent's socket and pin root.
+#[must_use]
+pub fn conflist(paths: &Paths) -> serde_json::Value {
+    serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": "weir",
+        "plugins": [{
+            "type": "weir-cni",
+            "agentSocket": paths.api_socket,
+            "bpfRoot": paths.bpf_root,
+        }],
+    })
+}
+
+/// Writes `04-weir.conflist` atomically into `paths.cni_conf_dir`.
+pub fn write_conflist(paths: &Paths) -> Result<PathBuf, SetupError> {
+    let path = paths.cni_conf_dir.join(CNI_CONFLIST);
+    let err = |source| SetupError::Conflist {
+        path: path.clone(),
+        source,
+    };
+    fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
+    let text =
+        serde_json::to_string_pretty(&conflist(paths)).map_err(|e| err(io::Error::other(e)))?;
+    let tmp = tmp_path(&path);
+    let mut f = fs::File::create(&tmp).map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    fs::rename(&tmp, &path).map_err(err)?;
+    Ok(path)
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_conflist_names_the_plugin_socket_and_pin_root() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut paths = Paths::with_bpf_root("/sys/fs/bpf/wt-x");
+        paths.cni_conf_dir = dir.path().join("net.d");
+        let path = write_conflist(&paths).expect("write");
+        assert!(path.ends_with("04-weir.conflist"));
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
+        assert_eq!(v["plugins"][0]["type"], "weir-cni");
+        assert_eq!(v["plugins"][0]["bpfRoot"], "/sys/fs/bpf/wt-x");
+        assert_eq!(v["plugins"][0]["agentSocket"], "/run/weir/weir.sock");
+    }
+}
