@@ -1,0 +1,324 @@
+//! `cargo xtask bench cni [--smoke]`: ADD and DEL latency of `weir-cni` against a real agent, and
+//! in the same run of Debian's `bridge` + `host-local` doing the same ADD/DEL, over 200 pods
+//! (10 with `--smoke`). Every pod is a fresh network namespace; each plugin runs in a node
+//! namespace of its own, exec'd exactly as a runtime does (environment + config on stdin).
+//! Prints a table and writes `target/weir-bench/cni.json`.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+const DEBIAN_CNI: &str = "/usr/lib/cni";
+
+pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
+    let pods = if smoke { 10 } else { 200 };
+    let target: PathBuf =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), Into::into);
+    // WEIR_BIN and WEIR_CNI_BIN point at prebuilt binaries (as in the tests); otherwise build.
+    let (weir, plugin) = match (
+        std::env::var_os("WEIR_BIN"),
+        std::env::var_os("WEIR_CNI_BIN"),
+    ) {
+        (Some(weir), Some(plugin)) => (PathBuf::from(weir), PathBuf::from(plugin)),
+        _ => {
+            crate::util::run(
+                workspace,
+                "cargo",
+                &["build", "--release", "-p", "agent", "-p", "cni", "--bins"],
+            )?;
+            (
+                target.join("release").join("weir"),
+                target.join("release").join("weir-cni"),
+            )
+        }
+    };
+    if !Path::new(DEBIAN_CNI).join("bridge").is_file() {
+        bail!("{DEBIAN_CNI}/bridge is missing: apt-get install containernetworking-plugins");
+    }
+
+    let lab = Lab::new()?;
+    let weir_node = lab.netns("wn")?;
+    let bridge_node = lab.netns("bn")?;
+    let agent = lab.start_agent(&weir, &weir_node)?;
+    let weir_conf = json!({
+        "cniVersion": "1.0.0", "name": "wt-bench", "type": "weir-cni",
+        "agentSocket": lab.dir.join("weir.sock"), "bpfRoot": lab.pin_root,
+        "logFile": lab.dir.join("weir-cni.log"), "logLevel": "warn",
+    });
+    wait_status(&plugin, &weir_node, &weir_conf)?;
+    let bridge_conf = json!({
+        "cniVersion": "1.0.0", "name": "wt-bench-br", "type": "bridge",
+        "bridge": format!("wtbr{}", std::process::id() % 100_000), "isGateway": true,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/16"}]],
+                 "dataDir": lab.dir.join("host-local")},
+    });
+    let bridge = Path::new(DEBIAN_CNI).join("bridge");
+
+    let weir_times = measure(&lab, &plugin, &weir_node, &weir_conf, pods, "w")?;
+    let bridge_times = measure(&lab, &bridge, &bridge_node, &bridge_conf, pods, "b")?;
+    drop(agent);
+
+    let figures = json!({
+        "pods": pods,
+        "weir_add_p50_ms": percentile(&weir_times.0, 50.0),
+        "weir_add_p99_ms": percentile(&weir_times.0, 99.0),
+        "weir_del_p50_ms": percentile(&weir_times.1, 50.0),
+        "weir_del_p99_ms": percentile(&weir_times.1, 99.0),
+        "bridge_add_p50_ms": percentile(&bridge_times.0, 50.0),
+        "bridge_add_p99_ms": percentile(&bridge_times.0, 99.0),
+        "bridge_del_p50_ms": percentile(&bridge_times.1, 50.0),
+        "bridge_del_p99_ms": percentile(&bridge_times.1, 99.0),
+    });
+    print_table(&figures, smoke);
+    let dir = workspace.join("target").join("weir-bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join("cni.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&figures)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+fn print_table(figures: &Value, smoke: bool) {
+    let f = |k: &str| figures[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{:<34} {:>10} {:>10}   ({} pods{})",
+        "cni benchmark (ms)",
+        "p50",
+        "p99",
+        figures["pods"],
+        if smoke { ", smoke" } else { "" }
+    );
+    for (label, p50, p99) in [
+        ("weir-cni ADD", "weir_add_p50_ms", "weir_add_p99_ms"),
+        (
+            "bridge + host-local ADD",
+            "bridge_add_p50_ms",
+            "bridge_add_p99_ms",
+        ),
+        ("weir-cni DEL", "weir_del_p50_ms", "weir_del_p99_ms"),
+        (
+            "bridge + host-local DEL",
+            "bridge_del_p50_ms",
+            "bridge_del_p99_ms",
+        ),
+    ] {
+        println!("{label:<34} {:>10.2} {:>10.2}", f(p50), f(p99));
+    }
+    println!(
+        "targets: weir ADD p50 <= bridge's: {}; weir ADD p99 <= 2x bridge's: {}",
+        f("weir_add_p50_ms") <= f("bridge_add_p50_ms"),
+        f("weir_add_p99_ms") <= 2.0 * f("bridge_add_p99_ms"),
+    );
+}
+
+/// ADD then DEL of `pods` fresh pods; returns (ADD ms, DEL ms).
+fn measure(
+    lab: &Lab,
+    plugin: &Path,
+    node: &str,
+    conf: &Value,
+    pods: usize,
+    tag: &str,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let names: Vec<String> = (0..pods)
+        .map(|i| lab.netns(&format!("{tag}{i}")))
+        .collect::<Result<_>>()?;
+    let mut adds = Vec::with_capacity(pods);
+    let mut results = Vec::with_capacity(pods);
+    for (i, ns) in names.iter().enumerate() {
+        let id = format!("wt-bench-{tag}-{i}");
+        let start = Instant::now();
+        let out = exec(plugin, node, "ADD", &id, ns, conf)?;
+        adds.push(start.elapsed().as_secs_f64() * 1e3);
+        results.push(out);
+    }
+    let mut dels = Vec::with_capacity(pods);
+    for (i, (ns, prev)) in names.iter().zip(&results).enumerate() {
+        let id = format!("wt-bench-{tag}-{i}");
+        let mut conf = conf.clone();
+        conf["prevResult"] = prev.clone();
+        let start = Instant::now();
+        exec(plugin, node, "DEL", &id, ns, &conf)?;
+        dels.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((adds, dels))
+}
+
+fn exec(
+    plugin: &Path,
+    node: &str,
+    command: &str,
+    id: &str,
+    ns: &str,
+    conf: &Value,
+) -> Result<Value> {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{node}"))
+        .arg("--")
+        .arg(plugin)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", format!("/run/netns/{ns}"))
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", DEBIAN_CNI)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", plugin.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(conf.to_string().as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{} {command} failed: {}{}",
+            plugin.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+}
+
+fn wait_status(plugin: &Path, node: &str, conf: &Value) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if exec(plugin, node, "STATUS", "wt-status", "none", conf).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the agent did not turn ready within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn percentile(samples: &[f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    (sorted[rank.min(sorted.len() - 1)] * 1000.0).round() / 1000.0
+}
+
+/// Namespaces, a pin root and a directory, all `wt…`, removed on drop.
+struct Lab {
+    prefix: String,
+    dir: PathBuf,
+    pin_root: PathBuf,
+    namespaces: std::cell::RefCell<Vec<String>>,
+}
+
+impl Lab {
+    fn new() -> Result<Self> {
+        let prefix = format!("wtb{:05x}", std::process::id() & 0xf_ffff);
+        let dir = std::env::temp_dir().join(format!("{prefix}-cni"));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            pin_root: PathBuf::from("/sys/fs/bpf").join(&prefix),
+            dir,
+            prefix,
+            namespaces: std::cell::RefCell::new(Vec::new()),
+        })
+    }
+
+    fn netns(&self, suffix: &str) -> Result<String> {
+        let name = format!("{}{suffix}", self.prefix);
+        crate::util::run(Path::new("/"), "ip", &["netns", "add", &name])?;
+        self.namespaces.borrow_mut().push(name.clone());
+        crate::util::run(
+            Path::new("/"),
+            "ip",
+            &["netns", "exec", &name, "ip", "link", "set", "lo", "up"],
+        )?;
+        Ok(name)
+    }
+
+    fn start_agent(&self, weir: &Path, node: &str) -> Result<AgentGuard> {
+        crate::util::run(
+            Path::new("/"),
+            "ip",
+            &[
+                "netns",
+                "exec",
+                node,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ],
+        )?;
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{node}"))
+            .arg("--")
+            .arg(weir)
+            .args(["agent", "--node", "wt-bench", "--metrics", "127.0.0.1:0"])
+            .arg("--bpf-root")
+            .arg(&self.pin_root)
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--api-socket")
+            .arg(self.dir.join("weir.sock"))
+            .arg("--policy-dir")
+            .arg(self.dir.join("policies"))
+            .arg("--cni-conf-dir")
+            .arg(self.dir.join("net.d"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start weir agent")?;
+        let stdout = child.stdout.take().context("agent stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
+                && line.contains("\"started\"")
+            {
+                return Ok(AgentGuard(child));
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!("weir agent exited before starting: {status}");
+            }
+        }
+        let _ = child.kill();
+        bail!("weir agent did not start within 60 s")
+    }
+}
+
+/// The agent, killed on drop (before the lab's pin root goes).
+struct AgentGuard(Child);
+
+impl Drop for AgentGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in self.namespaces.borrow().iter() {
+            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.pin_root);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
