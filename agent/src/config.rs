@@ -70,6 +70,28 @@ pub struct AgentArgs {
     /// Seconds before an allocation that no endpoint confirmed is released.
     #[arg(long, env = "WEIR_ALLOCATION_EXPIRY", default_value_t = 600)]
     pub allocation_expiry: u64,
+    /// Seconds between conntrack sweeps.
+    #[arg(long, env = "WEIR_CT_SWEEP_INTERVAL", default_value_t = 10)]
+    pub ct_sweep_interval: u64,
+    /// Conntrack timeout of TCP flows before the handshake completes, seconds.
+    #[arg(long, env = "WEIR_CT_TIMEOUT_TCP_SYN", default_value_t = 60)]
+    pub ct_timeout_tcp_syn: u64,
+    /// Conntrack timeout of established TCP flows, seconds.
+    #[arg(
+        long,
+        env = "WEIR_CT_TIMEOUT_TCP_ESTABLISHED",
+        default_value_t = 21_600
+    )]
+    pub ct_timeout_tcp_established: u64,
+    /// Conntrack timeout of closed TCP flows (both FINs or an RST), seconds.
+    #[arg(long, env = "WEIR_CT_TIMEOUT_TCP_CLOSED", default_value_t = 10)]
+    pub ct_timeout_tcp_closed: u64,
+    /// Conntrack timeout of ICMP flows, seconds.
+    #[arg(long, env = "WEIR_CT_TIMEOUT_ICMP", default_value_t = 10)]
+    pub ct_timeout_icmp: u64,
+    /// Conntrack timeout of UDP and other flows, seconds.
+    #[arg(long, env = "WEIR_CT_TIMEOUT_OTHER", default_value_t = 60)]
+    pub ct_timeout_other: u64,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -99,6 +121,10 @@ pub struct Config {
     pub metrics: SocketAddr,
     /// Expiry of unconfirmed allocations.
     pub allocation_expiry: std::time::Duration,
+    /// Interval between conntrack sweeps.
+    pub ct_sweep_interval: std::time::Duration,
+    /// Conntrack timeouts.
+    pub ct_timeouts: crate::dataplane::conntrack::CtTimeouts,
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -204,6 +230,40 @@ impl AgentArgs {
                 "must be between 1 and 86400 seconds",
             ));
         }
+        for (flag, value) in [
+            (
+                "--ct-sweep-interval (WEIR_CT_SWEEP_INTERVAL)",
+                self.ct_sweep_interval,
+            ),
+            (
+                "--ct-timeout-tcp-syn (WEIR_CT_TIMEOUT_TCP_SYN)",
+                self.ct_timeout_tcp_syn,
+            ),
+            (
+                "--ct-timeout-tcp-established (WEIR_CT_TIMEOUT_TCP_ESTABLISHED)",
+                self.ct_timeout_tcp_established,
+            ),
+            (
+                "--ct-timeout-tcp-closed (WEIR_CT_TIMEOUT_TCP_CLOSED)",
+                self.ct_timeout_tcp_closed,
+            ),
+            (
+                "--ct-timeout-icmp (WEIR_CT_TIMEOUT_ICMP)",
+                self.ct_timeout_icmp,
+            ),
+            (
+                "--ct-timeout-other (WEIR_CT_TIMEOUT_OTHER)",
+                self.ct_timeout_other,
+            ),
+        ] {
+            if value == 0 || value > 7 * 86_400 {
+                return Err(invalid(
+                    flag,
+                    &value.to_string(),
+                    "must be between 1 and 604800 seconds",
+                ));
+            }
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -222,6 +282,14 @@ impl AgentArgs {
             prefilter_interfaces: self.prefilter_interfaces.clone(),
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
+            ct_sweep_interval: std::time::Duration::from_secs(self.ct_sweep_interval),
+            ct_timeouts: crate::dataplane::conntrack::CtTimeouts {
+                tcp_syn: std::time::Duration::from_secs(self.ct_timeout_tcp_syn),
+                tcp_established: std::time::Duration::from_secs(self.ct_timeout_tcp_established),
+                tcp_closed: std::time::Duration::from_secs(self.ct_timeout_tcp_closed),
+                icmp: std::time::Duration::from_secs(self.ct_timeout_icmp),
+                other: std::time::Duration::from_secs(self.ct_timeout_other),
+            },
         })
     }
 }

@@ -22,6 +22,7 @@ use crate::{
     config::Config,
     dataplane::{
         attachments::AttachDriver,
+        conntrack::{self, CtStats},
         endpoints::EndpointsManager,
         kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
@@ -254,10 +255,35 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tracing::info!(generation, "dataplane in sync");
 
     node_setup::enable_forwarding()?;
+    // Conntrack upkeep on its own thread.
+    let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
+    {
+        let (paths, stats, stop) = (paths.clone(), Arc::clone(&ct_stats), Arc::clone(&stop));
+        let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
+        std::thread::Builder::new()
+            .name("weir-ct-sweep".into())
+            .spawn(move || {
+                let mut next = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    if std::time::Instant::now() >= next {
+                        let mut local = *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        match conntrack::sweep(&paths, &timeouts, &mut local) {
+                            Ok(()) => *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = local,
+                            Err(e) => tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval"),
+                        }
+                        next = std::time::Instant::now() + interval;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+            .map_err(io_err("start the conntrack sweep thread"))?;
+    }
     let api = Arc::new(Api {
         shared: Arc::clone(&shared),
         ipam: Arc::clone(&ipam),
         node: config.node.clone(),
+        paths: paths.clone(),
+        ct: Arc::clone(&ct_stats),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -45,5 +45,6 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Ipam(args) => cli::ipam::run(args),
         Command::Status(args) => cli::agent_client::status(args),
         Command::Endpoint(args) => cli::agent_client::endpoint(args),
+        Command::Bpf(args) => cli::agent_client::bpf(args),
     }
 }

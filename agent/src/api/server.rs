@@ -26,6 +26,7 @@ use super::{
 };
 use crate::{
     applier::Shared,
+    dataplane::conntrack::{self, CtStats, CtView},
     ipam_service::{AllocateRequest, Allocation, IpamService},
     registry::{self, Endpoint},
 };
@@ -45,6 +46,10 @@ pub struct Api {
     pub ipam: Arc<IpamService>,
     /// Node name.
     pub node: String,
+    /// Paths (pins for `weir bpf`).
+    pub paths: crate::paths::Paths,
+    /// Conntrack sweep counters.
+    pub ct: Arc<std::sync::Mutex<CtStats>>,
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -65,6 +70,8 @@ pub fn router(api: Arc<Api>) -> Router {
         )
         .route("/v1/ipam/allocate", post(allocate))
         .route("/v1/ipam/release", post(release))
+        .route("/v1/bpf/maps", get(bpf_maps))
+        .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .with_state(api)
 }
 
@@ -100,7 +107,75 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
         state: summary,
         applied,
         dataplane,
+        conntrack: *api
+            .ct
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
     }))
+}
+
+/// One pinned map, for `weir bpf maps`.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct MapView {
+    /// Versioned name.
+    pub name: String,
+    /// Pin.
+    pub pin: String,
+    /// Kernel id.
+    pub id: u32,
+    /// Kernel map type number.
+    pub map_type: u32,
+    /// Key size.
+    pub key_size: u32,
+    /// Value size.
+    pub value_size: u32,
+    /// Capacity.
+    pub max_entries: u32,
+    /// Flags.
+    pub flags: u32,
+}
+
+async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
+    let mut out = Vec::new();
+    for name in maps_schema::maps::ALL {
+        let pin = api.paths.map_pin(name);
+        let info = aya::maps::MapInfo::from_pin(&pin).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("{}: {e}", pin.display()),
+            )
+        })?;
+        out.push(MapView {
+            name: (*name).to_owned(),
+            pin: pin.display().to_string(),
+            id: info.id(),
+            map_type: info.map_type().map(|t| t as u32).unwrap_or_default(),
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+            max_entries: info.max_entries(),
+            flags: info.map_flags(),
+        });
+    }
+    Ok(Json(out))
+}
+
+async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
+    let paths = api.paths.clone();
+    let list = tokio::task::spawn_blocking(move || conntrack::list(&paths))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(list))
+}
+
+async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
+    let paths = api.paths.clone();
+    let n = tokio::task::spawn_blocking(move || conntrack::flush(&paths))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(serde_json::json!({"flushed": n})))
 }
 
 fn view(api: &Api, endpoint: &Endpoint) -> EndpointView {

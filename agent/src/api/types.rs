@@ -23,6 +23,8 @@ pub struct Status {
     pub applied: crate::applier::Applied,
     /// Driver counters.
     pub dataplane: serde_json::Value,
+    /// Conntrack sweeps and map pressure.
+    pub conntrack: crate::dataplane::conntrack::CtStats,
 }
 
 /// `PUT /v1/endpoints/{container_id}:{ifname}` body.

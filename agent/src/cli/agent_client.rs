@@ -25,10 +25,10 @@ pub enum Output {
 #[derive(Debug, Args)]
 pub struct Common {
     /// The agent's API socket.
-    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET)]
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET, global = true)]
     pub api_socket: PathBuf,
     /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true)]
     pub output: Output,
 }
 
@@ -147,6 +147,91 @@ pub fn endpoint(args: EndpointArgs) -> Result<()> {
                 );
             }
             Ok(())
+        }
+    }
+}
+
+/// `weir bpf …`.
+#[derive(Debug, Args)]
+pub struct BpfArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    command: BpfCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BpfCommand {
+    /// The pinned maps: name, id, sizes.
+    Maps,
+    /// Conntrack.
+    Ct {
+        #[command(subcommand)]
+        command: CtCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CtCommand {
+    /// Every conntrack entry.
+    List,
+    /// Delete every conntrack entry (established flows re-evaluate policy on their next packet).
+    Flush,
+}
+
+/// Runs `weir bpf …`.
+pub fn bpf(args: BpfArgs) -> Result<()> {
+    use agent::{api::server::MapView, dataplane::conntrack::CtView};
+    let rt = runtime()?;
+    let socket = &args.common.api_socket;
+    match args.command {
+        BpfCommand::Maps => {
+            let maps: Vec<MapView> =
+                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/maps", None))?;
+            if matches!(args.common.output, Output::Json) {
+                return print_json(&maps);
+            }
+            println!(
+                "{:<16} {:<8} {:<6} {:<6} {:<8} {:<10} PIN",
+                "MAP", "ID", "TYPE", "KEY", "VALUE", "MAX"
+            );
+            for m in &maps {
+                println!(
+                    "{:<16} {:<8} {:<6} {:<6} {:<8} {:<10} {}",
+                    m.name, m.id, m.map_type, m.key_size, m.value_size, m.max_entries, m.pin
+                );
+            }
+            Ok(())
+        }
+        BpfCommand::Ct {
+            command: CtCommand::List,
+        } => {
+            let entries: Vec<CtView> =
+                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/ct", None))?;
+            if matches!(args.common.output, Output::Json) {
+                return print_json(&entries);
+            }
+            println!("{:<6} {:<46} {:<46} {:<8} IDLE", "PROTO", "A", "B", "FLAGS");
+            for e in &entries {
+                println!(
+                    "{:<6} {:<46} {:<46} {:<#8x} {}s",
+                    e.protocol, e.a, e.b, e.flags, e.idle_secs
+                );
+            }
+            Ok(())
+        }
+        BpfCommand::Ct {
+            command: CtCommand::Flush,
+        } => {
+            let result: serde_json::Value =
+                rt.block_on(call::<(), _>(socket, Method::DELETE, "/v1/bpf/ct", None))?;
+            match args.common.output {
+                Output::Json => print_json(&result),
+                Output::Table => {
+                    println!("flushed {} conntrack entries", result["flushed"]);
+                    Ok(())
+                }
+            }
         }
     }
 }

@@ -26,6 +26,8 @@ pub enum Command {
     Status(agent_client::StatusArgs),
     /// Endpoints registered with the agent.
     Endpoint(agent_client::EndpointArgs),
+    /// The agent's BPF maps and conntrack.
+    Bpf(agent_client::BpfArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
     Ipam(ipam::IpamArgs),
 }

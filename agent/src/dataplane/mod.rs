@@ -6,6 +6,8 @@
 //!   sweeps orphans; it counts its writes and deletes.
 
 pub mod attachments;
+pub mod batch;
+pub mod conntrack;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;

@@ -1,0 +1,104 @@
+//! Batch map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_DELETE_BATCH`) on a map's fd: aya 0.16
+//! has none, and walking a large map entry by entry costs 2–3 syscalls per entry.
+
+use std::{
+    io,
+    mem::{size_of, zeroed},
+    os::fd::{AsRawFd as _, BorrowedFd},
+};
+
+use aya::Pod;
+use aya_obj::generated::{bpf_attr, bpf_cmd};
+
+/// Entries fetched per syscall.
+const CHUNK: u32 = 4096;
+
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
+    // SAFETY: `attr` is a valid, fully initialised `bpf_attr` for `cmd`, and every pointer inside
+    // it points at a buffer large enough for the count it states.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            std::ptr::from_mut(attr),
+            size_of::<bpf_attr>(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Every (key, value) of a hash map, `CHUNK` at a time.
+pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    let token_len = size_of::<K>().max(8);
+    let mut in_token = vec![0u8; token_len];
+    let mut out_token = vec![0u8; token_len];
+    // SAFETY: `K` and `V` are `Pod`: all-zero bytes are valid values.
+    let mut keys: Vec<K> = vec![unsafe { zeroed() }; CHUNK as usize];
+    // SAFETY: as above.
+    let mut values: Vec<V> = vec![unsafe { zeroed() }; CHUNK as usize];
+    let mut first = true;
+    loop {
+        // SAFETY: bpf_attr is plain data; zero is its "unset" state.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        attr.batch.in_batch = if first { 0 } else { in_token.as_ptr() as u64 };
+        attr.batch.out_batch = out_token.as_mut_ptr() as u64;
+        attr.batch.keys = keys.as_mut_ptr() as u64;
+        attr.batch.values = values.as_mut_ptr() as u64;
+        attr.batch.count = CHUNK;
+        attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+        let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
+        // SAFETY: the kernel wrote how many entries it returned.
+        let count = unsafe { attr.batch.count } as usize;
+        out.extend(
+            keys[..count]
+                .iter()
+                .copied()
+                .zip(values[..count].iter().copied()),
+        );
+        match result {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) => return Err(e),
+        }
+        in_token.copy_from_slice(&out_token);
+        first = false;
+    }
+}
+
+/// Deletes `keys` (missing ones are skipped), `CHUNK` at a time. Returns how many were deleted.
+pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
+    let mut deleted = 0;
+    for chunk in keys.chunks(CHUNK as usize) {
+        // SAFETY: plain data.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        attr.batch.keys = chunk.as_ptr() as u64;
+        attr.batch.count = u32::try_from(chunk.len()).unwrap_or(CHUNK);
+        attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+        match bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) {
+            // SAFETY: the kernel wrote how many it deleted.
+            Ok(()) => deleted += unsafe { attr.batch.count } as usize,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // An entry vanished meanwhile (LRU or the programs): delete the rest one by one.
+                deleted += unsafe { attr.batch.count } as usize;
+                let done = unsafe { attr.batch.count } as usize;
+                for key in &chunk[done..] {
+                    // SAFETY: plain data.
+                    let mut attr: bpf_attr = unsafe { zeroed() };
+                    attr.__bindgen_anon_2.map_fd =
+                        u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+                    attr.__bindgen_anon_2.key = std::ptr::from_ref(key) as u64;
+                    if bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr).is_ok() {
+                        deleted += 1;
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(deleted)
+}
