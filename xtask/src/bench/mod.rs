@@ -1,6 +1,7 @@
 //! `cargo xtask bench NAME [--smoke]`: every benchmark prints a table and writes
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
+mod cni;
 mod datapath;
 mod ipam;
 
@@ -11,7 +12,11 @@ use anyhow::{Result, bail};
 type Bench = fn(&Path, bool) -> Result<()>;
 
 /// Every benchmark, by name.
-const BENCHES: &[(&str, Bench)] = &[("datapath", datapath::run), ("ipam", ipam::run)];
+const BENCHES: &[(&str, Bench)] = &[
+    ("datapath", datapath::run),
+    ("ipam", ipam::run),
+    ("cni", cni::run),
+];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
     if name == "all" {
