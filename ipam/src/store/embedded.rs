@@ -305,6 +305,13 @@ impl EmbeddedStore {
 }
 
 fn init_tables(db: &Database) -> Result<(), redb::Error> {
+    // Only a new file needs its tables created: skipping the write spares every later open a commit (an fsync).
+    let read = db.begin_read()?;
+    if read.open_table(META).is_ok() && Kind::ALL.iter().all(|k| read.open_table(table(*k)).is_ok())
+    {
+        return Ok(());
+    }
+    drop(read);
     let txn = db.begin_write()?;
     for k in Kind::ALL {
         txn.open_table(table(k))?;
