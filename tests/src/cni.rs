@@ -296,21 +296,44 @@ pub fn exec_in(node: Option<&NetNs>, call: &Call<'_>, stdin: &Value) -> CniOutpu
 /// Like [`exec_in`], with raw stdin bytes.
 #[must_use]
 pub fn exec_raw(node: Option<&NetNs>, call: &Call<'_>, stdin: &[u8]) -> CniOutput {
-    let plugin = bin::weir_cni();
+    exec_plugin(node, &bin::weir_cni(), call, stdin)
+}
+
+/// Runs any CNI plugin binary (Debian's chained plugins) the same way.
+#[must_use]
+pub fn exec_plugin(
+    node: Option<&NetNs>,
+    plugin: &std::path::Path,
+    call: &Call<'_>,
+    stdin: &[u8],
+) -> CniOutput {
+    exec_plugin_env(node, plugin, call, stdin, &[])
+}
+
+/// Like [`exec_plugin`], with extra environment variables (`WEIR_CNI_FAILPOINT`).
+#[must_use]
+pub fn exec_plugin_env(
+    node: Option<&NetNs>,
+    plugin: &std::path::Path,
+    call: &Call<'_>,
+    stdin: &[u8],
+    extra_env: &[(&str, &str)],
+) -> CniOutput {
     let mut cmd = match node {
         Some(ns) => {
             let mut c = Command::new("nsenter");
             c.arg(format!("--net=/run/netns/{}", ns.name()))
                 .arg("--")
-                .arg(&plugin);
+                .arg(plugin);
             c
         }
-        None => Command::new(&plugin),
+        None => Command::new(plugin),
     };
     cmd.env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", call.command)
-        .env("CNI_PATH", "/usr/lib/cni");
+        .env("CNI_PATH", "/usr/lib/cni")
+        .envs(extra_env.iter().copied());
     if let Some(v) = call.container_id {
         cmd.env("CNI_CONTAINERID", v);
     }
