@@ -293,7 +293,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&shared)));
 
     // Ready: tell the runtime how to use us.
-    let conflist = node_setup::write_conflist(&paths)?;
+    let pools = ipam.pools().await?;
+    let mut families = Vec::new();
+    for (family, v4) in [("ipv4", true), ("ipv6", false)] {
+        if pools
+            .iter()
+            .any(|p| !p.disabled && p.cidr.contains('.') == v4)
+        {
+            families.push(family);
+        }
+    }
+    let conflist = node_setup::write_conflist(&paths, &families)?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     let started = Started {
         event: "started",

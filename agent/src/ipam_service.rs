@@ -102,6 +102,19 @@ pub struct Allocation {
     pub expires_at: u64,
 }
 
+/// A handle as `GET /v1/ipam/handles/{handle}` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HandleStatus {
+    /// The handle.
+    pub handle: String,
+    /// Its addresses (empty: it holds none).
+    pub ips: Vec<IpAddr>,
+    /// True once an endpoint confirmed the allocation (it no longer expires).
+    pub confirmed: bool,
+    /// When an unconfirmed allocation is released.
+    pub expires_at: Option<u64>,
+}
+
 /// A pool as `GET /v1/status` shows it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PoolStatus {
@@ -394,6 +407,18 @@ impl IpamService {
             Err(IpamError::HandleNotFound { .. }) => Ok(Vec::new()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A handle's addresses and whether an endpoint confirmed them (`GET /v1/ipam/handles/{h}`).
+    pub async fn handle(&self, handle: &str) -> Result<HandleStatus, IpamServiceError> {
+        let ips = self.ips_of(handle).await?;
+        let pending = self.lock.lock().await.pending.get(handle).cloned();
+        Ok(HandleStatus {
+            handle: handle.to_owned(),
+            confirmed: pending.is_none() && !ips.is_empty(),
+            expires_at: pending.map(|p| p.expires_at),
+            ips,
+        })
     }
 
     /// Pools with free addresses.

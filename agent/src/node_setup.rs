@@ -57,9 +57,10 @@ pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
     sysctl(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "0")
 }
 
-/// The conflist the runtime reads: weir-cni pointed at this agent's socket and pin root.
+/// The conflist the runtime reads: weir-cni pointed at this agent's socket and pin root, asking
+/// for the address families the node's pools serve, and accepting requested addresses.
 #[must_use]
-pub fn conflist(paths: &Paths) -> serde_json::Value {
+pub fn conflist(paths: &Paths, families: &[&str]) -> serde_json::Value {
     serde_json::json!({
         "cniVersion": "1.1.0",
         "name": "weir",
@@ -67,20 +68,22 @@ pub fn conflist(paths: &Paths) -> serde_json::Value {
             "type": "weir-cni",
             "agentSocket": paths.api_socket,
             "bpfRoot": paths.bpf_root,
+            "ipam": {"families": families},
+            "capabilities": {"ips": true},
         }],
     })
 }
 
 /// Writes `04-weir.conflist` atomically into `paths.cni_conf_dir`.
-pub fn write_conflist(paths: &Paths) -> Result<PathBuf, SetupError> {
+pub fn write_conflist(paths: &Paths, families: &[&str]) -> Result<PathBuf, SetupError> {
     let path = paths.cni_conf_dir.join(CNI_CONFLIST);
     let err = |source| SetupError::Conflist {
         path: path.clone(),
         source,
     };
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
-    let text =
-        serde_json::to_string_pretty(&conflist(paths)).map_err(|e| err(io::Error::other(e)))?;
+    let text = serde_json::to_string_pretty(&conflist(paths, families))
+        .map_err(|e| err(io::Error::other(e)))?;
     let tmp = tmp_path(&path);
     let mut f = fs::File::create(&tmp).map_err(err)?;
     f.write_all(text.as_bytes()).map_err(err)?;
@@ -104,12 +107,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut paths = Paths::with_bpf_root("/sys/fs/bpf/wt-x");
         paths.cni_conf_dir = dir.path().join("net.d");
-        let path = write_conflist(&paths).expect("write");
+        let path = write_conflist(&paths, &["ipv4"]).expect("write");
         assert!(path.ends_with("04-weir.conflist"));
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
         assert_eq!(v["plugins"][0]["type"], "weir-cni");
         assert_eq!(v["plugins"][0]["bpfRoot"], "/sys/fs/bpf/wt-x");
         assert_eq!(v["plugins"][0]["agentSocket"], "/run/weir/weir.sock");
+        assert_eq!(v["plugins"][0]["ipam"]["families"][0], "ipv4");
     }
 }

@@ -70,6 +70,7 @@ pub fn router(api: Arc<Api>) -> Router {
         )
         .route("/v1/ipam/allocate", post(allocate))
         .route("/v1/ipam/release", post(release))
+        .route("/v1/ipam/handles/{handle}", get(handle))
         .route("/v1/bpf/maps", get(bpf_maps))
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .with_state(api)
@@ -305,6 +306,13 @@ async fn delete_endpoint(
 async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocation> {
     let req: AllocateRequest = parse(&body)?;
     Ok(Json(api.ipam.allocate(&req, ALLOCATE_BUDGET).await?))
+}
+
+async fn handle(
+    State(api): State<Arc<Api>>,
+    UrlPath(handle): UrlPath<String>,
+) -> ApiResult<crate::ipam_service::HandleStatus> {
+    Ok(Json(api.ipam.handle(&handle).await?))
 }
 
 async fn release(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<ReleaseResponse> {
