@@ -1,0 +1,139 @@
+//! TCP between pods that weir-cni attached follows NetworkPolicy files: the pods get their labels
+//! from `args.cni.labels` and their namespace from `K8S_POD_NAMESPACE` at ADD, the agent reads `--policy-dir`, and a policy on `web` lets
+//! `client` in and keeps `other` out (each denial beside a passing positive control); editing the
+//! file swaps them, and removing it opens `web` again, all without a restart.
+
+use std::{
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use tests::{
+    cni::{CniNode, Pod},
+    privileged::require_root,
+};
+
+const PORT: u16 = 8080;
+
+/// A pod added by weir-cni with `app=<app>`, and its ADD result.
+struct Labelled {
+    pod: Pod,
+    conf: Value,
+    result: Value,
+    ip: IpAddr,
+}
+
+fn add(node: &CniNode, app: &str) -> Labelled {
+    // Policies live in a namespace; pods without one (no K8S_POD_NAMESPACE) match none of them.
+    let pod = Pod::k8s("default", app);
+    let conf = node.conf(&json!({"args": {"cni": {"labels": [{"key": "app", "value": app}]}}}));
+    let result = node.add(&pod, &conf);
+    let ip = Pod::ipv4(&result).parse().expect("an IPv4 address");
+    Labelled {
+        pod,
+        conf,
+        result,
+        ip,
+    }
+}
+
+fn connects(from: &Labelled, to: &Labelled) -> bool {
+    let addr = SocketAddr::new(to.ip, PORT);
+    from.pod
+        .ns
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok())
+}
+
+/// Waits (bounded) until `client` and `other` reach `web` as expected.
+fn expect(
+    node: &CniNode,
+    web: &Labelled,
+    client: &Labelled,
+    other: &Labelled,
+    want: (bool, bool),
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = (connects(client, web), connects(other, web));
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: (client, other) reached web: {got:?}, want {want:?}\nendpoints: {}\nstatus: {}",
+            node.api_get("/v1/endpoints"),
+            node.api_get("/v1/status")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn policy(allowed_app: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: web, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  ingress:\n  - from: [{{podSelector: {{matchLabels: {{app: {allowed_app}}}}}}}]\n    ports: [{{protocol: TCP, port: {PORT}}}]\n"
+    )
+}
+
+#[test]
+fn tcp_between_cni_pods_follows_policy_files() {
+    if !require_root("tcp_between_cni_pods_follows_policy_files") {
+        return;
+    }
+    let node = CniNode::start(&["--pool", "10.244.0.0/16"]);
+    let policy_dir = node.dirs.path("policies");
+    std::fs::create_dir_all(&policy_dir).expect("policy dir");
+    let web = add(&node, "web");
+    let client = add(&node, "client");
+    let other = add(&node, "other");
+    let listen = SocketAddr::new(web.ip, PORT);
+    let _listener = web
+        .pod
+        .ns
+        .run(move || TcpListener::bind(listen).expect("listen in web"));
+
+    expect(
+        &node,
+        &web,
+        &client,
+        &other,
+        (true, true),
+        "no policy: web is open to all",
+    );
+
+    let file = policy_dir.join("web.yaml");
+    std::fs::write(&file, policy("client")).expect("write policy");
+    expect(
+        &node,
+        &web,
+        &client,
+        &other,
+        (true, false),
+        "web admits client only",
+    );
+
+    std::fs::write(&file, policy("other")).expect("edit policy");
+    expect(
+        &node,
+        &web,
+        &client,
+        &other,
+        (false, true),
+        "the edit swaps them",
+    );
+
+    std::fs::remove_file(&file).expect("remove policy");
+    expect(
+        &node,
+        &web,
+        &client,
+        &other,
+        (true, true),
+        "without the file web is open again",
+    );
+
+    for pod in [&web, &client, &other] {
+        node.del(&pod.pod, &pod.conf, Some(&pod.result));
+    }
+}
