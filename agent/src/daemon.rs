@@ -290,7 +290,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
         .await
         .map_err(io_err(format!("listen on {}", config.metrics)))?;
-    tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&shared)));
+    let metrics_state = metrics::MetricsState {
+        shared: Arc::clone(&shared),
+        ct: Arc::clone(&ct_stats),
+        programs: program_report.clone(),
+    };
+    tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 
     // Ready: tell the runtime how to use us.
     let pools = ipam.pools().await?;

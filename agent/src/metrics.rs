@@ -14,7 +14,11 @@ use crate::applier::Shared;
 
 type Labels = Vec<(String, String)>;
 
-fn render(shared: &Shared) -> String {
+fn render(
+    shared: &Shared,
+    ct: &crate::dataplane::conntrack::CtStats,
+    programs: &[(String, u32, bool)],
+) -> String {
     let mut registry = Registry::with_prefix("weir");
     let writes = Family::<Labels, Counter>::default();
     let deletes = Family::<Labels, Counter>::default();
@@ -49,6 +53,46 @@ fn render(shared: &Shared) -> String {
     let applies = Counter::<u64>::default();
     applies.inc_by(applied.applies);
     registry.register("applies", "Apply loop runs", applies);
+    let ct_entries = Family::<Labels, Gauge<i64>>::default();
+    let ct_capacity = Family::<Labels, Gauge<i64>>::default();
+    let ct_expired = Family::<Labels, Counter>::default();
+    for (family, entries, max, expired) in [
+        ("ipv4", ct.entries4, ct.max4, ct.expired4),
+        ("ipv6", ct.entries6, ct.max6, ct.expired6),
+    ] {
+        let l = vec![("family".to_owned(), family.to_owned())];
+        ct_entries
+            .get_or_create(&l)
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        ct_capacity
+            .get_or_create(&l)
+            .set(i64::try_from(max).unwrap_or(i64::MAX));
+        ct_expired.get_or_create(&l).inc_by(expired);
+    }
+    registry.register(
+        "conntrack_entries",
+        "Conntrack entries at the last sweep (pressure: divide by capacity)",
+        ct_entries,
+    );
+    registry.register("conntrack_capacity", "Conntrack map capacity", ct_capacity);
+    registry.register(
+        "conntrack_expired",
+        "Expired conntrack entries removed by the sweep",
+        ct_expired,
+    );
+    let loads = Family::<Labels, Counter>::default();
+    for (name, _, reused) in programs {
+        let l = vec![
+            ("program".to_owned(), name.clone()),
+            ("reused".to_owned(), reused.to_string()),
+        ];
+        loads.get_or_create(&l).inc();
+    }
+    registry.register(
+        "program_loads",
+        "Programs loaded at start (reused: the pinned program was kept)",
+        loads,
+    );
     let mut out = String::new();
     if encode(&mut out, &registry).is_err() {
         out.clear();
@@ -56,20 +100,34 @@ fn render(shared: &Shared) -> String {
     out
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> String {
-    render(&shared)
+async fn metrics(State(state): State<Arc<MetricsState>>) -> String {
+    let ct = *state
+        .ct
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    render(&state.shared, &ct, &state.programs)
 }
 
-async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
-    if shared.applied().ready {
+async fn readyz(State(state): State<Arc<MetricsState>>) -> (StatusCode, &'static str) {
+    if state.shared.applied().ready {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
 }
 
+/// What the metrics server reads.
+pub struct MetricsState {
+    /// Node state and applier.
+    pub shared: Arc<Shared>,
+    /// Conntrack sweep counters.
+    pub ct: Arc<std::sync::Mutex<crate::dataplane::conntrack::CtStats>>,
+    /// Programs loaded at start: (name, id, reused).
+    pub programs: Vec<(String, u32, bool)>,
+}
+
 /// Serves until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<MetricsState>) {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))

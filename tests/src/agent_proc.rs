@@ -82,7 +82,15 @@ impl AgentProcess {
             .arg(dirs.path("policies"))
             .arg("--cni-conf-dir")
             .arg(dirs.path("net.d"))
-            .args(["--metrics", "127.0.0.1:0"])
+            // Inside its own namespace the agent has loopback to itself: the default port is free.
+            .args([
+                "--metrics",
+                if netns.is_some() {
+                    "127.0.0.1:9972"
+                } else {
+                    "127.0.0.1:0"
+                },
+            ])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -42,6 +42,19 @@ fn weir(agent: &AgentProcess, args: &[&str]) -> Value {
     })
 }
 
+fn http_get(path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect("127.0.0.1:9972").expect("metrics port");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
+}
+
 fn has_flow(list: &Value, ip: &str) -> bool {
     list.as_array().is_some_and(|l| {
         l.iter().any(|e| {
@@ -154,6 +167,18 @@ fn cli_shows_status_endpoints_maps_and_conntrack() {
         !has_flow(&weir(&agent, &["bpf", "ct", "list"]), &ip),
         "flush empties conntrack"
     );
+
+    // Metrics and health on 127.0.0.1:9972 (in the agent's namespace).
+    let (metrics, readyz) = node.run(|| (http_get("/metrics"), http_get("/readyz")));
+    assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
+    for name in [
+        "weir_driver_writes_total",
+        "weir_conntrack_entries",
+        "weir_program_loads_total",
+        "weir_ready 1",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
 
     // Without an agent the CLI says what is wrong.
     let out = Command::new(bin::weir())
