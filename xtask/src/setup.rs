@@ -16,9 +16,9 @@ const APT_PACKAGES: &[&str] = &[
     "protobuf-compiler",           // etcd-client's build script
     "libprotobuf-dev",             // ... and the well-known types it needs
     "containernetworking-plugins", // host-local / bridge baselines and chained plugins
-    "containerd",                  // the real-runtime CNI test (ctr run --cni), in a private mount namespace
-    "runc",                        // ... the OCI runtime containerd starts the container with
-    "busybox-static",              // ... and the static busybox that is that container's rootfs
+    "containerd",                  // the real-runtime CNI test (ctr run --cni)
+    "runc",                        // ... the OCI runtime it starts the container with
+    "busybox-static",              // ... and the static busybox of that container
 ];
 
 /// The bpf-linker version the eBPF build uses.
