@@ -370,3 +370,45 @@ fn concurrent_invocations_on_one_file_hand_out_distinct_addresses() {
     );
     assert_eq!(check["allocations"], 36);
 }
+
+/// `--datastore kubernetes` is accepted; without a cluster it fails with a message that says what to set, and
+/// with a kubeconfig naming a server nobody answers it says the datastore is unavailable. Never a panic.
+#[test]
+fn kubernetes_without_a_cluster_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |kubeconfig: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["ipam", "--datastore", "kubernetes", "pool", "list"])
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("WEIR_DATASTORE")
+            .env_remove("WEIR_LOG")
+            .output()
+            .expect("run weir")
+    };
+    let out = run(&dir.path().join("missing-kubeconfig"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no cluster must fail");
+    assert!(
+        err.contains("no usable Kubernetes client configuration"),
+        "{err}"
+    );
+    assert!(err.contains("KUBECONFIG"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {}\n",
+    )
+    .expect("write kubeconfig");
+    let out = run(&kubeconfig);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an unreachable API server must fail");
+    assert!(err.contains("kubernetes datastore"), "{err}");
+    assert!(err.contains("unavailable"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

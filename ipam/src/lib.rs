@@ -5,7 +5,8 @@
 //! copies are only changed on the way to a write, never before it succeeds. While a host owns a block with free
 //! addresses, one allocation is one atomic write over the block and the handle.
 //!
-//! Datastores: [`store::memory`] (tests), [`store::embedded`] (redb, the default), [`store::etcd`].
+//! Datastores: [`store::memory`] (tests), [`store::embedded`] (redb, the default), [`store::etcd`],
+//! [`store::kubernetes`] (custom resources in group `ipam.weir.dev`, two compare-and-swap writes on the hot path).
 //!
 //! **Sharing an embedded file.** The embedded store opens redb in its multi-process mode, so several `weir ipam`
 //! processes and an agent may use one file at once: each write transaction holds the file's writer lock and

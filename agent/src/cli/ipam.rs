@@ -20,7 +20,8 @@ const OPEN_WAIT: Duration = Duration::from_secs(10);
 /// `weir ipam` arguments.
 #[derive(Debug, Args)]
 pub struct IpamArgs {
-    /// The datastore: `embedded:PATH` (a redb file) or `etcd:URL[,URL…]`.
+    /// The datastore: `embedded:PATH` (a redb file), `etcd:URL[,URL…]`, or `kubernetes` (the `ipam.weir.dev`
+    /// custom resources of the in-cluster config or the kubeconfig).
     #[arg(long, env = "WEIR_DATASTORE", default_value = DEFAULT_DATASTORE, global = true)]
     pub datastore: String,
     /// Output format.
@@ -63,7 +64,12 @@ pub enum IpamCommand {
         show_blocks: bool,
     },
     /// Check every invariant and look for leaks; exits non-zero if an invariant is broken.
-    Check,
+    Check {
+        /// First rebuild handle counts that differ from their blocks (what a crash between the two writes of an
+        /// allocation on Kubernetes leaves), then check.
+        #[arg(long)]
+        repair: bool,
+    },
 }
 
 /// `weir ipam pool …`.
@@ -283,7 +289,12 @@ async fn dispatch(ipam: Ipam<AnyStore>, command: IpamCommand, out: Output) -> an
         IpamCommand::Utilization { show_blocks } => {
             render::utilization(out, &ipam.utilization(show_blocks).await?)
         }
-        IpamCommand::Check => {
+        IpamCommand::Check { repair } => {
+            if repair {
+                for handle in ipam.repair_handles().await? {
+                    eprintln!("repaired handle {handle:?}: its counts now match its blocks");
+                }
+            }
             let report = ipam.check().await?;
             render::check(out, &report)?;
             if !report.ok() {

@@ -5,10 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::Ipam;
+use super::{decode, encode};
 use crate::{
     IpamError, cidr,
-    model::{AffinityState, BlockAffinity, Handle},
-    store::{Kind, Store},
+    model::{AffinityState, Block, BlockAffinity, Handle},
+    store::{Key, Kind, Store, Write},
 };
 
 /// What `check` found. `problems` are broken invariants; `leaks` are addresses or blocks nobody accounts for.
@@ -26,6 +27,9 @@ pub struct CheckReport {
     pub problems: Vec<String>,
     /// Leaked or dangling records (harmless to addressing, worth cleaning up).
     pub leaks: Vec<String>,
+    /// (handle, block) pairs whose handle count differs from the block's.
+    #[serde(skip)]
+    pub(crate) mismatched_handles: Vec<(String, String)>,
 }
 
 impl CheckReport {
@@ -52,6 +56,66 @@ impl<S: Store + Clone> Ipam<S> {
             report = self.check_once().await?;
         }
         Ok(report)
+    }
+
+    /// Makes every handle's per-block counts equal to what the blocks hold (the blocks are the truth for which
+    /// address is whose) and returns the handles it rewrote. This is what a crash between the two writes of an
+    /// allocation on Kubernetes (block, then handle) leaves behind; other stores never need it. Only handles that
+    /// [`check`](Self::check) still reports after its re-reads are touched, and each is rewritten conditional on
+    /// the block it was counted from being unchanged.
+    pub async fn repair_handles(&self) -> Result<Vec<String>, IpamError> {
+        let report = self.check().await?;
+        let mismatched: BTreeSet<(String, String)> =
+            report.mismatched_handles.into_iter().collect();
+        let mut fixed = Vec::new();
+        for (handle, block) in mismatched {
+            let bkey = Key::new(Kind::Block, block.clone());
+            let hkey = Key::new(Kind::Handle, handle.clone());
+            let (bk, hk) = (bkey.clone(), hkey.clone());
+            let (h, b) = (handle.clone(), block.clone());
+            let changed = self
+                .store
+                .read_modify_write(vec![bkey, hkey], move |cur| {
+                    let keep = vec![Write::Keep, Write::Keep];
+                    let held = match cur[0].as_deref().map(|v| decode::<Block>(&bk, v)) {
+                        Some(Ok(blk)) if !blk.deleted => {
+                            blk.handle_counts().get(&h).copied().unwrap_or(0)
+                        }
+                        Some(Err(_)) => return (keep, false),
+                        _ => 0,
+                    };
+                    let mut handle = match cur[1].as_deref().map(|v| decode::<Handle>(&hk, v)) {
+                        Some(Ok(x)) => x,
+                        Some(Err(_)) => return (keep, false),
+                        None => Handle {
+                            id: h.clone(),
+                            ..Handle::default()
+                        },
+                    };
+                    if handle.blocks.get(&b).copied().unwrap_or(0) == held && !handle.deleted {
+                        return (keep, false);
+                    }
+                    handle.deleted = false;
+                    handle.blocks.remove(&b);
+                    handle.add(&b, held);
+                    let w = if handle.total() == 0 {
+                        if cur[1].is_some() {
+                            Write::Delete
+                        } else {
+                            Write::Keep
+                        }
+                    } else {
+                        Write::Put(encode(&handle))
+                    };
+                    (vec![Write::Keep, w], true)
+                })
+                .await?;
+            if changed {
+                fixed.push(handle);
+            }
+        }
+        fixed.dedup();
+        Ok(fixed)
     }
 
     async fn check_once(&self) -> Result<CheckReport, IpamError> {
@@ -116,6 +180,7 @@ impl<S: Store + Clone> Ipam<S> {
                 held.get(key).copied().unwrap_or(0),
             );
             if c != h {
+                r.mismatched_handles.push(key.clone());
                 r.problems.push(format!(
                     "handle {:?} records {h} addresses in block {} but the block holds {c}",
                     key.0, key.1

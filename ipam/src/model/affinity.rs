@@ -4,7 +4,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 /// Where an affinity is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum AffinityState {
     /// Written before the block is claimed.
@@ -16,12 +16,13 @@ pub enum AffinityState {
 }
 
 /// A host's claim on a block. Keyed `<host>/<cidr>`, so a host's affinities are one prefix listing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BlockAffinity {
     /// The host.
     pub host: String,
     /// The block.
+    #[schemars(with = "String")]
     pub cidr: IpNetwork,
     /// The claim's state.
     pub state: AffinityState,

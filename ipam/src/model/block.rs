@@ -15,7 +15,7 @@ use super::reservation::{Reservation, is_reserved};
 use crate::cidr;
 
 /// Who holds an address.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocationAttr {
     /// The handle the address was allocated under.
@@ -30,10 +30,11 @@ pub struct AllocationAttr {
 }
 
 /// A block of addresses, affine to at most one host.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Block {
     /// The block's network.
+    #[schemars(with = "String")]
     pub cidr: IpNetwork,
     /// `host:<name>` when a host owns the block.
     #[serde(default)]
@@ -50,7 +51,9 @@ pub struct Block {
     /// Bumped on every write; only goes up.
     pub sequence_number: u64,
     /// Per allocated (or cooling) ordinal: the block sequence number when it was allocated or released.
+    /// (Keys are decimal ordinals; the schema says string keys, as Kubernetes structural schemas need.)
     #[serde(default)]
+    #[schemars(with = "BTreeMap<String, u64>")]
     pub sequence_number_for_allocation: BTreeMap<u32, u64>,
     /// Soft-delete marker; readers skip deleted blocks.
     #[serde(default)]

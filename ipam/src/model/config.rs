@@ -9,7 +9,7 @@ pub const MAX_COOLDOWN_SECONDS: u64 = 1200;
 pub const DEFAULT_MAX_BLOCKS_PER_HOST: u32 = 20;
 
 /// Cluster-wide IPAM settings. Defaults apply when none is stored; reading never writes them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IpamConfig {
     /// Hosts only allocate from blocks affine to them (no borrowing).

@@ -9,7 +9,19 @@ use super::selector::Selector;
 use crate::cidr::Family;
 
 /// What an address is for; a pool lists the uses it serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum IpUse {
     /// Pod addresses.
@@ -48,12 +60,13 @@ fn default_uses() -> Vec<IpUse> {
 }
 
 /// A pool of addresses carved into host-affine blocks.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IpPool {
     /// The pool's name (its datastore key).
     pub name: String,
     /// The pool's network, host bits clear.
+    #[schemars(with = "String")]
     pub cidr: IpNetwork,
     /// Prefix length of the pool's blocks; immutable once blocks exist.
     pub block_size: u8,

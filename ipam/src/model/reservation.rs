@@ -6,12 +6,13 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 /// A named set of reserved CIDRs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Reservation {
     /// The reservation's name.
     pub name: String,
     /// The reserved networks.
+    #[schemars(with = "Vec<String>")]
     pub reserved_cidrs: Vec<IpNetwork>,
 }
 

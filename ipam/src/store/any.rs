@@ -1,10 +1,10 @@
-//! Choosing a datastore at run time: `embedded:PATH` or `etcd:URL[,URL…]`.
+//! Choosing a datastore at run time: `embedded:PATH`, `etcd:URL[,URL…]` or `kubernetes`.
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use super::{
     Key, Kind, Op, Store, StoreError, Versioned, Write, embedded::EmbeddedStore, etcd::EtcdStore,
-    memory::MemoryStore,
+    kubernetes::KubeStore, memory::MemoryStore,
 };
 
 /// The default datastore: the agent's embedded file.
@@ -17,12 +17,14 @@ pub enum Datastore {
     Embedded(PathBuf),
     /// etcd client URLs.
     Etcd(Vec<String>),
+    /// The Kubernetes API server of the in-cluster config or the kubeconfig.
+    Kubernetes,
 }
 
 /// A datastore argument that could not be understood.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "datastore {given:?} is not understood: write embedded:PATH or etcd:URL[,URL…] (for example etcd:http://127.0.0.1:2379)"
+    "datastore {given:?} is not understood: write embedded:PATH, etcd:URL[,URL…] or kubernetes (for example etcd:http://127.0.0.1:2379)"
 )]
 pub struct DatastoreParseError {
     /// What was given.
@@ -36,6 +38,9 @@ impl FromStr for Datastore {
         let bad = || DatastoreParseError {
             given: s.to_owned(),
         };
+        if s == "kubernetes" {
+            return Ok(Self::Kubernetes);
+        }
         if let Some(p) = s.strip_prefix("embedded:") {
             if p.trim().is_empty() {
                 return Err(bad());
@@ -79,6 +84,7 @@ impl Datastore {
                 Ok(AnyStore::Embedded(store))
             }
             Self::Etcd(urls) => Ok(AnyStore::Etcd(EtcdStore::connect(urls).await?)),
+            Self::Kubernetes => Ok(AnyStore::Kubernetes(KubeStore::connect().await?)),
         }
     }
 }
@@ -92,6 +98,8 @@ pub enum AnyStore {
     Embedded(EmbeddedStore),
     /// etcd.
     Etcd(EtcdStore),
+    /// Kubernetes custom resources.
+    Kubernetes(KubeStore),
 }
 
 impl Store for AnyStore {
@@ -100,6 +108,7 @@ impl Store for AnyStore {
             Self::Memory(s) => s.backend(),
             Self::Embedded(s) => s.backend(),
             Self::Etcd(s) => s.backend(),
+            Self::Kubernetes(s) => s.backend(),
         }
     }
 
@@ -108,6 +117,7 @@ impl Store for AnyStore {
             Self::Memory(s) => s.get(key).await,
             Self::Embedded(s) => s.get(key).await,
             Self::Etcd(s) => s.get(key).await,
+            Self::Kubernetes(s) => s.get(key).await,
         }
     }
 
@@ -116,6 +126,7 @@ impl Store for AnyStore {
             Self::Memory(s) => s.list(kind, prefix).await,
             Self::Embedded(s) => s.list(kind, prefix).await,
             Self::Etcd(s) => s.list(kind, prefix).await,
+            Self::Kubernetes(s) => s.list(kind, prefix).await,
         }
     }
 
@@ -124,6 +135,7 @@ impl Store for AnyStore {
             Self::Memory(s) => s.txn(ops).await,
             Self::Embedded(s) => s.txn(ops).await,
             Self::Etcd(s) => s.txn(ops).await,
+            Self::Kubernetes(s) => s.txn(ops).await,
         }
     }
 
@@ -136,6 +148,7 @@ impl Store for AnyStore {
             Self::Memory(s) => s.read_modify_write(keys, f).await,
             Self::Embedded(s) => s.read_modify_write(keys, f).await,
             Self::Etcd(s) => s.read_modify_write(keys, f).await,
+            Self::Kubernetes(s) => s.read_modify_write(keys, f).await,
         }
     }
 }
@@ -157,7 +170,15 @@ mod tests {
                 "http://b:2".into()
             ]))
         );
-        for bad in ["", "embedded:", "etcd:", "etcd:a:1", "consul:x"] {
+        assert_eq!("kubernetes".parse(), Ok(Datastore::Kubernetes));
+        for bad in [
+            "",
+            "embedded:",
+            "etcd:",
+            "etcd:a:1",
+            "consul:x",
+            "kubernetes:x",
+        ] {
             assert!(bad.parse::<Datastore>().is_err(), "{bad}");
         }
     }

@@ -1,11 +1,12 @@
 //! One datastore trait (get, list, compare-and-swap writes with revisions, multi-key transactions) and its
-//! backends.
+//! backends: memory, embedded (redb), etcd and Kubernetes (CRDs).
 
 use std::{fmt, future::Future};
 
 pub mod any;
 pub mod embedded;
 pub mod etcd;
+pub mod kubernetes;
 pub mod memory;
 
 pub use any::{AnyStore, Datastore};
@@ -179,6 +180,18 @@ pub enum StoreError {
         /// The decode error.
         #[source]
         source: serde_json::Error,
+    },
+    /// A store without multi-object transactions (Kubernetes) wrote some keys of a transaction but lost the race
+    /// for the rest, and could not finish it.
+    #[error(
+        "wrote {written} but not {unwritten} (the datastore has no multi-object transactions): run `weir ipam check`, \
+         and `weir ipam check --repair` when it reports handle counts that differ from their blocks"
+    )]
+    Torn {
+        /// Keys written.
+        written: String,
+        /// Keys not written.
+        unwritten: String,
     },
     /// A fault injected by a test.
     #[error("injected datastore fault ({what})")]
