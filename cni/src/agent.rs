@@ -173,6 +173,17 @@ pub struct Allocation {
     pub ips: Vec<IpAddr>,
 }
 
+/// `GET /v1/ipam/handles/{handle}`: what the agent holds under a handle.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HandleStatus {
+    /// The addresses held (none once released).
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+    /// Whether an endpoint confirmed the allocation (unconfirmed ones expire).
+    #[serde(default)]
+    pub confirmed: bool,
+}
+
 /// The answer to a release.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Released {
@@ -273,6 +284,19 @@ impl AgentClient {
         let body = serde_json::json!({ "handle": handle }).to_string();
         self.call(Method::POST, "/v1/ipam/release", Some(body), "the release")
             .await
+    }
+
+    /// `GET /v1/ipam/handles/{handle}`; a handle the agent does not know holds nothing.
+    pub async fn get_handle(&self, handle: &str) -> Result<HandleStatus, AgentError> {
+        // Handles are `<network>.<container id>`, both validated: safe in a path segment.
+        let path = format!("/v1/ipam/handles/{handle}");
+        match self
+            .call(Method::GET, &path, None, "the allocation lookup")
+            .await
+        {
+            Err(AgentError::Api { status: 404, .. }) => Ok(HandleStatus::default()),
+            other => other,
+        }
     }
 
     /// `PUT /v1/endpoints/{container_id}:{ifname}`.

@@ -206,6 +206,38 @@ fn check_catches_a_removed_route() {
 }
 
 #[test]
+fn check_catches_a_released_allocation() {
+    if !require_root("check_catches_a_released_allocation") {
+        return;
+    }
+    let node = CniNode::start(&[]);
+    let conf = node.conf(&json!({}));
+    let pod = Pod::new();
+    let result = node.add(&pod, &conf);
+    let check = with_prev(&conf, Some(&result));
+    node.exec(&pod.call("CHECK"), &check).ok("CHECK before");
+    let handle = format!("{}.{}", tests::cni::NETWORK, pod.id);
+    let held = node.api_get(&format!("/v1/ipam/handles/{handle}"));
+    assert_eq!(held["confirmed"], json!(true), "{held}");
+    let agent = node.agent.as_ref().expect("agent running");
+    let _: Value = agent
+        .api(
+            hyper::Method::POST,
+            "/v1/ipam/release",
+            Some(&json!({"handle": handle})),
+        )
+        .expect("release");
+    let msg = node
+        .exec(&pod.call("CHECK"), &check)
+        .err(105, "CHECK after the release");
+    assert!(
+        msg.contains(&format!("no addresses under handle {handle}")),
+        "{msg}"
+    );
+    node.del(&pod, &conf, Some(&result));
+}
+
+#[test]
 fn fifty_pods_get_distinct_addresses_and_del_frees_them_all() {
     if !require_root("fifty_pods_get_distinct_addresses_and_del_frees_them_all") {
         return;

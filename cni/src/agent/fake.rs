@@ -156,6 +156,18 @@ fn route(state: &mut FakeState, method: &str, target: &str, body: &Value) -> (u1
             let released = state.allocations.remove(handle).unwrap_or_default();
             (200, json!({"released": released, "not_allocated": []}))
         }
+        ("GET", p) if p.starts_with("/v1/ipam/handles/") => {
+            let handle = p.trim_start_matches("/v1/ipam/handles/");
+            let ips = state.allocations.get(handle).cloned().unwrap_or_default();
+            let confirmed = state
+                .endpoints
+                .values()
+                .any(|e| e["handle"].as_str() == Some(handle));
+            (
+                200,
+                json!({"handle": handle, "ips": ips, "confirmed": confirmed && !ips.is_empty(), "expires_at": null}),
+            )
+        }
         ("GET", "/v1/endpoints") => (
             200,
             Value::Array(state.endpoints.values().cloned().collect()),

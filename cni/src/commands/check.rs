@@ -1,6 +1,7 @@
 //! CHECK: compares the pod with prevResult — weir's own interfaces, addresses, routes, gateway
-//! entries, program attachments, the endpoint and its allocation — and fails listing every
-//! difference. Things later plugins in the chain added are not weir's and are not checked.
+//! entries, program attachments, the endpoint, and the allocation itself (`GET
+//! /v1/ipam/handles/…`: held, confirmed, the same addresses) — and fails listing every difference.
+//! Things later plugins in the chain added are not weir's and are not checked.
 
 use std::net::IpAddr;
 
@@ -112,11 +113,44 @@ pub(super) async fn check(
             }
         }
     }
+    check_allocation(client, &config.handle(container_id), &ips, &mut drift).await?;
     if drift.is_empty() {
         Ok(())
     } else {
         Err(CommandError::Drift(drift))
     }
+}
+
+/// The allocation itself (`GET /v1/ipam/handles/{handle}`): held, confirmed, and exactly the ADD
+/// result's addresses.
+async fn check_allocation(
+    client: &AgentClient,
+    handle: &str,
+    ips: &[IpAddr],
+    drift: &mut Vec<String>,
+) -> Result<(), CommandError> {
+    let held = client.get_handle(handle).await?;
+    if held.ips.is_empty() {
+        drift.push(format!(
+            "the agent holds no addresses under handle {handle}; they were released"
+        ));
+        return Ok(());
+    }
+    let mut have = held.ips.clone();
+    let mut want = ips.to_vec();
+    have.sort();
+    want.sort();
+    if have != want {
+        drift.push(format!(
+            "the allocation under handle {handle} holds {have:?}, the ADD result {want:?}"
+        ));
+    }
+    if !held.confirmed {
+        drift.push(format!(
+            "the allocation under handle {handle} is not confirmed by an endpoint and will expire"
+        ));
+    }
+    Ok(())
 }
 
 async fn check_link(
