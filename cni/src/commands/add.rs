@@ -3,7 +3,11 @@
 //! entries are written), and only then print the result. Any failure after the allocation undoes
 //! everything: endpoint, link pins, veth, addresses.
 
-use std::net::IpAddr;
+use std::{
+    fmt::Write as _,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 
@@ -39,6 +43,7 @@ pub(super) async fn add(
         host_ifname: names::host_veth(env.container_id(), env.ifname()),
         handle: config.handle(env.container_id()),
     };
+    let mut clock = Phases::start();
     let netns_path = env.netns.clone().unwrap_or_default();
     let netns = Netns::open(&netns_path)?;
     let prev = config
@@ -62,6 +67,7 @@ pub(super) async fn add(
         }
         .into());
     }
+    clock.lap("netlink-open");
 
     let request = AllocateRequest {
         handle: att.handle.clone(),
@@ -75,6 +81,7 @@ pub(super) async fn add(
         expires_in_secs: config.allocation_expiry_secs,
     };
     let allocation = client.allocate(&request).await?;
+    clock.lap("allocate");
     tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
     let ips = allocation.ips;
     failpoint("after-allocate").await;
@@ -91,10 +98,14 @@ pub(super) async fn add(
             config.mtu,
         )
         .await?;
+        clock.lap("create-pair");
         // Fail closed: the programs run before the host end is ever up.
         attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname)?;
+        clock.lap("attach");
         plumb::configure_pod(&pod_nl, &pair.pod, &pair.host.mac, &ips).await?;
+        clock.lap("configure-pod");
         plumb::configure_host(&host_nl, &pair.host, &ips).await?;
+        clock.lap("configure-host");
         let endpoint = Endpoint {
             container_id: att.container_id.to_owned(),
             ifname: att.ifname.to_owned(),
@@ -109,13 +120,18 @@ pub(super) async fn add(
         failpoint("before-endpoint").await;
         endpoint_sent = true;
         client.put_endpoint(&endpoint).await?;
+        clock.lap("put-endpoint");
         Ok::<Pair, CommandError>(pair)
     }
     .await;
 
     match outcome {
         Ok(pair) => {
-            tracing::info!(host_ifname = %att.host_ifname, "endpoint registered");
+            tracing::info!(
+                host_ifname = %att.host_ifname,
+                timings = %clock.summary(),
+                "endpoint registered"
+            );
             let ours = result(config, &netns_path.display().to_string(), &pair, &ips);
             let full = match prev {
                 Some(prev) => prev.chain(ours),
@@ -137,6 +153,42 @@ pub(super) async fn add(
                 })
             }
         }
+    }
+}
+
+/// Where an ADD's time goes (logged with the result, so a slow ADD can be read from the log):
+/// `phase=ms` for each step since the previous one, then the total since the plugin started
+/// this command.
+struct Phases {
+    started: Instant,
+    last: Instant,
+    laps: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            last: now,
+            laps: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, phase: &'static str) {
+        let now = Instant::now();
+        self.laps.push((phase, now - self.last));
+        self.last = now;
+    }
+
+    fn summary(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let mut out = String::new();
+        for (phase, took) in &self.laps {
+            let _ = write!(out, "{phase}={:.2}ms ", ms(*took));
+        }
+        let _ = write!(out, "total={:.2}ms", ms(self.started.elapsed()));
+        out
     }
 }
 
