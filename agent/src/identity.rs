@@ -5,8 +5,7 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
-    io::{self, Write as _},
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -147,21 +146,16 @@ impl Identities {
     }
 
     fn persist(&self) -> Result<(), IdentityError> {
-        let io_err = |op, source| IdentityError::Io {
-            op,
+        let bytes = serde_json::to_vec_pretty(&self.file).map_err(|e| IdentityError::Io {
+            op: "serialise",
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })?;
+        crate::fsutil::write_atomic(&self.path, &bytes).map_err(|source| IdentityError::Io {
+            op: "write",
             path: self.path.clone(),
             source,
-        };
-        if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir).map_err(|e| io_err("create the directory of", e))?;
-        }
-        let bytes = serde_json::to_vec_pretty(&self.file)
-            .map_err(|e| io_err("serialise", io::Error::other(e)))?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = fs::File::create(&tmp).map_err(|e| io_err("write", e))?;
-        f.write_all(&bytes).map_err(|e| io_err("write", e))?;
-        f.sync_all().map_err(|e| io_err("sync", e))?;
-        fs::rename(&tmp, &self.path).map_err(|e| io_err("replace", e))
+        })
     }
 }
 

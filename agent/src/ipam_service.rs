@@ -9,8 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs,
-    io::{self, Write as _},
+    fs, io,
     net::IpAddr,
     path::{Path, PathBuf},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -456,9 +455,5 @@ fn persist(path: &Path, file: &PendingFile) -> Result<(), IpamServiceError> {
         source,
     };
     let bytes = serde_json::to_vec_pretty(file).map_err(|e| err(io::Error::other(e)))?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::File::create(&tmp).map_err(err)?;
-    f.write_all(&bytes).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    fs::rename(&tmp, path).map_err(err)
+    crate::fsutil::write_atomic(path, &bytes).map_err(err)
 }

@@ -11,6 +11,7 @@ pub mod bpffs;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod fsutil;
 pub mod identity;
 pub mod ipam_service;
 pub mod linkwatch;

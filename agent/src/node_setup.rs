@@ -2,11 +2,7 @@
 //! forwarding on, `rp_filter` off on workload links (pods' source addresses are checked by
 //! `from_endpoint` instead), and `04-weir.conflist` written once the agent is ready.
 
-use std::{
-    fs,
-    io::{self, Write as _},
-    path::{Path, PathBuf},
-};
+use std::{fs, io, path::PathBuf};
 
 use crate::paths::{CNI_CONFLIST, Paths};
 
@@ -84,18 +80,8 @@ pub fn write_conflist(paths: &Paths, families: &[&str]) -> Result<PathBuf, Setup
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
     let text = serde_json::to_string_pretty(&conflist(paths, families))
         .map_err(|e| err(io::Error::other(e)))?;
-    let tmp = tmp_path(&path);
-    let mut f = fs::File::create(&tmp).map_err(err)?;
-    f.write_all(text.as_bytes()).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    fs::rename(&tmp, &path).map_err(err)?;
+    crate::fsutil::write_atomic(&path, text.as_bytes()).map_err(err)?;
     Ok(path)
-}
-
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(".tmp");
-    path.with_file_name(name)
 }
 
 #[cfg(test)]

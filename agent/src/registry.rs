@@ -4,8 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
-    io::{self, Write as _},
+    fs, io,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -190,27 +189,16 @@ impl Registry {
     }
 
     fn persist(&self) -> Result<(), RegistryError> {
-        let io_err = |op, source| RegistryError::Io {
-            op,
+        let bytes = serde_json::to_vec_pretty(&self.file).map_err(|e| RegistryError::Io {
+            op: "serialise",
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })?;
+        crate::fsutil::write_atomic(&self.path, &bytes).map_err(|source| RegistryError::Io {
+            op: "write",
             path: self.path.clone(),
             source,
-        };
-        if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir).map_err(|e| io_err("create the directory of", e))?;
-        }
-        let bytes = serde_json::to_vec_pretty(&self.file)
-            .map_err(|e| io_err("serialise", io::Error::other(e)))?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = fs::File::create(&tmp).map_err(|e| io_err("write", e))?;
-        f.write_all(&bytes).map_err(|e| io_err("write", e))?;
-        f.sync_all().map_err(|e| io_err("sync", e))?;
-        fs::rename(&tmp, &self.path).map_err(|e| io_err("replace", e))?;
-        if let Some(dir) = self.path.parent() {
-            fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io_err("sync the directory of", e))?;
-        }
-        Ok(())
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 //! - `names`: generated `wt…` names for namespaces, links and pin roots.
 //! - `netns`: RAII network namespaces and veth pairs, closures run inside a namespace.
 //! - `agent_proc`: a `weir agent` process with its own pin root and directories.
+//! - `pod`: workload veth names and pod plumbing for the agent tests.
 //! - `bin`: paths of the built `weir` and `weir-cni` binaries.
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
 
@@ -15,4 +16,5 @@ pub mod datapath;
 pub mod names;
 pub mod netns;
 pub mod packet;
+pub mod pod;
 pub mod privileged;

@@ -14,12 +14,10 @@ use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bin,
     bpf::{PinRoot, bpftool},
-    names,
     netns::{NetNs, VethPair},
+    pod::{GATEWAY, plumb, workload_name},
     privileged::require_root,
 };
-
-const GATEWAY: &str = "169.254.1.1";
 
 fn weir(agent: &AgentProcess, args: &[&str]) -> Value {
     let out = Command::new(bin::weir())
@@ -80,12 +78,8 @@ fn cli_shows_status_endpoints_maps_and_conntrack() {
         Some(&node),
         &["--ct-sweep-interval", "1", "--ct-timeout-other", "2"],
     );
-    let unique: String = names::unique("").chars().skip(2).collect();
-    let host = format!("weir{unique:0>11}")
-        .chars()
-        .take(15)
-        .collect::<String>();
-    let _veth = VethPair::named(&node, &host, &pod, "eth0");
+    let host = workload_name();
+    let veth = VethPair::named(&node, &host, &pod, "eth0");
     let alloc: Value = agent
         .api(
             Method::POST,
@@ -94,13 +88,7 @@ fn cli_shows_status_endpoints_maps_and_conntrack() {
         )
         .expect("allocate");
     let ip = alloc["ips"][0].as_str().expect("address").to_owned();
-    node.exec(&["ip", "addr", "add", &format!("{GATEWAY}/32"), "dev", &host]);
-    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &host]);
-    pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
-    pod.exec(&["ip", "route", "add", GATEWAY, "dev", "eth0"]);
-    pod.exec(&[
-        "ip", "route", "add", "default", "via", GATEWAY, "dev", "eth0",
-    ]);
+    plumb(&node, &pod, &veth, &ip);
     let body = json!({"container_id": "cli", "ifname": "eth0", "host_ifname": host, "namespace": "default", "pod": "cli", "handle": "wt-net.cli", "ips": [ip]});
     let _: Value = agent
         .api(Method::PUT, "/v1/endpoints/cli:eth0", Some(&body))

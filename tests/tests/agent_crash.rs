@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::{PinRoot, bpftool},
-    names,
     netns::{NetNs, VethPair},
+    pod::workload_name,
     privileged::require_root,
 };
 
@@ -67,11 +67,6 @@ fn policy_entries(root: &PinRoot) -> usize {
     ])
     .as_array()
     .map_or(0, Vec::len)
-}
-
-fn workload_name() -> String {
-    let unique: String = names::unique("").chars().skip(2).collect();
-    format!("weir{unique:0>11}").chars().take(15).collect()
 }
 
 fn pseudo_random(n: u64) -> u64 {

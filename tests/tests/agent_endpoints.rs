@@ -15,38 +15,10 @@ use serde_json::{Value, json};
 use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::{PinRoot, bpftool},
-    names,
     netns::{NetNs, VethPair},
+    pod::{GATEWAY, plumb, workload_name},
     privileged::require_root,
 };
-
-const GATEWAY: &str = "169.254.1.1";
-
-/// A workload veth name: `weir` + 11 hex characters (the agent treats it as a workload link).
-fn workload_name() -> String {
-    let unique = names::unique("");
-    let digits: String = unique.chars().skip(2).collect();
-    format!("weir{digits:0>11}").chars().take(15).collect()
-}
-
-/// Plumbs a pod like the CNI does: /32 address, default route via a link-local gateway that the
-/// node side owns, and a host route back to the pod.
-fn plumb(node: &NetNs, pod: &NetNs, veth: &VethPair<'_>, ip: &str) {
-    node.exec(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{GATEWAY}/32"),
-        "dev",
-        &veth.a,
-    ]);
-    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &veth.a]);
-    pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", &veth.b]);
-    pod.exec(&["ip", "route", "add", GATEWAY, "dev", &veth.b]);
-    pod.exec(&[
-        "ip", "route", "add", "default", "via", GATEWAY, "dev", &veth.b,
-    ]);
-}
 
 /// Datagrams from `pod` (bound to `ip`) that reach a socket in the node namespace within `within`.
 fn delivered(node: &NetNs, pod: &NetNs, ip: &str, port: u16, within: Duration) -> usize {

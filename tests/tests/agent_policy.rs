@@ -13,18 +13,10 @@ use serde_json::{Value, json};
 use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
-    names,
     netns::{NetNs, VethPair},
+    pod::{GATEWAY, workload_name},
     privileged::require_root,
 };
-
-const GATEWAY: &str = "169.254.1.1";
-
-fn workload_name() -> String {
-    let unique = names::unique("");
-    let digits: String = unique.chars().skip(2).collect();
-    format!("weir{digits:0>11}").chars().take(15).collect()
-}
 
 struct Pod<'a> {
     ns: NetNs,
