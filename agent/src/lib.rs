@@ -23,6 +23,7 @@ pub mod paths;
 pub mod policy;
 pub mod programs;
 pub mod registry;
+pub mod trace;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).

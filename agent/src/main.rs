@@ -46,5 +46,6 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Status(args) => cli::agent_client::status(args),
         Command::Endpoint(args) => cli::agent_client::endpoint(args),
         Command::Bpf(args) => cli::agent_client::bpf(args),
+        Command::Policy(args) => cli::agent_client::policy(args),
     }
 }

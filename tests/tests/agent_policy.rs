@@ -129,6 +129,65 @@ fn policy_files_change_what_passes_without_a_restart() {
     std::fs::write(&file, policy("client")).expect("write policy");
     expect(&web, &client, &other, true, false, "web admits client only");
 
+    // The operator's view: why does other drop and client pass? Which reason counted the drops?
+    let trace = |from: &Pod<'_>| -> Value {
+        let out = std::process::Command::new(tests::bin::weir())
+            .args([
+                "policy",
+                "trace",
+                "--src",
+                &from.ip,
+                "--dst",
+                &web.ip,
+                "--protocol",
+                "tcp",
+                "--port",
+                "8080",
+                "-o",
+                "json",
+                "--api-socket",
+            ])
+            .arg(&agent.socket)
+            .output()
+            .expect("weir policy trace");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let denied = trace(&other);
+    assert_eq!(denied["verdict"], "deny", "{denied}");
+    assert!(
+        denied["steps"][1]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no rule admits")),
+        "{denied}"
+    );
+    let allowed = trace(&client);
+    assert_eq!(allowed["verdict"], "allow", "{allowed}");
+    assert!(
+        allowed["steps"][1]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("default/web ingress[0]")),
+        "{allowed}"
+    );
+    let counters = std::process::Command::new(tests::bin::weir())
+        .args(["bpf", "counters", "-o", "json", "--api-socket"])
+        .arg(&agent.socket)
+        .output()
+        .expect("weir bpf counters");
+    let counters: Value = serde_json::from_slice(&counters.stdout).expect("json");
+    assert!(
+        counters
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|c| c["reason"] == "policy-denied" && c["packets"].as_u64() > Some(0)),
+        "the denied connection attempts are counted: {counters}"
+    );
+
     std::fs::write(&file, policy("other")).expect("edit policy");
     expect(
         &web,

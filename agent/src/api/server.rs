@@ -73,6 +73,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/ipam/handles/{handle}", get(handle))
         .route("/v1/bpf/maps", get(bpf_maps))
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
+        .route("/v1/bpf/counters", get(counters))
+        .route("/v1/policy/trace", post(policy_trace))
         .with_state(api)
 }
 
@@ -168,6 +170,29 @@ async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(list))
+}
+
+async fn policy_trace(
+    State(api): State<Arc<Api>>,
+    body: Bytes,
+) -> ApiResult<crate::trace::TraceResult> {
+    let req: crate::trace::TraceRequest = parse(&body)?;
+    let proto = crate::trace::protocol(&req.protocol).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "protocol {:?} is not tcp, udp, sctp, icmp, icmpv6 or a number",
+            req.protocol
+        ))
+    })?;
+    let node = api.shared.lock();
+    Ok(Json(crate::trace::trace(&node, &req, proto)))
+}
+
+async fn counters(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::dataplane::counters::CounterView>> {
+    crate::dataplane::counters::read(&api.paths)
+        .map(Json)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {

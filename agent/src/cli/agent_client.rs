@@ -164,6 +164,8 @@ pub struct BpfArgs {
 enum BpfCommand {
     /// The pinned maps: name, id, sizes.
     Maps,
+    /// Verdict counters by reason and direction (why packets passed or dropped).
+    Counters,
     /// Conntrack.
     Ct {
         #[command(subcommand)]
@@ -203,6 +205,24 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             }
             Ok(())
         }
+        BpfCommand::Counters => {
+            let counters: Vec<agent::dataplane::counters::CounterView> =
+                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/counters", None))?;
+            if matches!(args.common.output, Output::Json) {
+                return print_json(&counters);
+            }
+            println!(
+                "{:<5} {:<28} {:<14} {:>12} {:>14}",
+                "CODE", "REASON", "DIRECTION", "PACKETS", "BYTES"
+            );
+            for c in &counters {
+                println!(
+                    "{:<5} {:<28} {:<14} {:>12} {:>14}",
+                    c.code, c.reason, c.direction, c.packets, c.bytes
+                );
+            }
+            Ok(())
+        }
         BpfCommand::Ct {
             command: CtCommand::List,
         } => {
@@ -234,4 +254,66 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             }
         }
     }
+}
+
+/// `weir policy …`.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Why would a packet from SRC to DST pass or drop? Evaluated on the agent's maps.
+    Trace {
+        /// Source address.
+        #[arg(long)]
+        src: std::net::IpAddr,
+        /// Destination address.
+        #[arg(long)]
+        dst: std::net::IpAddr,
+        /// tcp, udp, sctp, icmp, icmpv6 or a protocol number.
+        #[arg(long, default_value = "tcp")]
+        protocol: String,
+        /// Destination port (ICMP: the message type).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+}
+
+/// Runs `weir policy …`.
+pub fn policy(args: PolicyArgs) -> Result<()> {
+    let PolicyCommand::Trace {
+        src,
+        dst,
+        protocol,
+        port,
+    } = args.command;
+    let body = agent::trace::TraceRequest {
+        src,
+        dst,
+        protocol,
+        port,
+    };
+    let result: agent::trace::TraceResult = runtime()?.block_on(call(
+        &args.common.api_socket,
+        Method::POST,
+        "/v1/policy/trace",
+        Some(&body),
+    ))?;
+    if matches!(args.common.output, Output::Json) {
+        return print_json(&result);
+    }
+    println!(
+        "{src} (identity {}) -> {dst} (identity {})",
+        result.src_identity, result.dst_identity
+    );
+    for step in &result.steps {
+        println!("  {:<5} {}: {}", step.verdict, step.stage, step.reason);
+    }
+    println!("verdict: {}", result.verdict);
+    Ok(())
 }

@@ -26,6 +26,8 @@ pub enum Command {
     Status(agent_client::StatusArgs),
     /// Endpoints registered with the agent.
     Endpoint(agent_client::EndpointArgs),
+    /// Policy tools: `weir policy trace` says why a packet would pass or drop.
+    Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).

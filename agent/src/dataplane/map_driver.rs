@@ -92,6 +92,11 @@ where
         self.desired.get(key)
     }
 
+    /// Every desired entry.
+    pub fn entries(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.desired.iter()
+    }
+
     /// Number of desired entries.
     pub fn len(&self) -> usize {
         self.desired.len()

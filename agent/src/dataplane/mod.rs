@@ -8,6 +8,7 @@
 pub mod attachments;
 pub mod batch;
 pub mod conntrack;
+pub mod counters;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
