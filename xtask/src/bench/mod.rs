@@ -1,6 +1,7 @@
 //! `cargo xtask bench NAME [--smoke]`: every benchmark prints a table and writes
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
+mod agent;
 mod cni;
 mod datapath;
 mod ipam;
@@ -16,6 +17,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("datapath", datapath::run),
     ("ipam", ipam::run),
     ("cni", cni::run),
+    ("agent", agent::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {

@@ -1,0 +1,364 @@
+//! `cargo xtask bench agent`: the agent's control-plane figures (issue 5's benchmark), measured on
+//! the real kernel with the agent's own code:
+//! - converge: from empty maps to N endpoints (map entries; 100 of them on real veths with both
+//!   programs attached) and 10 × N policy entries, in process (sources read, compiled, applied);
+//! - resync: the same over the now-populated kernel (a restart): time and kernel writes;
+//! - RSS of this process after converging;
+//! - with a real `weir agent`: new `weir*` link → both programs attached; policy file written →
+//!   its entry in the kernel map; the longest gap in a live flow while the agent restarts.
+//!
+//! Prints a table and writes the JSON given by `--out`.
+
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    net::UdpSocket,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use agent::{
+    dataplane::{
+        attachments::AttachDriver,
+        endpoints::EndpointsManager,
+        kernel::{PinnedHash, PinnedLpm},
+        map_driver::MapDriver,
+        plane::Dataplane,
+        tc_links::TcLinks,
+    },
+    linkwatch::LinkEvent,
+    node::Node,
+    programs::Programs,
+};
+use anyhow::{Context as _, Result};
+use serde_json::json;
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess},
+    bpf::PinRoot,
+    netns::NetNs,
+    pod::{GATEWAY, plumb, workload_name},
+};
+
+const REAL_VETHS: usize = 100;
+
+fn dataplane(paths: &agent::paths::Paths) -> Result<Dataplane> {
+    use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
+    let programs = Programs::load(paths, agent::EBPF_OBJECT)?;
+    let pin = |n: &str| paths.map_pin(n);
+    Ok(Dataplane {
+        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
+        endpoints_manager: EndpointsManager::new(),
+        ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),
+        ident6: MapDriver::new(Box::new(PinnedHash::open(IDENT6, &pin(IDENT6))?)),
+        ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &pin(IPCACHE4))?)),
+        ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &pin(IPCACHE6))?)),
+        policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &pin(POLICY))?)),
+    })
+}
+
+fn host_name(i: usize) -> String {
+    format!("weir{:05x}{i:06x}", std::process::id() & 0xf_ffff)
+}
+
+/// Opens the node, feeds links (real ones through the node, the rest straight to the endpoints
+/// manager with made-up indexes), applies, and returns (seconds, kernel writes).
+fn converge(
+    paths: &agent::paths::Paths,
+    real: &[(String, u32)],
+    endpoints: usize,
+) -> Result<(f64, u64, Node)> {
+    let started = Instant::now();
+    let (policies, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+    anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
+    let mut node = Node::open(paths, dataplane(paths)?, policies, Vec::new())?;
+    for (name, ifindex) in real {
+        node.on_link(&LinkEvent::Up {
+            ifname: name.clone(),
+            ifindex: *ifindex,
+        });
+    }
+    {
+        let dp = &mut node.dataplane;
+        for i in REAL_VETHS..endpoints {
+            dp.endpoints_manager.link_up(
+                &mut dp.endpoints,
+                &host_name(i),
+                1_000_000 + u32::try_from(i)?,
+            );
+        }
+    }
+    node.on_link(&LinkEvent::Synced);
+    node.dataplane.apply()?;
+    let stats = node.dataplane.stats();
+    let writes = stats
+        .maps
+        .iter()
+        .map(|(_, s)| s.writes + s.deletes)
+        .sum::<u64>()
+        + stats.attachments.attaches
+        + stats.attachments.updates
+        + stats.attachments.unpins;
+    Ok((started.elapsed().as_secs_f64(), writes, node))
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .context("--out PATH")?;
+    let endpoints = if smoke { 200 } else { 10_000 };
+    let blocks = 10;
+
+    // 1. In process: converge, resync, RSS.
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let mut paths = root.paths();
+    paths.state_dir = dirs.path("state");
+    paths.policy_dir = dirs.path("policies");
+    std::fs::create_dir_all(&paths.state_dir)?;
+    std::fs::create_dir_all(&paths.policy_dir)?;
+    let mut registry = serde_json::Map::new();
+    for i in 0..endpoints {
+        registry.insert(
+            format!("c{i}:eth0"),
+            json!({"id": i + 1, "container_id": format!("c{i}"), "ifname": "eth0", "host_ifname": host_name(i),
+                   "namespace": "default", "pod": format!("p{i}"), "labels": {"app": format!("a{}", i % 50)},
+                   "handle": format!("h{i}"), "ips": [format!("10.{}.{}.{}", 100 + i / 65_536, (i / 256) % 256, i % 256)]}),
+        );
+    }
+    std::fs::write(
+        paths.registry(),
+        serde_json::to_vec(&json!({"next_id": endpoints + 1, "endpoints": registry}))?,
+    )?;
+    let peers: Vec<String> = (0..blocks)
+        .map(|b| format!("{{ipBlock: {{cidr: 10.40.{b}.0/24}}}}"))
+        .collect();
+    std::fs::write(
+        paths.policy_dir.join("bench.yaml"),
+        format!(
+            "kind: NetworkPolicy\nmetadata: {{name: bench, namespace: default}}\nspec:\n  podSelector: {{}}\n  ingress:\n  - from: [{}]\n    ports: [{{port: 80}}]\n",
+            peers.join(", ")
+        ),
+    )?;
+    let node_ns = NetNs::new();
+    let mut script = String::new();
+    for i in 0..REAL_VETHS {
+        script.push_str(&format!(
+            "link add {} type veth peer name wtb{i:05x}{:05x}\n",
+            host_name(i),
+            std::process::id() & 0xf_ffff
+        ));
+    }
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", node_ns.name(), "ip", "-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(script.as_bytes())?;
+    anyhow::ensure!(child.wait()?.success(), "ip -batch failed");
+    let real: Vec<(String, u32)> = (0..REAL_VETHS)
+        .map(|i| (host_name(i), node_ns.ifindex(&host_name(i))))
+        .collect();
+    let (converge_s, converge_writes, rss, resync_s, resync_writes) =
+        node_ns.run(|| -> Result<_> {
+            let (converge_s, converge_writes, node) = converge(&paths, &real, endpoints)?;
+            let rss = rss_mib();
+            drop(node);
+            let (resync_s, resync_writes, _node) = converge(&paths, &real, endpoints)?;
+            Ok((converge_s, converge_writes, rss, resync_s, resync_writes))
+        })?;
+    drop(node_ns);
+    drop(root);
+
+    // 2. A real agent: link attach latency, policy apply latency, restart gap.
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let policy_dir = dirs.path("policies");
+    std::fs::create_dir_all(&policy_dir)?;
+    let node = NetNs::new();
+    let pod = NetNs::new();
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    let paths = root.paths();
+    let mut attach_ms = Vec::new();
+    for _ in 0..if smoke { 3 } else { 20 } {
+        let name = workload_name();
+        let t = Instant::now();
+        node.exec(&[
+            "ip",
+            "link",
+            "add",
+            &name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("wtq{}", &name[8..]),
+        ]);
+        while !maps_schema::programs::ALL[..2]
+            .iter()
+            .all(|p| paths.link_pin(&name, p).exists())
+        {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "no attachment within 10 s"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        attach_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let ipcache = paths.map_pin(maps_schema::maps::IPCACHE4);
+    let mut policy_ms = Vec::new();
+    for i in 0..if smoke { 3 } else { 20 } {
+        let t = Instant::now();
+        std::fs::write(
+            policy_dir.join("p.yaml"),
+            format!(
+                "kind: NetworkPolicy\nmetadata: {{name: p, namespace: default}}\nspec:\n  podSelector: {{}}\n  ingress: [{{from: [{{ipBlock: {{cidr: 10.77.{i}.0/24}}}}]}}]\n"
+            ),
+        )?;
+        let want = format!("10.77.{i}.0");
+        loop {
+            let out = Command::new("bpftool")
+                .args(["-j", "map", "dump", "pinned"])
+                .arg(&ipcache)
+                .output()?;
+            let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let found = dump.as_array().into_iter().flatten().any(|e| {
+                let data: Vec<String> = e["formatted"]["key"]["data"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(ToString::to_string)
+                    .collect();
+                data.join(".") == want
+            });
+            if found {
+                break;
+            }
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "policy not applied within 10 s"
+            );
+        }
+        policy_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    // A flow at one datagram per millisecond, pod → node, across an agent restart.
+    let host = workload_name();
+    let veth = tests::netns::VethPair::named(&node, &host, &pod, "eth0");
+    let alloc: serde_json::Value = agent.api(
+        hyper::Method::POST,
+        "/v1/ipam/allocate",
+        Some(&json!({"handle": "wt-bench", "ipv4": 1})),
+    )?;
+    let ip = alloc["ips"][0].as_str().context("address")?.to_owned();
+    plumb(&node, &pod, &veth, &ip);
+    let body = json!({"container_id": "bench", "ifname": "eth0", "host_ifname": host, "handle": "wt-bench", "ips": [ip]});
+    let _: serde_json::Value =
+        agent.api(hyper::Method::PUT, "/v1/endpoints/bench:eth0", Some(&body))?;
+    let rx = node.run(|| UdpSocket::bind(("0.0.0.0", 7300)))?;
+    rx.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let tx = pod.run(|| UdpSocket::bind((ip.as_str(), 0)))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let max_gap_us = Arc::new(AtomicU64::new(0));
+    let receiver = {
+        let (stop, max_gap_us) = (Arc::clone(&stop), Arc::clone(&max_gap_us));
+        std::thread::spawn(move || {
+            let mut last: Option<Instant> = None;
+            let mut buf = [0u8; 8];
+            while !stop.load(Ordering::Relaxed) {
+                if rx.recv_from(&mut buf).is_ok() {
+                    let now = Instant::now();
+                    if let Some(l) = last {
+                        max_gap_us.fetch_max(
+                            u64::try_from((now - l).as_micros()).unwrap_or(u64::MAX),
+                            Ordering::Relaxed,
+                        );
+                    }
+                    last = Some(now);
+                }
+            }
+        })
+    };
+    let sender = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = tx.send_to(b"gap", (GATEWAY, 7300));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    max_gap_us.store(0, Ordering::Relaxed);
+    anyhow::ensure!(agent.terminate().success(), "agent exit");
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let _ = (sender.join(), receiver.join());
+    let restart_max_gap_ms = max_gap_us.load(Ordering::Relaxed) as f64 / 1e3;
+    drop(agent);
+
+    let figures: HashMap<&str, serde_json::Value> = HashMap::from([
+        ("smoke", json!(smoke)),
+        ("endpoints", json!(endpoints)),
+        ("policy_entries", json!(endpoints * blocks)),
+        ("converge_s", json!(converge_s)),
+        ("converge_writes", json!(converge_writes)),
+        ("resync_s", json!(resync_s)),
+        ("resync_writes", json!(resync_writes)),
+        ("rss_mib", json!(rss)),
+        ("link_attach_ms", json!(median(attach_ms))),
+        ("policy_apply_ms", json!(median(policy_ms))),
+        ("restart_max_gap_ms", json!(restart_max_gap_ms)),
+        ("ct_migrate_1m_s", serde_json::Value::Null),
+        ("ct_migrate_lost", serde_json::Value::Null),
+    ]);
+    println!("{:<44} {:>14}", "figure", "value");
+    for key in [
+        "endpoints",
+        "policy_entries",
+        "converge_s",
+        "converge_writes",
+        "resync_s",
+        "resync_writes",
+        "rss_mib",
+        "link_attach_ms",
+        "policy_apply_ms",
+        "restart_max_gap_ms",
+        "ct_migrate_1m_s",
+    ] {
+        println!("{key:<44} {:>14}", figures[key].to_string());
+    }
+    println!("(ct_migrate_*: conntrack layout migration is not implemented yet; not measured)");
+    std::fs::write(&out, serde_json::to_vec_pretty(&figures)?)?;
+    Ok(())
+}
