@@ -50,7 +50,8 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     let weir_conf = json!({
         "cniVersion": "1.0.0", "name": "wt-bench", "type": "weir-cni",
         "agentSocket": lab.dir.join("weir.sock"), "bpfRoot": lab.pin_root,
-        "logFile": lab.dir.join("weir-cni.log"), "logLevel": "warn",
+        // info: every ADD logs where its time went (`timings=phase=ms … total=ms`).
+        "logFile": lab.dir.join("weir-cni.log"), "logLevel": "info",
     });
     wait_status(&plugin, &weir_node, &weir_conf)?;
     let bridge_conf = json!({
@@ -64,6 +65,7 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     let weir_times = measure(&lab, &plugin, &weir_node, &weir_conf, pods, "w")?;
     let bridge_times = measure(&lab, &bridge, &bridge_node, &bridge_conf, pods, "b")?;
     drop(agent);
+    let phases = add_phases(&lab.dir.join("weir-cni.log"), &weir_times.0);
 
     let figures = json!({
         "pods": pods,
@@ -75,8 +77,10 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         "bridge_add_p99_ms": percentile(&bridge_times.0, 99.0),
         "bridge_del_p50_ms": percentile(&bridge_times.1, 50.0),
         "bridge_del_p99_ms": percentile(&bridge_times.1, 99.0),
+        "weir_add_phases_ms": phases,
     });
     print_table(&figures, smoke);
+    print_phases(&figures["weir_add_phases_ms"]);
     let dir = workspace.join("target").join("weir-bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = dir.join("cni.json");
@@ -117,6 +121,66 @@ fn print_table(figures: &Value, smoke: bool) {
         f("weir_add_p50_ms") <= f("bridge_add_p50_ms"),
         f("weir_add_p99_ms") <= 2.0 * f("bridge_add_p99_ms"),
     );
+}
+
+/// Where weir's ADD time went, from the plugin's `timings=` log lines: p50/p99 of each phase,
+/// and `outside`, the wall time the runtime saw minus the plugin's own total (process start,
+/// config, logging and runtime set-up, exit).
+fn add_phases(log: &Path, wall: &[f64]) -> Value {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut phases: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut totals = Vec::new();
+    for line in text.lines() {
+        let Some(at) = line.find("netlink-open=") else {
+            continue;
+        };
+        for token in line[at..].split_whitespace() {
+            let Some((name, value)) = token.split_once('=') else {
+                break;
+            };
+            let Some(ms) = value
+                .trim_end_matches("ms")
+                .parse::<f64>()
+                .ok()
+                .filter(|_| value.ends_with("ms"))
+            else {
+                break;
+            };
+            if name == "total" {
+                totals.push(ms);
+            }
+            match phases.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => v.push(ms),
+                None => phases.push((name.to_owned(), vec![ms])),
+            }
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (name, samples) in &phases {
+        out.insert(
+            name.clone(),
+            json!({"p50": percentile(samples, 50.0), "p99": percentile(samples, 99.0)}),
+        );
+    }
+    if totals.len() == wall.len() {
+        let outside: Vec<f64> = wall.iter().zip(&totals).map(|(w, t)| w - t).collect();
+        out.insert(
+            "outside".to_owned(),
+            json!({"p50": percentile(&outside, 50.0), "p99": percentile(&outside, 99.0)}),
+        );
+    }
+    Value::Object(out)
+}
+
+fn print_phases(phases: &Value) {
+    let Some(phases) = phases.as_object().filter(|p| !p.is_empty()) else {
+        return;
+    };
+    println!("weir-cni ADD by phase (ms)");
+    for (name, v) in phases {
+        let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        println!("  {name:<32} {:>10.2} {:>10.2}", f("p50"), f("p99"));
+    }
 }
 
 /// ADD then DEL of `pods` fresh pods; returns (ADD ms, DEL ms).
