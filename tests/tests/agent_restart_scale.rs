@@ -20,11 +20,11 @@ use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::{PinRoot, bpftool},
     netns::{NetNs, VethPair},
+    pod::plumb,
     privileged::require_root,
 };
 
 const ENDPOINTS: usize = 1000;
-const GATEWAY: &str = "169.254.1.1";
 
 fn host_name(i: usize) -> String {
     format!("weir{:05x}{i:06x}", std::process::id() & 0xf_ffff)
@@ -100,34 +100,7 @@ fn restart_at_scale_keeps_ids_writes_nothing_and_keeps_a_live_flow() {
     let client = VethPair::named(&node, &host_name(1), &client_ns, "eth0");
     create_veths(&node, &[0, 1]);
     for (ns, veth, i) in [(&server_ns, &server, 0), (&client_ns, &client, 1)] {
-        node.exec(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{GATEWAY}/32"),
-            "dev",
-            &veth.a,
-        ]);
-        node.exec(&[
-            "ip",
-            "route",
-            "add",
-            &format!("{}/32", ip_of(i)),
-            "dev",
-            &veth.a,
-        ]);
-        ns.exec(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{}/32", ip_of(i)),
-            "dev",
-            "eth0",
-        ]);
-        ns.exec(&["ip", "route", "add", GATEWAY, "dev", "eth0"]);
-        ns.exec(&[
-            "ip", "route", "add", "default", "via", GATEWAY, "dev", "eth0",
-        ]);
+        plumb(&node, ns, veth, &ip_of(i));
     }
 
     // The registry as a previous run left it: 1,000 endpoints.
