@@ -19,6 +19,8 @@ pub enum LinkEvent {
         ifname: String,
         /// Index.
         ifindex: u32,
+        /// Administratively up (`IFF_UP`).
+        up: bool,
     },
     /// A workload link is gone.
     Gone {
@@ -78,6 +80,12 @@ fn ifname(msg: &LinkMessage) -> Option<&str> {
     })
 }
 
+fn is_up(msg: &LinkMessage) -> bool {
+    msg.header
+        .flags
+        .contains(netlink_packet_route::link::LinkFlags::Up)
+}
+
 fn is_workload(name: &str) -> bool {
     name.starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX)
 }
@@ -97,6 +105,7 @@ pub async fn watch(tx: mpsc::UnboundedSender<LinkEvent>) -> Result<(), LinkWatch
             let _ = tx.send(LinkEvent::Up {
                 ifname: name.to_owned(),
                 ifindex: msg.header.index,
+                up: is_up(&msg),
             });
         }
     }
@@ -116,6 +125,7 @@ pub async fn watch(tx: mpsc::UnboundedSender<LinkEvent>) -> Result<(), LinkWatch
                 .map(|n| LinkEvent::Up {
                     ifname: n.to_owned(),
                     ifindex: msg.header.index,
+                    up: is_up(&msg),
                 }),
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(msg)) => {
                 address(&msg, true)

@@ -195,8 +195,12 @@ impl Node {
             ..
         } = &mut self.dataplane;
         match event {
-            LinkEvent::Up { ifname, ifindex } => {
-                attachments.link_up(ifname, *ifindex);
+            LinkEvent::Up {
+                ifname,
+                ifindex,
+                up,
+            } => {
+                attachments.link_up(ifname, *ifindex, *up);
                 manager.link_up(driver, ifname, *ifindex);
             }
             LinkEvent::Gone { ifname } => {

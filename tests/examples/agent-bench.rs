@@ -81,6 +81,7 @@ fn converge(
         node.on_link(&LinkEvent::Up {
             ifname: name.clone(),
             ifindex: *ifindex,
+            up: true,
         });
     }
     {
@@ -174,6 +175,7 @@ fn main() -> Result<()> {
             host_name(i),
             std::process::id() & 0xf_ffff
         ));
+        script.push_str(&format!("link set {} up\n", host_name(i)));
     }
     let mut child = Command::new("ip")
         .args(["netns", "exec", node_ns.name(), "ip", "-batch", "-"])

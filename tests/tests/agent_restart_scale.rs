@@ -43,6 +43,8 @@ fn create_veths(node: &NetNs, skip: &[usize]) {
             host_name(i),
             std::process::id() & 0xf_ffff
         ));
+        // Up, as a pod's host veth is: the agent attaches only to links that are up.
+        script.push_str(&format!("link set {} up\n", host_name(i)));
     }
     let mut child = Command::new("ip")
         .args(["netns", "exec", node.name(), "ip", "-batch", "-"])

@@ -284,7 +284,12 @@ async fn put_endpoint(
         ifname: req.ifname,
         host_ifname: req.host_ifname,
         netns: req.netns,
-        namespace: req.namespace,
+        // A pod always has a namespace; without Kubernetes arguments it is `default`.
+        namespace: if req.namespace.is_empty() {
+            "default".to_owned()
+        } else {
+            req.namespace
+        },
         pod: req.pod,
         labels: req.labels,
         handle: req.handle,

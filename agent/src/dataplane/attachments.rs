@@ -63,6 +63,9 @@ const HOOKS: [(&str, TcAttachType); 2] = [
 pub struct AttachDriver {
     io: Box<dyn Attacher>,
     links: BTreeMap<String, u32>,
+    /// Links that are not up yet: nothing is attached to them until they come up (the CNI
+    /// attaches before it brings a link up; attaching here too would only race it).
+    down: BTreeSet<String>,
     dirty: BTreeSet<String>,
     resync: bool,
     stats: AttachStats,
@@ -74,21 +77,28 @@ impl AttachDriver {
         Self {
             io,
             links: BTreeMap::new(),
+            down: BTreeSet::new(),
             dirty: BTreeSet::new(),
             resync: true,
             stats: AttachStats::default(),
         }
     }
 
-    /// Manager side: a workload link exists (or changed index). No kernel I/O.
-    pub fn link_up(&mut self, ifname: &str, ifindex: u32) {
-        if self.links.insert(ifname.to_owned(), ifindex) != Some(ifindex) {
+    /// Manager side: a workload link exists (or changed index, or came up). No kernel I/O.
+    pub fn link_up(&mut self, ifname: &str, ifindex: u32, up: bool) {
+        let changed_state = if up {
+            self.down.remove(ifname)
+        } else {
+            self.down.insert(ifname.to_owned())
+        };
+        if self.links.insert(ifname.to_owned(), ifindex) != Some(ifindex) || changed_state {
             self.dirty.insert(ifname.to_owned());
         }
     }
 
     /// Manager side: a workload link is gone. No kernel I/O.
     pub fn link_gone(&mut self, ifname: &str) {
+        self.down.remove(ifname);
         if self.links.remove(ifname).is_some() {
             self.dirty.insert(ifname.to_owned());
         }
@@ -180,6 +190,7 @@ impl AttachDriver {
                     self.io.attach(ifname, program, hook)?;
                     self.stats.attaches += 1;
                 }
+                None if self.down.contains(ifname) => {}
                 None => {
                     self.io.attach(ifname, program, hook)?;
                     self.stats.attaches += 1;
@@ -287,11 +298,11 @@ mod tests {
             .pins
             .insert(("weirgone".into(), FROM_ENDPOINT.into()), 7);
         let mut d = AttachDriver::new(Box::new(f.clone()));
-        d.link_up("weira", 10);
+        d.link_up("weira", 10, true);
         d.apply(true).expect("pre-in-sync: attach only");
         assert_eq!(d.stats().attaches, 2);
         assert_eq!(d.stats().unpins, 0, "nothing is removed before in-sync");
-        d.link_up("weirb", 11);
+        d.link_up("weirb", 11, true);
         d.apply(false).expect("apply");
         assert_eq!(d.stats().attaches, 4);
         assert_eq!(d.stats().unpins, 1, "the orphan pin is swept");
@@ -299,8 +310,8 @@ mod tests {
         // A new agent over the same kernel state writes nothing.
         let ops = f.0.lock().expect("lock").ops;
         let mut again = AttachDriver::new(Box::new(f.clone()));
-        again.link_up("weira", 10);
-        again.link_up("weirb", 11);
+        again.link_up("weira", 10, true);
+        again.link_up("weirb", 11, true);
         again.apply(false).expect("apply");
         assert_eq!(
             f.0.lock().expect("lock").ops,
@@ -310,10 +321,41 @@ mod tests {
     }
 
     #[test]
+    fn a_link_that_is_not_up_gets_nothing_until_it_is_and_is_not_swept() {
+        let f = fake();
+        f.0.lock()
+            .expect("lock")
+            .pins
+            .insert(("weirb".into(), FROM_ENDPOINT.into()), 7);
+        f.0.lock()
+            .expect("lock")
+            .attached
+            .insert((11, "Ingress".into(), 7));
+        let mut d = AttachDriver::new(Box::new(f.clone()));
+        d.link_up("weira", 10, false);
+        d.link_up("weirb", 11, false);
+        d.apply(false).expect("apply");
+        assert_eq!(d.stats().attaches, 0, "links that are not up wait");
+        assert_eq!(
+            d.stats().unpins,
+            0,
+            "the CNI's pin on a down link is not an orphan"
+        );
+        d.link_up("weira", 10, true);
+        d.link_up("weirb", 11, true);
+        d.apply(false).expect("apply");
+        assert_eq!(
+            d.stats().attaches,
+            3,
+            "both of weira's, and weirb's missing egress program"
+        );
+    }
+
+    #[test]
     fn a_new_program_is_swapped_in_through_the_links_and_stale_pins_are_replaced() {
         let f = fake();
         let mut d = AttachDriver::new(Box::new(f.clone()));
-        d.link_up("weira", 10);
+        d.link_up("weira", 10, true);
         d.apply(false).expect("apply");
         f.0.lock().expect("lock").current = 8;
         d.request_resync();
@@ -321,7 +363,7 @@ mod tests {
         assert_eq!(d.stats().updates, 2, "both links updated in place");
         // Interface recreated with a new index under the same name: the pins are stale.
         f.0.lock().expect("lock").ifindex.insert("weira".into(), 20);
-        d.link_up("weira", 20);
+        d.link_up("weira", 20, true);
         d.apply(false).expect("apply");
         assert_eq!(d.stats().attaches, 4);
         assert!(

@@ -17,9 +17,9 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         .chain(profile.iter().copied())
         .collect();
     crate::util::run(workspace, "cargo", &build)?;
-    let target =
+    let target: std::path::PathBuf =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), Into::into);
-    let weir = std::path::PathBuf::from(target)
+    let weir = target
         .join(if smoke { "debug" } else { "release" })
         .join("weir");
     let json_arg = json.display().to_string();
