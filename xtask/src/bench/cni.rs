@@ -28,14 +28,18 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     ) {
         (Some(weir), Some(plugin)) => (PathBuf::from(weir), PathBuf::from(plugin)),
         _ => {
-            crate::util::run(
-                workspace,
-                "cargo",
-                &["build", "--release", "-p", "agent", "-p", "cni", "--bins"],
-            )?;
+            // The smoke run (in CI) reuses the dev build the tests made; the real run is release.
+            let (flags, dir): (&[&str], &str) = if smoke {
+                (&[], "debug")
+            } else {
+                (&["--release"], "release")
+            };
+            let mut args = vec!["build", "-p", "agent", "-p", "cni", "--bins"];
+            args.extend(flags);
+            crate::util::run(workspace, "cargo", &args)?;
             (
-                target.join("release").join("weir"),
-                target.join("release").join("weir-cni"),
+                target.join(dir).join("weir"),
+                target.join(dir).join("weir-cni"),
             )
         }
     };
