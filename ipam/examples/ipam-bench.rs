@@ -1,6 +1,6 @@
 //! The IPAM benchmark behind `cargo xtask bench ipam`: prints one flat JSON object of figures on stdout.
 //!
-//! `ipam-bench [--smoke] --weir PATH`: (a) embedded store, one host, 8 clients allocate+release, and one client
+//! `ipam-bench [--smoke] [--only a|b|c|d] --weir PATH`: (a) embedded store, one host, 8 clients allocate+release, and one client
 //! alone; (b) etcd, one host, 8 clients; (c) 1, 8 and 32 hosts at once on etcd, with duplicates counted;
 //! (d) `weir ipam allocate` + `release` processes against Debian's host-local ADD + DEL.
 //! Every write is durable: redb commits with `Durability::Immediate` (group commit), etcd fsyncs as configured.
@@ -236,6 +236,12 @@ async fn main() -> Res<()> {
         .position(|a| a == "--weir")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
     let (a_total, b_total, c_per_host, d_ops) = if smoke {
         (400, 80, 4, 16)
     } else {
@@ -245,28 +251,32 @@ async fn main() -> Res<()> {
     let dir = tempfile::tempdir()?;
 
     // (a) embedded, one host.
-    let store = EmbeddedStore::open(&dir.path().join("bench.redb"), Duration::from_secs(5))?;
-    let ipam = Ipam::new(store);
-    ipam.add_pool(pool("10.0.0.0/12")).await?;
-    let (aps, p50, p99) = churn(&ipam, 8, a_total).await?;
-    out.insert("embedded_allocs_per_s".into(), json!(aps.round()));
-    out.insert("embedded_p50_ms".into(), json!(p50));
-    out.insert("embedded_p99_ms".into(), json!(p99));
-    let (_, sp50, sp99) = churn(&ipam, 1, a_total / 10).await?;
-    out.insert("embedded_seq_p50_ms".into(), json!(sp50));
-    out.insert("embedded_seq_p99_ms".into(), json!(sp99));
-    drop(ipam);
+    if part("a") {
+        let store = EmbeddedStore::open(&dir.path().join("bench.redb"), Duration::from_secs(5))?;
+        let ipam = Ipam::new(store);
+        ipam.add_pool(pool("10.0.0.0/12")).await?;
+        let (aps, p50, p99) = churn(&ipam, 8, a_total).await?;
+        out.insert("embedded_allocs_per_s".into(), json!(aps.round()));
+        out.insert("embedded_p50_ms".into(), json!(p50));
+        out.insert("embedded_p99_ms".into(), json!(p99));
+        let (_, sp50, sp99) = churn(&ipam, 1, a_total / 10).await?;
+        out.insert("embedded_seq_p50_ms".into(), json!(sp50));
+        out.insert("embedded_seq_p99_ms".into(), json!(sp99));
+        drop(ipam);
+    }
 
     // (b) etcd, one host, 8 clients.
-    let (server, ipam) = etcd_ipam().await?;
-    let (aps, p50, p99) = churn(&ipam, 8, b_total).await?;
-    out.insert("etcd_allocs_per_s".into(), json!(aps.round()));
-    out.insert("etcd_p50_ms".into(), json!(p50));
-    out.insert("etcd_p99_ms".into(), json!(p99));
-    drop((ipam, server));
+    if part("b") {
+        let (server, ipam) = etcd_ipam().await?;
+        let (aps, p50, p99) = churn(&ipam, 8, b_total).await?;
+        out.insert("etcd_allocs_per_s".into(), json!(aps.round()));
+        out.insert("etcd_p50_ms".into(), json!(p50));
+        out.insert("etcd_p99_ms".into(), json!(p99));
+        drop((ipam, server));
+    }
 
     // (c) 1, 8, 32 hosts at once, each on a fresh etcd.
-    for hosts in [1usize, 8, 32] {
+    for hosts in [1usize, 8, 32].into_iter().filter(|_| part("c")) {
         let (server, ipam) = etcd_ipam().await?;
         let (aps, dups) =
             hosts_at_once(&ipam, hosts, c_per_host * if hosts == 1 { 8 } else { 1 }).await?;
@@ -276,7 +286,7 @@ async fn main() -> Res<()> {
     }
 
     // (d) exec to exec.
-    if let Some(weir) = weir {
+    if let Some(weir) = weir.filter(|_| part("d")) {
         let (cli, hl) = cli_vs_host_local(&weir, dir.path(), d_ops, 8)?;
         out.insert("cli_allocs_per_s".into(), json!(cli.round()));
         out.insert("hostlocal_allocs_per_s".into(), json!(hl.round()));

@@ -206,3 +206,76 @@ async fn thirty_two_hosts_allocate_fifty_each_on_etcd() {
     assert_eq!(report.allocations, 1600);
     assert_eq!(report.affinities, 32);
 }
+
+/// Config, pools and reservations are served from a watch-fed cache: a process reads its own writes at once,
+/// and sees another process's writes (adds and deletes) once their watch events arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_cache_reads_own_writes_and_follows_other_writers() {
+    let Some(server) = EtcdServer::start_or_skip() else {
+        return;
+    };
+    let url = vec![server.url().to_owned()];
+    let a = Ipam::new(EtcdStore::connect(&url).await.expect("connect a"));
+    let b = Ipam::new(EtcdStore::connect(&url).await.expect("connect b"));
+    let pool = |name: &str, cidr: &str| ipam::model::IpPool {
+        name: name.into(),
+        cidr: cidr.parse().expect("cidr"),
+        block_size: 26,
+        node_selector: String::new(),
+        namespace_selector: String::new(),
+        allowed_uses: vec![ipam::model::IpUse::Workload],
+        disabled: false,
+    };
+    // Let both caches sync first, so the reads below are cache reads.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for i in 0..5 {
+        a.add_pool(pool(&format!("p{i}"), &format!("10.{i}.0.0/16")))
+            .await
+            .expect("add pool");
+        let names: Vec<String> = a
+            .pools()
+            .await
+            .expect("pools")
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert!(
+            names.contains(&format!("p{i}")),
+            "own write not read back: {names:?}"
+        );
+        let r = a
+            .auto_assign(&AssignArgs::new("n1", &format!("h{i}"), 1, 0))
+            .await
+            .expect("allocate right after adding a pool");
+        assert_eq!(r.ipv4.len(), 1, "{r:?}");
+    }
+    let mut cfg = a.config().await.expect("config");
+    cfg.max_blocks_per_host = 7;
+    cfg.strict_affinity = true;
+    a.set_config(cfg).await.expect("set config");
+    assert_eq!(a.config().await.expect("config").max_blocks_per_host, 7);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let pools = b.pools().await.expect("pools").len();
+        let max = b.config().await.expect("config").max_blocks_per_host;
+        if pools == 5 && max == 7 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b never saw a's writes: {pools} pools, max {max}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    b.delete_pool("p4", true).await.expect("delete from b");
+    assert!(b.pool("p4").await.is_err(), "b reads its own delete");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while a.pool("p4").await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a never saw b's delete"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

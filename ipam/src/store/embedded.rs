@@ -3,7 +3,10 @@
 //! Opened in redb's multi-process mode (`ConcurrencyMode::MultiWriter`), so several `weir ipam` processes and
 //! an agent can share one file: each write transaction holds the file's writer lock, reads inside it are fresh,
 //! so compare-and-swap holds across processes. Inside one process a writer thread group-commits: it takes every
-//! queued write, runs them one after another in one write transaction, and commits once.
+//! queued write, runs them one after another in one write transaction, and commits once. Before committing it
+//! waits briefly (at most half a commit, at most 1 ms) for as many writes as its last commit held, because the
+//! callers of that commit come back with their next write just after it (see [`gather`]). Every caller still
+//! waits for its own durable commit.
 
 use std::{
     path::{Path, PathBuf},
@@ -321,16 +324,56 @@ fn init_tables(db: &Database) -> Result<(), redb::Error> {
     Ok(())
 }
 
-fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
+/// How long the writer waits, at most, for the callers of its last commit to come back before it commits
+/// without them.
+const GATHER_MAX: Duration = Duration::from_micros(1_000);
+
+/// Takes queued jobs into one batch. Callers wait for their commit and then come back with their next write, so
+/// after a commit of `n` jobs about `n` jobs arrive again within a short while: rather than commit the first of
+/// them alone (and make the others wait a whole extra commit), the writer gathers until it has as many jobs as
+/// last time, or until half the last commit's duration (at most [`GATHER_MAX`]) has passed. A lone caller
+/// (last batch of one) is never delayed.
+fn gather(
+    rx: &mpsc::Receiver<Box<dyn Job>>,
+    first: Box<dyn Job>,
+    expect: usize,
+    window: Duration,
+) -> Vec<Box<dyn Job>> {
+    let mut batch = vec![first];
+    let deadline = Instant::now() + window;
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(j) => {
+                batch.push(j);
+                continue;
             }
+            Err(mpsc::TryRecvError::Disconnected) => break,
+            Err(mpsc::TryRecvError::Empty) => {}
         }
-        match run_batch(db, &mut batch) {
+        if batch.len() >= expect {
+            break;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        match rx.recv_timeout(deadline - now) {
+            Ok(j) => batch.push(j),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>) {
+    let (mut expect, mut window) = (1usize, Duration::ZERO);
+    while let Ok(first) = rx.recv() {
+        let mut batch = gather(rx, first, expect, window);
+        let started = Instant::now();
+        let outcome = run_batch(db, &mut batch);
+        expect = batch.len();
+        window = (started.elapsed() / 2).min(GATHER_MAX);
+        match outcome {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     job.finish(r);

@@ -1,10 +1,80 @@
 //! The etcd v3 store: keys under `/weir/ipam/v1/<kind>/<name>`, compare-and-swap by `mod_revision` in a txn.
+//!
+//! **Hot path.** A read-modify-write reads all its keys in one read-only txn and writes them in one conditional
+//! txn whose failure branch returns the keys' current values, so a lost race costs no extra read. The first
+//! read is serializable (served by the member, no consensus round, which under load otherwise waits behind
+//! in-flight fsyncs); the compare-and-swap catches anything stale, and retries read linearizably.
+//!
+//! **Settings cache.** Config, pools and reservations (read by every allocation, written rarely) are kept in
+//! memory, fed by etcd watches from the revision of one consistent initial read. After a write through this
+//! store, reads of that kind go to etcd until the watch has applied it (read-your-writes in one process, without
+//! waiting); another process's change is seen
+//! once its watch event arrives (normally milliseconds). That widens, by the watch delay, the window Calico also
+//! has between reading pools and writing a block; blocks stay compare-and-swap, so no address is handed out
+//! twice. If a watch fails, reads go to etcd until it is re-established.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use tokio::sync::watch;
 
-use super::{Key, Kind, Op, Revision, Store, StoreError, Versioned};
+use super::{Key, Kind, Op, RMW_RETRIES, Revision, Store, StoreError, Versioned, Write, plan_ops};
+
+/// The kinds kept in the settings cache.
+const CACHED: [Kind; 3] = [Kind::Config, Kind::Pool, Kind::Reservation];
+
+#[derive(Default)]
+struct Cache {
+    /// Whether every cached kind is synced and watched.
+    live: bool,
+    /// Sync generation: bumped on every (re)sync, so a stale watch task stops writing.
+    generation: u64,
+    entries: BTreeMap<Kind, BTreeMap<String, Versioned>>,
+}
+
+struct Settings {
+    cache: RwLock<Cache>,
+    /// Per cached kind: the revision its watch has applied up to.
+    seen: BTreeMap<Kind, watch::Sender<i64>>,
+    /// Per cached kind: the revision of this process's last write to it.
+    floor: BTreeMap<Kind, AtomicI64>,
+}
+
+impl Settings {
+    fn new() -> Self {
+        Self {
+            cache: RwLock::new(Cache::default()),
+            seen: CACHED.iter().map(|k| (*k, watch::channel(0).0)).collect(),
+            floor: CACHED.iter().map(|k| (*k, AtomicI64::new(0))).collect(),
+        }
+    }
+
+    /// The cached rows of `kind`, when the cache is live and has seen this process's writes to it.
+    fn cached(&self, kind: Kind) -> Option<BTreeMap<String, Versioned>> {
+        let (seen, floor) = (self.seen.get(&kind)?, self.floor.get(&kind)?);
+        let c = self.cache.read().ok()?;
+        if !c.live || *seen.borrow() < floor.load(Ordering::SeqCst) {
+            return None;
+        }
+        c.entries.get(&kind).cloned()
+    }
+
+    fn set_aside(&self) {
+        if let Ok(mut c) = self.cache.write() {
+            c.live = false;
+        }
+    }
+}
 
 const ROOT: &str = "/weir/ipam/v1";
 
@@ -13,6 +83,7 @@ const ROOT: &str = "/weir/ipam/v1";
 pub struct EtcdStore {
     client: Arc<Client>,
     endpoints: String,
+    settings: Arc<Settings>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -46,10 +117,56 @@ impl EtcdStore {
             .await
             .map_err(unavailable)?;
         client.status().await.map_err(unavailable)?;
-        Ok(Self {
+        let store = Self {
             client: Arc::new(client),
             endpoints: joined,
-        })
+            settings: Arc::new(Settings::new()),
+        };
+        let (client, settings) = (Arc::clone(&store.client), Arc::downgrade(&store.settings));
+        tokio::spawn(async move {
+            loop {
+                let Some(s) = settings.upgrade() else { return };
+                if let Err(e) = follow_settings(&client, &s).await {
+                    tracing::debug!(error = %e, "etcd settings watch ended; reading settings from etcd until it is back");
+                }
+                s.set_aside();
+                drop(s);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Ok(store)
+    }
+
+    /// Records that `ops`, committed at `revision`, wrote cached kinds: the cache serves those kinds again only
+    /// once its watch has applied that revision (until then reads go to etcd), so a process reads its own writes.
+    fn note_writes(&self, ops: &[Op], revision: i64) {
+        for kind in CACHED {
+            if ops
+                .iter()
+                .any(|o| o.key().kind == kind && !matches!(o, Op::Check { .. }))
+            {
+                self.settings.floor[&kind].fetch_max(revision, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Reads `keys` in one read-only txn.
+    async fn read_all(
+        &self,
+        keys: &[Key],
+        serializable: bool,
+    ) -> Result<Vec<Option<Versioned>>, StoreError> {
+        let opts = || serializable.then(|| GetOptions::new().with_serializable());
+        let gets: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(path(k.kind, &k.name), opts()))
+            .collect();
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .txn(Txn::new().and_then(gets))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(first_values(&resp.op_responses()))
     }
 
     fn unavailable(&self, e: etcd_client::Error) -> StoreError {
@@ -70,12 +187,147 @@ fn irev(r: Revision) -> i64 {
     i64::try_from(r.0).unwrap_or(i64::MAX)
 }
 
+/// The value of each single-key get response, in order.
+fn first_values(responses: &[TxnOpResponse]) -> Vec<Option<Versioned>> {
+    responses
+        .iter()
+        .map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Versioned {
+                value: kv.value().to_vec(),
+                revision: rev(kv.mod_revision()),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Syncs the settings cache from one consistent read, then applies watch events until a watch fails.
+async fn follow_settings(client: &Client, s: &Arc<Settings>) -> Result<(), etcd_client::Error> {
+    let mut kv = client.kv_client();
+    let gets: Vec<TxnOp> = CACHED
+        .iter()
+        .map(|k| TxnOp::get(path(*k, ""), Some(GetOptions::new().with_prefix())))
+        .collect();
+    let resp = kv.txn(Txn::new().and_then(gets)).await?;
+    let at = resp
+        .header()
+        .map_or(0, etcd_client::ResponseHeader::revision);
+    let mut entries = BTreeMap::new();
+    for (kind, r) in CACHED.iter().zip(resp.op_responses()) {
+        let base = path(*kind, "");
+        let mut m = BTreeMap::new();
+        if let TxnOpResponse::Get(g) = r {
+            for kv in g.kvs() {
+                if let Some(name) = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(&base))
+                {
+                    m.insert(
+                        name.to_owned(),
+                        Versioned {
+                            value: kv.value().to_vec(),
+                            revision: rev(kv.mod_revision()),
+                        },
+                    );
+                }
+            }
+        }
+        entries.insert(*kind, m);
+    }
+    let mut streams = Vec::new();
+    let mut watcher = client.watch_client();
+    for kind in CACHED {
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(at + 1);
+        streams.push((kind, watcher.watch(path(kind, ""), Some(opts)).await?));
+    }
+    let generation = {
+        let mut c = s.cache.write().map_err(|_| poisoned())?;
+        c.generation += 1;
+        c.entries = entries;
+        c.live = true;
+        c.generation
+    };
+    for kind in CACHED {
+        s.seen[&kind].send_replace(at);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (kind, mut stream) in streams {
+        let s = Arc::clone(s);
+        let base = path(kind, "");
+        tasks.spawn(async move {
+            while let Some(resp) = stream.message().await? {
+                if resp.canceled() {
+                    return Err(etcd_client::Error::WatchError(format!(
+                        "watch canceled: {}",
+                        resp.cancel_reason()
+                    )));
+                }
+                // Only events advance what the cache has seen: a response's header revision may be ahead of the
+                // events it carries (the creation response, for one).
+                let mut last = 0;
+                let mut c = s.cache.write().map_err(|_| poisoned())?;
+                if c.generation != generation {
+                    return Ok(());
+                }
+                let m = c.entries.entry(kind).or_default();
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    last = last.max(kv.mod_revision());
+                    let Some(name) = std::str::from_utf8(kv.key())
+                        .ok()
+                        .and_then(|k| k.strip_prefix(&base))
+                    else {
+                        continue;
+                    };
+                    match ev.event_type() {
+                        EventType::Put => {
+                            m.insert(
+                                name.to_owned(),
+                                Versioned {
+                                    value: kv.value().to_vec(),
+                                    revision: rev(kv.mod_revision()),
+                                },
+                            );
+                        }
+                        EventType::Delete => {
+                            m.remove(name);
+                        }
+                    }
+                }
+                drop(c);
+                s.seen[&kind].send_if_modified(|r| {
+                    let newer = last > *r;
+                    *r = (*r).max(last);
+                    newer
+                });
+            }
+            Err(etcd_client::Error::WatchError("watch stream ended".into()))
+        });
+    }
+    match tasks.join_next().await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => Err(etcd_client::Error::WatchError(format!(
+            "watch task failed: {e}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn poisoned() -> etcd_client::Error {
+    etcd_client::Error::WatchError("settings cache lock poisoned".into())
+}
+
 impl Store for EtcdStore {
     fn backend(&self) -> &'static str {
         "etcd"
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {
+        if let Some(m) = self.settings.cached(key.kind) {
+            return Ok(m.get(&key.name).cloned());
+        }
         let mut kv = self.client.kv_client();
         let resp = kv
             .get(path(key.kind, &key.name), None)
@@ -88,6 +340,13 @@ impl Store for EtcdStore {
     }
 
     async fn list(&self, kind: Kind, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        if let Some(m) = self.settings.cached(kind) {
+            return Ok(m
+                .range(prefix.to_owned()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect());
+        }
         let mut kv = self.client.kv_client();
         let base = path(kind, "");
         let resp = kv
@@ -119,9 +378,54 @@ impl Store for EtcdStore {
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        match self.cas(&ops).await? {
+            None => Ok(()),
+            Some(_) => Err(StoreError::Conflict {
+                key: ops.first().map(|o| o.key().to_string()).unwrap_or_default(),
+            }),
+        }
+    }
+
+    async fn read_modify_write<T, F>(&self, keys: Vec<Key>, mut f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
+    {
+        // Cached kinds are read from the cache like any other read; the compare-and-swap checks them.
+        let mut read = self.read_all(&keys, true).await?;
+        for _ in 0..RMW_RETRIES {
+            let values: Vec<Option<Vec<u8>>> = read
+                .iter()
+                .map(|v| v.as_ref().map(|v| v.value.clone()))
+                .collect();
+            let (writes, out) = f(&values);
+            let ops = plan_ops(&keys, &read, writes);
+            if ops.iter().all(|o| matches!(o, Op::Check { .. })) {
+                return Ok(out);
+            }
+            match self.cas(&ops).await? {
+                None => return Ok(out),
+                // The failure branch read every key linearizably: decide again on that.
+                Some(current) => read = current,
+            }
+        }
+        Err(StoreError::Conflict {
+            key: keys.first().map(ToString::to_string).unwrap_or_default(),
+        })
+    }
+}
+
+impl EtcdStore {
+    /// One conditional txn over `ops`. `None`: applied. `Some(values)`: a condition failed; the values of every
+    /// key of `ops` at that moment, read in the same txn.
+    async fn cas(&self, ops: &[Op]) -> Result<Option<Vec<Option<Versioned>>>, StoreError> {
+        let or_else: Vec<TxnOp> = ops
+            .iter()
+            .map(|o| TxnOp::get(path(o.key().kind, &o.key().name), None))
+            .collect();
         let mut compares = Vec::with_capacity(ops.len());
         let mut actions = Vec::with_capacity(ops.len());
-        for op in &ops {
+        for op in ops {
             let p = path(op.key().kind, &op.key().name);
             match op {
                 Op::Create { value, .. } => {
@@ -158,14 +462,17 @@ impl Store for EtcdStore {
         }
         let mut kv = self.client.kv_client();
         let resp = kv
-            .txn(Txn::new().when(compares).and_then(actions))
+            .txn(Txn::new().when(compares).and_then(actions).or_else(or_else))
             .await
             .map_err(|e| self.unavailable(e))?;
         if resp.succeeded() {
-            Ok(())
+            let at = resp
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision);
+            self.note_writes(ops, at);
+            Ok(None)
         } else {
-            let key = ops.first().map(|o| o.key().to_string()).unwrap_or_default();
-            Err(StoreError::Conflict { key })
+            Ok(Some(first_values(&resp.op_responses())))
         }
     }
 }
