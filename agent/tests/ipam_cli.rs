@@ -245,7 +245,7 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
     fails_with(
         &ds,
         &["--datastore", "consul:x", "pool", "list"],
-        "write embedded:PATH or etcd:URL",
+        "write embedded:PATH, etcd:URL[,URL…] or kubernetes",
     );
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
