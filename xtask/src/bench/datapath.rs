@@ -59,10 +59,12 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     let path = dir.join("datapath.json");
     let object_s = object.to_string_lossy().into_owned();
     let path_s = path.to_string_lossy().into_owned();
-    let mut args = vec![
-        "run",
-        "--quiet",
-        "--release",
+    // The smoke run (in CI) reuses the dev build the tests made; real runs are release.
+    let mut args = vec!["run", "--quiet"];
+    if !smoke {
+        args.push("--release");
+    }
+    args.extend([
         "-p",
         "tests",
         "--example",
@@ -72,7 +74,7 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         &object_s,
         "--out",
         &path_s,
-    ];
+    ]);
     if smoke {
         args.push("--smoke");
     }

@@ -42,22 +42,19 @@ const ROWS: &[(&str, &str)] = &[
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), Into::into);
-    crate::util::run(
-        workspace,
-        "cargo",
-        &["build", "--release", "-p", "agent", "--bin", "weir"],
-    )?;
-    let weir = target.join("release").join("weir");
-    let mut args = vec![
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "ipam",
-        "--example",
-        "ipam-bench",
-        "--",
-    ];
+    // The smoke run (in CI) reuses the dev build the tests made; real runs are release.
+    let (profile, dir): (&[&str], &str) = if smoke {
+        (&[], "debug")
+    } else {
+        (&["--release"], "release")
+    };
+    let mut build = vec!["build", "-p", "agent", "--bin", "weir"];
+    build.extend(profile);
+    crate::util::run(workspace, "cargo", &build)?;
+    let weir = target.join(dir).join("weir");
+    let mut args = vec!["run", "--quiet"];
+    args.extend(profile);
+    args.extend(["-p", "ipam", "--example", "ipam-bench", "--"]);
     if smoke {
         args.push("--smoke");
     }
