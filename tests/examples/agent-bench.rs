@@ -213,7 +213,6 @@ fn main() -> Result<()> {
     let mut attach_ms = Vec::new();
     for _ in 0..if smoke { 3 } else { 20 } {
         let name = workload_name();
-        let t = Instant::now();
         node.exec(&[
             "ip",
             "link",
@@ -225,14 +224,27 @@ fn main() -> Result<()> {
             "name",
             &format!("wtq{}", &name[8..]),
         ]);
+        // The agent attaches to a workload link once it is up (the CNI attaches before that).
+        let t = Instant::now();
+        node.exec(&["ip", "link", "set", &name, "up"]);
         while !maps_schema::programs::ALL[..2]
             .iter()
             .all(|p| paths.link_pin(&name, p).exists())
         {
-            anyhow::ensure!(
-                t.elapsed() < Duration::from_secs(10),
-                "no attachment within 10 s"
-            );
+            if t.elapsed() > Duration::from_secs(10) {
+                let pins: Vec<String> = std::fs::read_dir(paths.links_dir())
+                    .map(|d| {
+                        d.filter_map(Result::ok)
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let links =
+                    String::from_utf8_lossy(&node.exec(&["ip", "-br", "link"]).stdout).into_owned();
+                anyhow::bail!(
+                    "no attachment to {name} within 10 s; pins {pins:?}; links:\n{links}"
+                );
+            }
             std::thread::sleep(Duration::from_micros(200));
         }
         attach_ms.push(t.elapsed().as_secs_f64() * 1e3);
