@@ -63,7 +63,7 @@ impl Paths {
     /// Directory of pinned maps.
     #[must_use]
     pub fn maps_dir(&self) -> PathBuf {
-        self.bpf_root.join("maps")
+        self.bpf_root.join(maps_schema::pins::MAPS_DIR)
     }
 
     /// Pin of map `name` (a versioned name from `maps_schema::maps`).
@@ -75,7 +75,7 @@ impl Paths {
     /// Directory of pinned programs.
     #[must_use]
     pub fn progs_dir(&self) -> PathBuf {
-        self.bpf_root.join("progs")
+        self.bpf_root.join(maps_schema::pins::PROGS_DIR)
     }
 
     /// Pin of program `name` (from `maps_schema::programs`).
@@ -87,7 +87,7 @@ impl Paths {
     /// Directory of pinned links.
     #[must_use]
     pub fn links_dir(&self) -> PathBuf {
-        self.bpf_root.join("links")
+        self.bpf_root.join(maps_schema::pins::LINKS_DIR)
     }
 
     /// Pin of the link attaching `program` to interface `ifname`: `links/<ifname>:<program>`.
@@ -96,7 +96,7 @@ impl Paths {
     #[must_use]
     pub fn link_pin(&self, ifname: &str, program: &str) -> PathBuf {
         self.links_dir()
-            .join(format!("{}:{program}", ifname.replace('.', ":")))
+            .join(maps_schema::pins::link_pin_name(ifname, program))
     }
 
     /// The endpoint registry file.
@@ -127,9 +127,7 @@ impl Paths {
 /// The (interface, program) a link pin name stands for (inverse of [`Paths::link_pin`]).
 #[must_use]
 pub fn parse_link_pin(name: &str) -> Option<(String, String)> {
-    let (ifname, program) = name.rsplit_once(':')?;
-    (!ifname.is_empty() && !program.is_empty())
-        .then(|| (ifname.replace(':', "."), program.to_owned()))
+    maps_schema::pins::parse_link_pin_name(name)
 }
 
 #[cfg(test)]

@@ -73,15 +73,15 @@ impl CniCode for AttachError {
 /// The pin of program `program` under `bpf_root`.
 #[must_use]
 pub fn program_pin(bpf_root: &Path, program: &str) -> PathBuf {
-    bpf_root.join("progs").join(program)
+    bpf_root.join(maps_schema::pins::PROGS_DIR).join(program)
 }
 
 /// The pin of the link attaching `program` to `ifname` (the agent's `Paths::link_pin`).
 #[must_use]
 pub fn link_pin(bpf_root: &Path, ifname: &str, program: &str) -> PathBuf {
     bpf_root
-        .join("links")
-        .join(format!("{}:{program}", ifname.replace('.', ":")))
+        .join(maps_schema::pins::LINKS_DIR)
+        .join(maps_schema::pins::link_pin_name(ifname, program))
 }
 
 /// Attaches both endpoint programs to `ifname` (a fresh, still-down host veth).

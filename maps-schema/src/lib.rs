@@ -5,12 +5,16 @@
 //! no `bool`, `Option` or Rust enum is ever stored in a map.
 #![no_std]
 
+#[cfg(feature = "user")]
+extern crate std;
+
 pub mod conntrack;
 pub mod counters;
 pub mod endpoint;
 pub mod events;
 pub mod identity;
 pub mod maps;
+pub mod pins;
 pub mod policy;
 pub mod prefilter;
 pub mod programs;
