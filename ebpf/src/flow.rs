@@ -7,7 +7,7 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use maps_schema::{
-    CtEntry, EndpointInfo,
+    EndpointInfo,
     conntrack::{
         FLAG_DST_INGRESS_APPROVED, FLAG_OPENER_IS_B, FLAG_SEEN_REPLY, FLAG_SRC_EGRESS_APPROVED,
         FLAG_TCP_FIN_DST, FLAG_TCP_FIN_SRC, FLAG_TCP_RST, FLAG_TCP_SYN, FLAG_TCP_SYN_ACK,
@@ -19,6 +19,7 @@ use maps_schema::{
 };
 
 use crate::{
+    maps::{CT_EVENTS, Ct},
     parse::{Class, IPPROTO_TCP, Parsed, Reason, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Tuple},
     policy::evaluate,
 };
@@ -31,8 +32,10 @@ pub(crate) trait Family {
     fn owns(ep: &EndpointInfo, addr: &Self::Addr) -> bool;
     /// The normalised conntrack key of a packet, and whether its source is the key's `b` end.
     fn ct_key(t: &Tuple<Self::Addr>) -> (Self::Key, bool);
-    fn ct_get(key: &Self::Key) -> Option<*mut CtEntry>;
-    fn ct_insert(key: &Self::Key, entry: &CtEntry) -> Result<(), i32>;
+    fn ct_get(key: &Self::Key) -> Option<*mut Ct>;
+    fn ct_insert(key: &Self::Key, entry: &Ct) -> Result<(), i32>;
+    /// This family's `ct_events` slot for created entries.
+    const CREATED: u32;
     /// The security identity of an address (exact map, then ipcache, else world).
     fn identity(addr: &Self::Addr) -> u32;
 }
@@ -106,13 +109,15 @@ fn stateful<F: Family>(
         if tcp {
             flags |= tcp_state(p.tcp_flags, true);
         }
-        let new = CtEntry {
-            last_seen_ns: now,
-            flags,
-            _reserved: 0,
-        };
+        let new = Ct::new(now, flags);
         return match F::ct_insert(&key, &new) {
-            Ok(()) => reason,
+            Ok(()) => {
+                if let Some(created) = CT_EVENTS.get_ptr_mut(F::CREATED) {
+                    // SAFETY: per-CPU slot, only this CPU touches it while the program runs.
+                    unsafe { *created += 1 };
+                }
+                reason
+            }
             Err(_) => DROP_CT_INSERT_FAILED,
         };
     };

@@ -2,7 +2,7 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use maps_schema::{
-    Ct4Key, CtEntry, EndpointInfo,
+    Ct4Key, EndpointInfo,
     identity::WORLD,
     reason::{DROP_FRAGMENT, DROP_INVALID_HEADER, DROP_MALFORMED, NOTE_IPV4_OPTIONS},
 };
@@ -10,7 +10,7 @@ use maps_schema::{
 use crate::{
     flow::Family,
     l4::transport,
-    maps::{CT4, IDENT4, IPCACHE4},
+    maps::{CT4, Ct, IDENT4, IPCACHE4},
     parse::{
         Class, ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
         echo_ports, ports,
@@ -155,14 +155,16 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn ct_get(key: &Ct4Key) -> Option<*mut CtEntry> {
+    fn ct_get(key: &Ct4Key) -> Option<*mut Ct> {
         CT4.get_ptr_mut(key)
     }
 
     #[inline(always)]
-    fn ct_insert(key: &Ct4Key, entry: &CtEntry) -> Result<(), i32> {
+    fn ct_insert(key: &Ct4Key, entry: &Ct) -> Result<(), i32> {
         CT4.insert(key, entry, 0)
     }
+
+    const CREATED: u32 = maps_schema::conntrack::EVENT_CREATED4;
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {

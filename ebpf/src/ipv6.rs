@@ -2,7 +2,7 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use maps_schema::{
-    Ct6Key, CtEntry, EndpointInfo,
+    Ct6Key, EndpointInfo,
     identity::WORLD,
     reason::{
         DROP_EXT_HEADER_LIMIT, DROP_FRAGMENT, DROP_INVALID_HEADER, DROP_IPV6_ROUTING_HEADER,
@@ -13,7 +13,7 @@ use maps_schema::{
 use crate::{
     flow::Family,
     l4::transport,
-    maps::{CT6, IDENT6, IPCACHE6},
+    maps::{CT6, Ct, IDENT6, IPCACHE6},
     parse::{
         Class, ETH_HLEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
         echo_ports, ports,
@@ -217,14 +217,16 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn ct_get(key: &Ct6Key) -> Option<*mut CtEntry> {
+    fn ct_get(key: &Ct6Key) -> Option<*mut Ct> {
         CT6.get_ptr_mut(key)
     }
 
     #[inline(always)]
-    fn ct_insert(key: &Ct6Key, entry: &CtEntry) -> Result<(), i32> {
+    fn ct_insert(key: &Ct6Key, entry: &Ct) -> Result<(), i32> {
         CT6.insert(key, entry, 0)
     }
+
+    const CREATED: u32 = maps_schema::conntrack::EVENT_CREATED6;
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {

@@ -6,11 +6,11 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use maps_schema::{
-    CounterValue, Ct4Key, Ct6Key, CtEntry, DropEvent, EndpointInfo, IdentityInfo, PolicyKey,
-    PolicyValue, PrefilterEntry,
+    CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, PolicyKey, PolicyValue,
+    PrefilterEntry,
     maps::{
-        BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_MAX, DROP_EVENTS_BYTES,
-        ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
+        BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_EVENTS_MAX, CT_MAX,
+        DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
     },
 };
 
@@ -49,13 +49,23 @@ pub(crate) static IPCACHE6: LpmTrie<[u8; 16], IdentityInfo, { IPCACHE_MAX as usi
 pub(crate) static POLICY: HashMap<PolicyKey, PolicyValue, { POLICY_MAX as usize }, AGENT_HASH> =
     HashMap::new();
 
+/// The conntrack value this build writes: the current layout, or layout 1 in the test-only
+/// `ct-v1` build (the "previous release" of the agent's migration tests).
+#[cfg(not(feature = "ct-v1"))]
+pub(crate) type Ct = maps_schema::CtEntry;
+/// The conntrack value this build writes (layout 1: the test-only `ct-v1` build).
+#[cfg(feature = "ct-v1")]
+pub(crate) type Ct = maps_schema::CtEntryV1;
+
 /// IPv4 conntrack, written by the programs.
-#[btf_map(name = "ct4_v1", pin_by_name)]
-pub(crate) static CT4: LruHashMap<Ct4Key, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+#[cfg_attr(not(feature = "ct-v1"), btf_map(name = "ct4_v2", pin_by_name))]
+#[cfg_attr(feature = "ct-v1", btf_map(name = "ct4_v1", pin_by_name))]
+pub(crate) static CT4: LruHashMap<Ct4Key, Ct, { CT_MAX as usize }> = LruHashMap::new();
 
 /// IPv6 conntrack, written by the programs.
-#[btf_map(name = "ct6_v1", pin_by_name)]
-pub(crate) static CT6: LruHashMap<Ct6Key, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+#[cfg_attr(not(feature = "ct-v1"), btf_map(name = "ct6_v2", pin_by_name))]
+#[cfg_attr(feature = "ct-v1", btf_map(name = "ct6_v1", pin_by_name))]
+pub(crate) static CT6: LruHashMap<Ct6Key, Ct, { CT_MAX as usize }> = LruHashMap::new();
 
 /// IPv4 prefilter deny CIDRs.
 #[btf_map(name = "prefilter4_v1", pin_by_name)]
@@ -79,6 +89,10 @@ pub(crate) static PREFILTER6: LpmTrie<
 #[btf_map(name = "counters_v1", pin_by_name)]
 pub(crate) static COUNTERS: PerCpuArray<CounterValue, { COUNTERS_MAX as usize }> =
     PerCpuArray::new();
+
+/// Conntrack entries created, per family and CPU (the agent derives LRU evictions from them).
+#[btf_map(name = "ct_events_v1", pin_by_name)]
+pub(crate) static CT_EVENTS: PerCpuArray<u64, { CT_EVENTS_MAX as usize }> = PerCpuArray::new();
 
 /// Sampled drop events.
 #[btf_map(name = "drop_events_v1", pin_by_name)]

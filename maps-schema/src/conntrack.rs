@@ -26,6 +26,11 @@ pub const FLAG_TCP_FIN_DST: u32 = 1 << 7;
 /// TCP: RST seen (either side).
 pub const FLAG_TCP_RST: u32 = 1 << 8;
 
+/// `ct_events` slot: IPv4 entries the programs created.
+pub const EVENT_CREATED4: u32 = 0;
+/// `ct_events` slot: IPv6 entries the programs created.
+pub const EVENT_CREATED6: u32 = 1;
+
 /// Default timeouts the agent's sweep applies (seconds since `last_seen_ns`); all are agent flags.
 pub const TIMEOUT_TCP_SYN_SECS: u64 = 60;
 /// TCP after the handshake.
@@ -81,7 +86,9 @@ pub struct Ct6Key {
 assert_size!(Ct6Key, 40);
 user_pod!(Ct6Key);
 
-/// Conntrack value, both families.
+/// Conntrack value, both families, layout version 2 (the current one): layout 1 plus
+/// `created_ns`. Layouts only ever append fields, so a value of a newer layout starts with the
+/// value of every older one (an older release can read the prefix it knows).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
@@ -91,11 +98,88 @@ pub struct CtEntry {
     pub flags: u32,
     /// Reserved; always zero.
     pub _reserved: u32,
+    /// First packet, same clock (layout 2). An entry converted from layout 1 gets its
+    /// `last_seen_ns`, the oldest time known for it.
+    pub created_ns: u64,
 }
-assert_size!(CtEntry, 16);
+assert_size!(CtEntry, 24);
 user_pod!(CtEntry);
 
+/// Conntrack value of layout version 1 (`ct4_v1`, `ct6_v1`): kept so the agent can convert
+/// conntrack forward and back, and for the test-only `ct-v1` build of the programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntryV1 {
+    /// As [`CtEntry::last_seen_ns`].
+    pub last_seen_ns: u64,
+    /// As [`CtEntry::flags`].
+    pub flags: u32,
+    /// Reserved; always zero.
+    pub _reserved: u32,
+}
+assert_size!(CtEntryV1, 16);
+user_pod!(CtEntryV1);
+
+/// The conntrack layout version of [`CtEntry`] (the map names end in `_v2`).
+pub const LAYOUT: u32 = 2;
+/// The oldest conntrack layout this release converts from and back to.
+pub const OLDEST_LAYOUT: u32 = 1;
+
+/// Value size in bytes of conntrack layout `version`, if this release knows it.
+#[must_use]
+pub const fn value_size(version: u32) -> Option<u32> {
+    match version {
+        1 => Some(core::mem::size_of::<CtEntryV1>() as u32),
+        2 => Some(core::mem::size_of::<CtEntry>() as u32),
+        _ => None,
+    }
+}
+
+impl CtEntryV1 {
+    /// A new entry seen first at `now_ns`.
+    #[must_use]
+    pub const fn new(now_ns: u64, flags: u32) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            flags,
+            _reserved: 0,
+        }
+    }
+
+    /// Converted to the current layout.
+    #[must_use]
+    pub const fn upgrade(self) -> CtEntry {
+        CtEntry {
+            last_seen_ns: self.last_seen_ns,
+            flags: self.flags,
+            _reserved: 0,
+            created_ns: self.last_seen_ns,
+        }
+    }
+}
+
 impl CtEntry {
+    /// A new entry seen first at `now_ns`.
+    #[must_use]
+    pub const fn new(now_ns: u64, flags: u32) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            flags,
+            _reserved: 0,
+            created_ns: now_ns,
+        }
+    }
+
+    /// Converted back to layout 1 (its prefix).
+    #[must_use]
+    pub const fn downgrade(self) -> CtEntryV1 {
+        CtEntryV1 {
+            last_seen_ns: self.last_seen_ns,
+            flags: self.flags,
+            _reserved: 0,
+        }
+    }
+
     /// The sweep timeout of this entry, from its protocol and state.
     #[must_use]
     pub const fn timeout_secs(&self, protocol: u8) -> u64 {

@@ -34,9 +34,14 @@ pub const POLICY: &str = "policy_v1";
 pub const POLICY_MAX: u32 = 262_144;
 
 /// [`crate::Ct4Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
-pub const CT4: &str = "ct4_v1";
+/// Conntrack layout [`crate::conntrack::LAYOUT`]; the agent migrates older layouts' entries.
+pub const CT4: &str = "ct4_v2";
 /// [`crate::Ct6Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
-pub const CT6: &str = "ct6_v1";
+pub const CT6: &str = "ct6_v2";
+/// Name stem of the IPv4 conntrack map (`ct4_v<layout>`).
+pub const CT4_STEM: &str = "ct4";
+/// Name stem of the IPv6 conntrack map (`ct6_v<layout>`).
+pub const CT6_STEM: &str = "ct6";
 /// Default size of [`CT4`] and [`CT6`].
 pub const CT_MAX: u32 = 262_144;
 
@@ -51,6 +56,13 @@ pub const PREFILTER_MAX: u32 = 16_384;
 pub const COUNTERS: &str = "counters_v1";
 /// Slots in [`COUNTERS`]: every reason × every direction.
 pub const COUNTERS_MAX: u32 = crate::reason::MAX_REASONS * crate::reason::DIRECTIONS;
+
+/// Conntrack events by [`crate::conntrack::EVENT_CREATED4`]/[`crate::conntrack::EVENT_CREATED6`]
+/// → per-CPU `u64` count, written by the programs. With the agent's own deletes and the entry
+/// count, the created counts give the LRU evictions the kernel does not count.
+pub const CT_EVENTS: &str = "ct_events_v1";
+/// Slots in [`CT_EVENTS`].
+pub const CT_EVENTS_MAX: u32 = 2;
 
 /// Ring buffer of sampled [`crate::DropEvent`]s. Written by the programs, read by the agent.
 pub const DROP_EVENTS: &str = "drop_events_v1";
@@ -70,6 +82,7 @@ pub const ALL: &[&str] = &[
     PREFILTER4,
     PREFILTER6,
     COUNTERS,
+    CT_EVENTS,
     DROP_EVENTS,
 ];
 
