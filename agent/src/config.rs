@@ -92,6 +92,14 @@ pub struct AgentArgs {
     /// Conntrack timeout of UDP and other flows, seconds.
     #[arg(long, env = "WEIR_CT_TIMEOUT_OTHER", default_value_t = 60)]
     pub ct_timeout_other: u64,
+    /// Entries of each conntrack map (`ct4`, `ct6`). A change resizes the pinned maps at the
+    /// next start, copying every entry (through `<name>_old`).
+    #[arg(long, env = "WEIR_CT_MAX_ENTRIES", default_value_t = maps_schema::maps::CT_MAX)]
+    pub ct_max_entries: u32,
+    /// Load this eBPF object instead of the one built into the binary (a locally built
+    /// object, or an older release's in upgrade tests). Its conntrack layout is the agent's.
+    #[arg(long, env = "WEIR_EBPF_OBJECT_FILE")]
+    pub ebpf_object: Option<PathBuf>,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -125,6 +133,10 @@ pub struct Config {
     pub ct_sweep_interval: std::time::Duration,
     /// Conntrack timeouts.
     pub ct_timeouts: crate::dataplane::conntrack::CtTimeouts,
+    /// Entries of each conntrack map.
+    pub ct_max_entries: u32,
+    /// An eBPF object file to load instead of the built-in one.
+    pub ebpf_object: Option<PathBuf>,
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -264,6 +276,27 @@ impl AgentArgs {
                 ));
             }
         }
+        if !(1024..=16_777_216).contains(&self.ct_max_entries) {
+            return Err(invalid(
+                "--ct-max-entries (WEIR_CT_MAX_ENTRIES)",
+                &self.ct_max_entries.to_string(),
+                "must be between 1024 and 16777216",
+            ));
+        }
+        let ebpf_object = match &self.ebpf_object {
+            Some(path) => {
+                let path = absolute("--ebpf-object (WEIR_EBPF_OBJECT_FILE)", path)?;
+                if !path.is_file() {
+                    return Err(invalid(
+                        "--ebpf-object (WEIR_EBPF_OBJECT_FILE)",
+                        &path.display().to_string(),
+                        "no such file: build one with `cargo xtask build-ebpf`",
+                    ));
+                }
+                Some(path)
+            }
+            None => None,
+        };
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -290,6 +323,8 @@ impl AgentArgs {
                 icmp: std::time::Duration::from_secs(self.ct_timeout_icmp),
                 other: std::time::Duration::from_secs(self.ct_timeout_other),
             },
+            ct_max_entries: self.ct_max_entries,
+            ebpf_object,
         })
     }
 }

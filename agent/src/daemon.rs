@@ -33,6 +33,7 @@ use crate::{
     linkwatch::{self, LinkEvent},
     loader::{self, LoadReport},
     metrics,
+    migrate::{self, MigrateError, MigrationReport},
     node::{Node, NodeError},
     node_setup, policy,
     programs::{Programs, ProgramsError},
@@ -44,6 +45,12 @@ pub enum DaemonError {
     /// Loading failed.
     #[error(transparent)]
     Programs(#[from] ProgramsError),
+    /// The conntrack maps could not be migrated (or are newer than this agent).
+    #[error(transparent)]
+    Migrate(#[from] MigrateError),
+    /// The pin root is unusable.
+    #[error(transparent)]
+    Bpffs(#[from] crate::bpffs::BpffsError),
     /// Attaching the prefilter failed.
     #[error(transparent)]
     Attach(#[from] AttachError),
@@ -93,6 +100,10 @@ pub struct Started<'a> {
     pub prefilter: Vec<(String, AttachMode)>,
     /// Endpoints restored from the registry.
     pub endpoints: usize,
+    /// The conntrack layout in use.
+    pub ct_layout: u32,
+    /// What the conntrack migration did (empty when nothing was owed).
+    pub migration: MigrationReport,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -103,7 +114,26 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let paths = config.paths.clone();
-    let mut programs = Programs::load(&paths, EBPF_OBJECT)?;
+    migrate::failpoint::validate().map_err(|e| DaemonError::Io {
+        what: "read the failpoint".into(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+    })?;
+    let object: std::borrow::Cow<'static, [u8]> = match &config.ebpf_object {
+        Some(path) => std::fs::read(path)
+            .map_err(io_err(format!("read the eBPF object {}", path.display())))?
+            .into(),
+        None => EBPF_OBJECT.into(),
+    };
+    // Conntrack first: refuse a newer layout, copy an older one, before anything is loaded.
+    let ct_layout = migrate::object_layout(&object)?;
+    crate::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
+    crate::bpffs::ensure_pin_dir(&paths.bpf_root)?;
+    crate::bpffs::ensure_pin_dir(&paths.maps_dir())?;
+    let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
+    let mut migration = pending.report.clone();
+    let (ct4, ct6) = conntrack::map_names(ct_layout);
+    let sizes = [(ct4, config.ct_max_entries), (ct6, config.ct_max_entries)];
+    let mut programs = Programs::load(&paths, &object, &sizes)?;
     let program_report = programs.report.programs.clone();
     let mut prefilter = Vec::new();
     for ifname in &config.prefilter_interfaces {
@@ -253,6 +283,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
     tracing::info!(generation, "dataplane in sync");
+    // Every link runs this object's programs now: merge the conntrack delta, drop old pins.
+    if !pending.is_empty() {
+        let finished = tokio::task::spawn_blocking(move || migrate::finish(&mut pending))
+            .await
+            .map_err(|e| io_err("finish the conntrack migration")(std::io::Error::other(e)))??;
+        migration.steps.extend(finished.steps);
+    }
+    for stale in loader::stale_pins(&paths, &object) {
+        tracing::info!(pin = %stale.display(), "removing a map pin of another layout version");
+        if let Err(e) = std::fs::remove_file(&stale) {
+            tracing::warn!(error = %e, pin = %stale.display(), "cannot remove a stale map pin");
+        }
+    }
 
     node_setup::enable_forwarding()?;
     // Conntrack upkeep on its own thread.
@@ -267,7 +310,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 while !stop.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {
                         let mut local = *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        match conntrack::sweep(&paths, &timeouts, &mut local) {
+                        match conntrack::sweep(&paths, ct_layout, &timeouts, &mut local) {
                             Ok(()) => *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = local,
                             Err(e) => tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval"),
                         }
@@ -284,6 +327,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         node: config.node.clone(),
         paths: paths.clone(),
         ct: Arc::clone(&ct_stats),
+        ct_layout,
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -313,10 +357,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Started {
         event: "started",
         node: &config.node,
-        loaded: loader::report(&paths),
+        loaded: loader::report(&paths, ct_layout),
         programs: program_report,
         prefilter,
         endpoints: restored,
+        ct_layout,
+        migration,
     };
     match serde_json::to_string(&started) {
         Ok(line) => println!("{line}"),

@@ -17,6 +17,7 @@ pub mod ipam_service;
 pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
+pub mod migrate;
 pub mod node;
 pub mod node_setup;
 pub mod paths;

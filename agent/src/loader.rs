@@ -99,8 +99,21 @@ pub struct MapReport {
 /// Loads every program of an object (given as bytes) without pinning anything: maps are pinned
 /// under `pin_dir`. Used by the agent and by the verifier gate.
 pub fn load_object(object: &[u8], maps_dir: &std::path::Path) -> Result<Ebpf, LoadError> {
+    load_object_sized(object, maps_dir, &[])
+}
+
+/// As [`load_object`], with `(map name, max_entries)` overrides (the conntrack size flag).
+pub fn load_object_sized(
+    object: &[u8],
+    maps_dir: &std::path::Path,
+    sizes: &[(String, u32)],
+) -> Result<Ebpf, LoadError> {
     bpffs::ensure_pin_dir(maps_dir)?;
-    let mut ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    for (name, size) in sizes {
+        loader.map_max_entries(name, *size);
+    }
+    let mut ebpf = loader
         .default_map_pin_directory(maps_dir)
         .verifier_log_level(VerifierLogLevel::default())
         .load(object)
@@ -139,13 +152,18 @@ fn load_program(name: &str, program: &mut Program) -> Result<(), LoadError> {
 }
 
 /// Loads the agent's object under `paths`: bpffs mounted, pin directories created, maps pinned (or
-/// reused) under `maps/`, every program loaded but not yet pinned (see `programs`).
-pub fn load_for_agent(paths: &Paths, object: &[u8]) -> Result<Loaded, LoadError> {
+/// reused) under `maps/`, every program loaded but not yet pinned (see `programs`). `sizes`
+/// overrides map sizes by name.
+pub fn load_for_agent(
+    paths: &Paths,
+    object: &[u8],
+    sizes: &[(String, u32)],
+) -> Result<Loaded, LoadError> {
     bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
     bpffs::ensure_pin_dir(&paths.bpf_root)?;
     bpffs::ensure_pin_dir(&paths.progs_dir())?;
     bpffs::ensure_pin_dir(&paths.links_dir())?;
-    let ebpf = load_object(object, &paths.maps_dir())?;
+    let ebpf = load_object_sized(object, &paths.maps_dir(), sizes)?;
     for name in maps_schema::programs::ALL {
         if ebpf.program(name).is_none() {
             return Err(LoadError::MissingProgram {
@@ -205,9 +223,52 @@ impl Loaded {
     }
 }
 
-/// What is pinned under `paths` (read from the pins, as an operator would see it).
+/// The object's map names with conntrack at layout `ct_layout`.
 #[must_use]
-pub fn report(paths: &Paths) -> LoadReport {
+pub fn map_names(ct_layout: u32) -> Vec<String> {
+    let (ct4, ct6) = crate::dataplane::conntrack::map_names(ct_layout);
+    maps_schema::maps::ALL
+        .iter()
+        .map(|name| match *name {
+            maps_schema::maps::CT4 => ct4.clone(),
+            maps_schema::maps::CT6 => ct6.clone(),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+/// Pins of maps the agent fills (not conntrack, which `migrate` owns) at a layout version other
+/// than the object's: left by another release, removed once the links run this one's programs.
+#[must_use]
+pub fn stale_pins(paths: &Paths, object: &[u8]) -> Vec<PathBuf> {
+    let Ok(obj) = aya_obj::Object::parse(object) else {
+        return Vec::new();
+    };
+    let stem = |name: &str| {
+        maps_schema::maps::layout_version(name)
+            .and_then(|v| name.strip_suffix(&format!("_v{v}")).map(str::to_owned))
+    };
+    let ours: std::collections::BTreeSet<&String> = obj.maps.keys().collect();
+    let stems: std::collections::BTreeSet<String> = obj
+        .maps
+        .keys()
+        .filter_map(|n| stem(n))
+        .filter(|s| s != maps_schema::maps::CT4_STEM && s != maps_schema::maps::CT6_STEM)
+        .collect();
+    let Ok(dir) = fs::read_dir(paths.maps_dir()) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| !ours.contains(name) && stem(name).is_some_and(|s| stems.contains(&s)))
+        .map(|name| paths.map_pin(&name))
+        .collect()
+}
+
+/// What is pinned under `paths` (read from the pins, as an operator would see it), conntrack at
+/// layout `ct_layout`.
+#[must_use]
+pub fn report(paths: &Paths, ct_layout: u32) -> LoadReport {
     let programs = maps_schema::programs::ALL
         .iter()
         .filter_map(|name| {
@@ -220,13 +281,13 @@ pub fn report(paths: &Paths) -> LoadReport {
             })
         })
         .collect();
-    let maps = maps_schema::maps::ALL
-        .iter()
+    let maps = map_names(ct_layout)
+        .into_iter()
         .filter_map(|name| {
-            let pin = paths.map_pin(name);
+            let pin = paths.map_pin(&name);
             let info = MapInfo::from_pin(&pin).ok()?;
             Some(MapReport {
-                name: (*name).to_owned(),
+                name,
                 id: info.id(),
                 max_entries: info.max_entries(),
                 pin,

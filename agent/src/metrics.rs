@@ -56,9 +56,25 @@ fn render(
     let ct_entries = Family::<Labels, Gauge<i64>>::default();
     let ct_capacity = Family::<Labels, Gauge<i64>>::default();
     let ct_expired = Family::<Labels, Counter>::default();
-    for (family, entries, max, expired) in [
-        ("ipv4", ct.entries4, ct.max4, ct.expired4),
-        ("ipv6", ct.entries6, ct.max6, ct.expired6),
+    let ct_created = Family::<Labels, Counter>::default();
+    let ct_evicted = Family::<Labels, Counter>::default();
+    for (family, entries, max, expired, created, evicted) in [
+        (
+            "ipv4",
+            ct.entries4,
+            ct.max4,
+            ct.expired4,
+            ct.created4,
+            ct.evicted4,
+        ),
+        (
+            "ipv6",
+            ct.entries6,
+            ct.max6,
+            ct.expired6,
+            ct.created6,
+            ct.evicted6,
+        ),
     ] {
         let l = vec![("family".to_owned(), family.to_owned())];
         ct_entries
@@ -68,6 +84,8 @@ fn render(
             .get_or_create(&l)
             .set(i64::try_from(max).unwrap_or(i64::MAX));
         ct_expired.get_or_create(&l).inc_by(expired);
+        ct_created.get_or_create(&l).inc_by(created);
+        ct_evicted.get_or_create(&l).inc_by(evicted);
     }
     registry.register(
         "conntrack_entries",
@@ -79,6 +97,16 @@ fn render(
         "conntrack_expired",
         "Expired conntrack entries removed by the sweep",
         ct_expired,
+    );
+    registry.register(
+        "conntrack_created",
+        "Conntrack entries the programs created (since the map was created)",
+        ct_created,
+    );
+    registry.register(
+        "conntrack_evicted",
+        "Conntrack entries the kernel evicted because the LRU map was full (derived at each sweep; full-map insert failures are the ct-insert-failed drop reason)",
+        ct_evicted,
     );
     let loads = Family::<Labels, Counter>::default();
     for (name, _, reused) in programs {

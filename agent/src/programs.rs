@@ -49,20 +49,44 @@ pub enum ProgramsError {
     },
 }
 
-fn pinned_tag(path: &Path) -> Option<u64> {
-    ProgramInfo::from_pin(path).ok().map(|info| info.tag())
+/// The tag and map ids of a pinned program. The kernel's tag ignores which maps a program
+/// references, so a resized or migrated map needs the ids too.
+fn pinned(path: &Path) -> Option<(u64, Vec<u32>)> {
+    let info = ProgramInfo::from_pin(path).ok()?;
+    let maps = info.map_ids().ok().flatten().unwrap_or_default();
+    Some((info.tag(), maps))
 }
 
 impl Programs {
-    /// Loads the object (maps reused from their pins), compares each program with its pin, and keeps
-    /// the pinned program when it is identical; otherwise pins the new one.
-    pub fn load(paths: &Paths, object: &[u8]) -> Result<Self, ProgramsError> {
-        let mut loaded = loader::load_for_agent(paths, object)?;
+    /// Loads the object (maps reused from their pins, `sizes` overriding map sizes by name),
+    /// compares each program with its pin, and keeps the pinned program when it is identical
+    /// and uses this load's maps; otherwise pins the new one.
+    pub fn load(
+        paths: &Paths,
+        object: &[u8],
+        sizes: &[(String, u32)],
+    ) -> Result<Self, ProgramsError> {
+        let mut loaded = loader::load_for_agent(paths, object, sizes)?;
+        let map_ids: std::collections::BTreeMap<String, u32> = loaded
+            .ebpf
+            .maps()
+            .filter_map(|(name, map)| Some((name.to_owned(), map_id(map)?)))
+            .collect();
+        // A pinned program is only reused if every named map it references is this load's.
+        let same_maps = |ids: &[u32]| {
+            ids.iter().all(|id| {
+                aya::maps::MapInfo::from_id(*id)
+                    .ok()
+                    .and_then(|info| map_ids.get(info.name_as_str()?).copied())
+                    .is_none_or(|current| current == *id)
+            })
+        };
         let mut report = ProgramsReport::default();
         for name in maps_schema::programs::ALL {
             let pin = paths.prog_pin(name);
             let new_tag = loaded.program_tag(name);
-            let reuse = new_tag.is_some() && pinned_tag(&pin) == new_tag;
+            let reuse = new_tag.is_some()
+                && pinned(&pin).is_some_and(|(tag, maps)| Some(tag) == new_tag && same_maps(&maps));
             if !reuse {
                 loaded.pin_program(name, &pin)?;
             }
@@ -94,4 +118,19 @@ impl Programs {
     pub fn id_of(program: &SchedClassifier) -> u32 {
         program.info().map(|i| i.id()).unwrap_or_default()
     }
+}
+
+fn map_id(map: &aya::maps::Map) -> Option<u32> {
+    use aya::maps::Map;
+    let (Map::Array(data)
+    | Map::HashMap(data)
+    | Map::LruHashMap(data)
+    | Map::LpmTrie(data)
+    | Map::PerCpuArray(data)
+    | Map::PerCpuHashMap(data)
+    | Map::RingBuf(data)) = map
+    else {
+        return None;
+    };
+    data.info().ok().map(|i| i.id())
 }

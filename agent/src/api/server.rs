@@ -50,6 +50,8 @@ pub struct Api {
     pub paths: crate::paths::Paths,
     /// Conntrack sweep counters.
     pub ct: Arc<std::sync::Mutex<CtStats>>,
+    /// The conntrack layout in use.
+    pub ct_layout: u32,
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -140,8 +142,8 @@ pub struct MapView {
 
 async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
     let mut out = Vec::new();
-    for name in maps_schema::maps::ALL {
-        let pin = api.paths.map_pin(name);
+    for name in crate::loader::map_names(api.ct_layout) {
+        let pin = api.paths.map_pin(&name);
         let info = aya::maps::MapInfo::from_pin(&pin).map_err(|e| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -150,7 +152,7 @@ async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
             )
         })?;
         out.push(MapView {
-            name: (*name).to_owned(),
+            name,
             pin: pin.display().to_string(),
             id: info.id(),
             map_type: info.map_type().map(|t| t as u32).unwrap_or_default(),
@@ -164,8 +166,8 @@ async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
 }
 
 async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
-    let paths = api.paths.clone();
-    let list = tokio::task::spawn_blocking(move || conntrack::list(&paths))
+    let (paths, layout) = (api.paths.clone(), api.ct_layout);
+    let list = tokio::task::spawn_blocking(move || conntrack::list(&paths, layout))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
@@ -196,11 +198,16 @@ async fn counters(
 }
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
-    let paths = api.paths.clone();
-    let n = tokio::task::spawn_blocking(move || conntrack::flush(&paths))
+    let (paths, layout) = (api.paths.clone(), api.ct_layout);
+    let n = tokio::task::spawn_blocking(move || conntrack::flush(&paths, layout))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    // The flush removed entries the eviction estimate must not count.
+    api.ct
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .baseline = None;
     Ok(Json(serde_json::json!({"flushed": n})))
 }
 

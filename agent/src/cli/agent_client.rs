@@ -171,6 +171,17 @@ enum BpfCommand {
         #[command(subcommand)]
         command: CtCommand,
     },
+    /// Convert the pinned conntrack maps back to an older layout before an older weir starts
+    /// (a rollback keeps every flow). Run it as root with no agent running; it works on the pins
+    /// directly.
+    Migrate {
+        /// The conntrack layout the older weir uses (its agent names it when it refuses to start).
+        #[arg(long)]
+        to_version: u32,
+        /// bpffs pin root.
+        #[arg(long, env = "WEIR_BPF_ROOT", default_value = agent::paths::DEFAULT_BPF_ROOT)]
+        bpf_root: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -186,7 +197,15 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
     use agent::{api::server::MapView, dataplane::conntrack::CtView};
     let rt = runtime()?;
     let socket = &args.common.api_socket;
+    if let BpfCommand::Migrate {
+        to_version,
+        bpf_root,
+    } = &args.command
+    {
+        return migrate(&rt, socket, bpf_root, *to_version, args.common.output);
+    }
     match args.command {
+        BpfCommand::Migrate { .. } => Ok(()),
         BpfCommand::Maps => {
             let maps: Vec<MapView> =
                 rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/maps", None))?;
@@ -231,11 +250,19 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             if matches!(args.common.output, Output::Json) {
                 return print_json(&entries);
             }
-            println!("{:<6} {:<46} {:<46} {:<8} IDLE", "PROTO", "A", "B", "FLAGS");
+            println!(
+                "{:<6} {:<46} {:<46} {:<8} {:<8} AGE",
+                "PROTO", "A", "B", "FLAGS", "IDLE"
+            );
             for e in &entries {
                 println!(
-                    "{:<6} {:<46} {:<46} {:<#8x} {}s",
-                    e.protocol, e.a, e.b, e.flags, e.idle_secs
+                    "{:<6} {:<46} {:<46} {:<#8x} {:<8} {}s",
+                    e.protocol,
+                    e.a,
+                    e.b,
+                    e.flags,
+                    format!("{}s", e.idle_secs),
+                    e.age_secs
                 );
             }
             Ok(())
@@ -252,6 +279,52 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
                     Ok(())
                 }
             }
+        }
+    }
+}
+
+/// `weir bpf migrate --to-version N`: refuses while an agent answers on the socket.
+fn migrate(
+    rt: &tokio::runtime::Runtime,
+    socket: &std::path::Path,
+    bpf_root: &std::path::Path,
+    to: u32,
+    output: Output,
+) -> Result<()> {
+    let running = rt
+        .block_on(call::<(), serde_json::Value>(
+            socket,
+            Method::GET,
+            "/v1/status",
+            None,
+        ))
+        .is_ok();
+    anyhow::ensure!(
+        !running,
+        "an agent is running (it answers on {}): stop it first; the older weir's agent must be the next to start",
+        socket.display()
+    );
+    let paths = agent::paths::Paths::with_bpf_root(bpf_root);
+    anyhow::ensure!(
+        paths.maps_dir().is_dir(),
+        "{} does not exist: pass the agent's --bpf-root",
+        paths.maps_dir().display()
+    );
+    let report = agent::migrate::rollback(&paths.maps_dir(), to)
+        .with_context(|| format!("converting conntrack to layout {to}"))?;
+    match output {
+        Output::Json => print_json(&report),
+        Output::Table => {
+            if report.steps.is_empty() {
+                println!("conntrack is already at layout {to}; nothing to do");
+            }
+            for s in &report.steps {
+                println!(
+                    "{} -> {}: {} entries in {:.2}s; start the older agent next (it merges the last entries from {}:rollback)",
+                    s.from, s.to, s.entries, s.seconds, s.from
+                );
+            }
+            Ok(())
         }
     }
 }

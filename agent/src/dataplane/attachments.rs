@@ -153,6 +153,10 @@ impl AttachDriver {
                 self.dirty.insert(ifname.clone());
             }
         }
+        if only_new {
+            // Only attaches were done: updates and unpins of these links are still owed.
+            self.dirty.extend(todo);
+        }
         if let Some(e) = failed {
             return Err(e);
         }

@@ -102,3 +102,44 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
     }
     Ok(deleted)
 }
+
+/// Creates or replaces `entries`, `CHUNK` at a time (`BPF_MAP_UPDATE_BATCH`, `BPF_ANY`).
+pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, entries: &[(K, V)]) -> io::Result<usize> {
+    let mut written = 0;
+    for chunk in entries.chunks(CHUNK as usize) {
+        let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
+        let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
+        // SAFETY: plain data.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        attr.batch.keys = keys.as_ptr() as u64;
+        attr.batch.values = values.as_ptr() as u64;
+        attr.batch.count = u32::try_from(chunk.len()).unwrap_or(CHUNK);
+        attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+        let result = bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr);
+        // SAFETY: the kernel wrote how many it updated.
+        written += unsafe { attr.batch.count } as usize;
+        result?;
+    }
+    Ok(written)
+}
+
+/// One entry (`BPF_MAP_LOOKUP_ELEM`), `None` when absent.
+pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
+    // SAFETY: `V` is `Pod`: all-zero bytes are a valid value.
+    let mut value: V = unsafe { zeroed() };
+    // SAFETY: plain data.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.__bindgen_anon_2.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+    attr.__bindgen_anon_2.key = std::ptr::from_ref(key) as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = std::ptr::from_mut(&mut value) as u64;
+    match bpf(bpf_cmd::BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(()) => Ok(Some(value)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How many entries a hash map holds (keys only, `CHUNK` at a time).
+pub fn count<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    lookup_all::<K, V>(fd).map(|all| all.len())
+}

@@ -85,6 +85,18 @@ pub struct CtStats {
     pub max4: u64,
     /// Capacity of `ct6`.
     pub max6: u64,
+    /// Entries the programs created, IPv4 (from `ct_events`, since the pin was created).
+    pub created4: u64,
+    /// Entries the programs created, IPv6.
+    pub created6: u64,
+    /// LRU evictions, IPv4: entries created since the last sweep that neither remain nor were
+    /// removed by the agent (within the few created while a sweep reads the map).
+    pub evicted4: u64,
+    /// LRU evictions, IPv6.
+    pub evicted6: u64,
+    /// (created4, created6, entries4, entries6) after the last sweep; `None` after a flush.
+    #[serde(skip)]
+    pub baseline: Option<[u64; 4]>,
 }
 
 /// One conntrack entry as operators read it.
@@ -100,6 +112,10 @@ pub struct CtView {
     pub flags: u32,
     /// Seconds since the last packet.
     pub idle_secs: u64,
+    /// Seconds since the first packet (since the last packet for entries converted from
+    /// conntrack layout 1, which did not record it).
+    #[serde(default)]
+    pub age_secs: u64,
 }
 
 /// `CLOCK_MONOTONIC_COARSE` now, in nanoseconds (the programs' clock).
@@ -126,8 +142,29 @@ fn io_err(map: &str, op: &'static str, e: std::io::Error) -> KernelError {
     }
 }
 
+/// The pin names of the conntrack maps of layout `layout` (`ct4_v2`, `ct6_v2`).
+#[must_use]
+pub fn map_names(layout: u32) -> (String, String) {
+    use maps_schema::maps::{CT4_STEM, CT6_STEM};
+    (
+        format!("{CT4_STEM}_v{layout}"),
+        format!("{CT6_STEM}_v{layout}"),
+    )
+}
+
 fn entries<K: Pod>(name: &str, map: &MapData) -> Result<Vec<(K, CtEntry)>, KernelError> {
-    batch::lookup_all::<K, CtEntry>(map.fd().as_fd()).map_err(|e| io_err(name, "read", e))
+    let layout = maps_schema::maps::layout_version(name).unwrap_or(maps_schema::conntrack::LAYOUT);
+    crate::migrate::read_entries::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
+}
+
+/// Entries the programs created (IPv4, IPv6), summed over CPUs; `None` without the pin.
+fn read_created(paths: &Paths) -> Option<[u64; 2]> {
+    use maps_schema::conntrack::{EVENT_CREATED4, EVENT_CREATED6};
+    let data = MapData::from_pin(paths.map_pin(maps_schema::maps::CT_EVENTS)).ok()?;
+    let array =
+        aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data)).ok()?;
+    let sum = |i: u32| array.get(&i, 0).ok().map(|v| v.iter().sum::<u64>());
+    Some([sum(EVENT_CREATED4)?, sum(EVENT_CREATED6)?])
 }
 
 /// Removes expired entries from one map; returns (expired, remaining, capacity).
@@ -164,11 +201,31 @@ fn sweep_map<K: Pod>(
     ))
 }
 
-/// Sweeps both families once.
-pub fn sweep(paths: &Paths, timeouts: &CtTimeouts, stats: &mut CtStats) -> Result<(), KernelError> {
-    use maps_schema::maps::{CT4, CT6};
-    let (e4, n4, m4) = sweep_map::<Ct4Key>(CT4, &paths.map_pin(CT4), timeouts, |k| k.protocol)?;
-    let (e6, n6, m6) = sweep_map::<Ct6Key>(CT6, &paths.map_pin(CT6), timeouts, |k| k.protocol)?;
+/// Sweeps both families (conntrack layout `layout`) once.
+pub fn sweep(
+    paths: &Paths,
+    layout: u32,
+    timeouts: &CtTimeouts,
+    stats: &mut CtStats,
+) -> Result<(), KernelError> {
+    let (ct4, ct6) = map_names(layout);
+    // Read before the maps: an entry created meanwhile is then counted as present, not evicted.
+    let created = read_created(paths);
+    let (e4, n4, m4) = sweep_map::<Ct4Key>(&ct4, &paths.map_pin(&ct4), timeouts, |k| k.protocol)?;
+    let (e6, n6, m6) = sweep_map::<Ct6Key>(&ct6, &paths.map_pin(&ct6), timeouts, |k| k.protocol)?;
+    if let Some([c4, c6]) = created {
+        if let Some([p4, p6, q4, q6]) = stats.baseline {
+            // created = Δentries + removed by the agent + evicted.
+            let evicted = |c: u64, p: u64, n: u64, q: u64, e: u64| {
+                (i128::from(c) - i128::from(p) - (i128::from(n) - i128::from(q)) - i128::from(e))
+                    .clamp(0, i128::from(u64::MAX))
+            };
+            stats.evicted4 += u64::try_from(evicted(c4, p4, n4, q4, e4)).unwrap_or(0);
+            stats.evicted6 += u64::try_from(evicted(c6, p6, n6, q6, e6)).unwrap_or(0);
+        }
+        (stats.created4, stats.created6) = (c4, c6);
+        stats.baseline = Some([c4, c6, n4, n6]);
+    }
     stats.sweeps += 1;
     stats.expired4 += e4;
     stats.expired6 += e6;
@@ -184,48 +241,52 @@ fn endpoint(addr: IpAddr, port: u16, protocol: u8) -> String {
     }
 }
 
-/// Every entry of both families, for `weir bpf ct list`.
-pub fn list(paths: &Paths) -> Result<Vec<CtView>, KernelError> {
-    use maps_schema::maps::{CT4, CT6};
+/// Every entry of both families (conntrack layout `layout`), for `weir bpf ct list`.
+pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
+    let (ct4, ct6) = map_names(layout);
     let now = now_ns();
     let idle = |e: &CtEntry| now.saturating_sub(e.last_seen_ns) / 1_000_000_000;
+    let age = |e: &CtEntry| now.saturating_sub(e.created_ns) / 1_000_000_000;
     let mut out = Vec::new();
-    for (k, v) in entries::<Ct4Key>(CT4, &open(CT4, &paths.map_pin(CT4))?)? {
+    for (k, v) in entries::<Ct4Key>(&ct4, &open(&ct4, &paths.map_pin(&ct4))?)? {
         out.push(CtView {
             protocol: k.protocol,
             a: endpoint(IpAddr::V4(Ipv4Addr::from(k.addr_a)), k.port_a, k.protocol),
             b: endpoint(IpAddr::V4(Ipv4Addr::from(k.addr_b)), k.port_b, k.protocol),
             flags: v.flags,
             idle_secs: idle(&v),
+            age_secs: age(&v),
         });
     }
-    for (k, v) in entries::<Ct6Key>(CT6, &open(CT6, &paths.map_pin(CT6))?)? {
+    for (k, v) in entries::<Ct6Key>(&ct6, &open(&ct6, &paths.map_pin(&ct6))?)? {
         out.push(CtView {
             protocol: k.protocol,
             a: endpoint(IpAddr::V6(Ipv6Addr::from(k.addr_a)), k.port_a, k.protocol),
             b: endpoint(IpAddr::V6(Ipv6Addr::from(k.addr_b)), k.port_b, k.protocol),
             flags: v.flags,
             idle_secs: idle(&v),
+            age_secs: age(&v),
         });
     }
     Ok(out)
 }
 
-/// Deletes every entry (`weir bpf ct flush`); returns how many.
-pub fn flush(paths: &Paths) -> Result<u64, KernelError> {
-    use maps_schema::maps::{CT4, CT6};
-    let m4 = open(CT4, &paths.map_pin(CT4))?;
-    let k4: Vec<Ct4Key> = entries::<Ct4Key>(CT4, &m4)?
+/// Deletes every entry (conntrack layout `layout`, `weir bpf ct flush`); returns how many.
+pub fn flush(paths: &Paths, layout: u32) -> Result<u64, KernelError> {
+    let (ct4, ct6) = map_names(layout);
+    let (ct4, ct6) = (ct4.as_str(), ct6.as_str());
+    let m4 = open(ct4, &paths.map_pin(ct4))?;
+    let k4: Vec<Ct4Key> = entries::<Ct4Key>(ct4, &m4)?
         .into_iter()
         .map(|(k, _)| k)
         .collect();
-    let m6 = open(CT6, &paths.map_pin(CT6))?;
-    let k6: Vec<Ct6Key> = entries::<Ct6Key>(CT6, &m6)?
+    let m6 = open(ct6, &paths.map_pin(ct6))?;
+    let k6: Vec<Ct6Key> = entries::<Ct6Key>(ct6, &m6)?
         .into_iter()
         .map(|(k, _)| k)
         .collect();
-    let n = batch::delete(m4.fd().as_fd(), &k4).map_err(|e| io_err(CT4, "delete", e))?
-        + batch::delete(m6.fd().as_fd(), &k6).map_err(|e| io_err(CT6, "delete", e))?;
+    let n = batch::delete(m4.fd().as_fd(), &k4).map_err(|e| io_err(ct4, "delete", e))?
+        + batch::delete(m6.fd().as_fd(), &k6).map_err(|e| io_err(ct6, "delete", e))?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
@@ -236,11 +297,7 @@ mod tests {
     #[test]
     fn timeouts_follow_tcp_state() {
         let t = CtTimeouts::default();
-        let e = |flags| CtEntry {
-            last_seen_ns: 0,
-            flags,
-            _reserved: 0,
-        };
+        let e = |flags| CtEntry::new(0, flags);
         assert_eq!(t.of(6, &e(0)), t.tcp_syn);
         assert_eq!(t.of(6, &e(FLAG_TCP_SYN_ACK)), t.tcp_established);
         assert_eq!(

@@ -1,6 +1,8 @@
-//! The drivers together, applied in security order: attachments first (they only close), then
-//! identities, ipcache and policy, and the endpoint entries (whose isolation flags and addresses
-//! open an endpoint) last, so nothing is opened before the policy that guards it is in place. A failed driver stops the apply there; its state stays dirty for the retry.
+//! The drivers together, applied in security order: attachments to new links first (they only
+//! close), then identities, ipcache and policy, and the endpoint entries (whose isolation flags
+//! and addresses open an endpoint), so nothing is opened before the policy that guards it is in
+//! place; program replacements and sweeps of attachments come last, once the maps the new
+//! programs read are filled. A failed driver stops the apply there; its state stays dirty for the retry.
 
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 use serde::Serialize;
@@ -59,15 +61,17 @@ impl Dataplane {
         self.attachments.apply(true)
     }
 
-    /// A full apply, in security order.
+    /// A full apply, in security order: new links closed first; programs replaced on existing
+    /// links only after the maps they read are filled (a new object may bring new map versions).
     pub fn apply(&mut self) -> Result<(), KernelError> {
-        self.attachments.apply(false)?;
+        self.attachments.apply(true)?;
         self.ident4.apply()?;
         self.ident6.apply()?;
         self.ipcache4.apply()?;
         self.ipcache6.apply()?;
         self.policy.apply()?;
         self.endpoints.apply()?;
+        self.attachments.apply(false)?;
         Ok(())
     }
 
