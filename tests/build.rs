@@ -7,7 +7,10 @@ mod ebpf_build;
 use std::{env, path::PathBuf};
 
 /// (env var naming the object, eBPF crate features): one object per test-only variant.
-const VARIANTS: &[(&str, &[&str])] = &[("WEIR_TEST_OBJECT_VERIFIER_REJECT", &["verifier-reject"])];
+const VARIANTS: &[(&str, &[&str])] = &[
+    ("WEIR_TEST_OBJECT_VERIFIER_REJECT", &["verifier-reject"]),
+    ("WEIR_TEST_OBJECT_CT_V1", &["ct-v1"]),
+];
 
 fn main() {
     let manifest =

@@ -57,6 +57,45 @@ impl AgentProcess {
     /// Starts `weir agent` with `extra` flags and waits (bounded) for its start report.
     #[must_use]
     pub fn start(root: &PinRoot, dirs: &AgentDirs, netns: Option<&NetNs>, extra: &[&str]) -> Self {
+        Self::start_with_env(root, dirs, netns, extra, &[])
+    }
+
+    /// Runs `weir agent` with `extra` flags and `env` until it exits (bounded: 60 s), for runs
+    /// that must fail (a failpoint, a refusal). Returns its exit status and stderr.
+    #[must_use]
+    pub fn run_to_exit(
+        root: &PinRoot,
+        dirs: &AgentDirs,
+        netns: Option<&NetNs>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (ExitStatus, String) {
+        let mut cmd = Self::command(root, dirs, netns, extra);
+        cmd.envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start weir agent");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut out);
+            out
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return (status, reader.join().unwrap_or_default());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("weir agent was expected to exit but ran for 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn command(root: &PinRoot, dirs: &AgentDirs, netns: Option<&NetNs>, extra: &[&str]) -> Command {
         let weir = bin::weir();
         let mut cmd = match netns {
             // nsenter switches only the network namespace; `ip netns exec` would also give the agent
@@ -91,7 +130,22 @@ impl AgentProcess {
                     "127.0.0.1:0"
                 },
             ])
-            .args(extra)
+            .args(extra);
+        cmd
+    }
+
+    /// As [`Self::start`], with extra environment variables.
+    #[must_use]
+    pub fn start_with_env(
+        root: &PinRoot,
+        dirs: &AgentDirs,
+        netns: Option<&NetNs>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let weir = bin::weir();
+        let mut cmd = Self::command(root, dirs, netns, extra);
+        cmd.envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = cmd
@@ -205,4 +259,19 @@ pub fn call_api<T: serde::de::DeserializeOwned>(
         .build()
         .expect("tokio runtime");
     runtime.block_on(agent::api::client::call(socket, method, path, body))
+}
+
+/// `GET path` on the agent's metrics address, 127.0.0.1:9972 (call inside the agent's namespace).
+#[must_use]
+pub fn metrics_get(path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect("127.0.0.1:9972").expect("metrics port");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
 }

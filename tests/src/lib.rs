@@ -7,11 +7,13 @@
 //! - `pod`: workload veth names and pod plumbing for the agent tests.
 //! - `bin`: paths of the built `weir` and `weir-cni` binaries.
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
+//! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 
 pub mod agent_proc;
 pub mod bin;
 pub mod bpf;
 pub mod cni;
+pub mod ct;
 pub mod datapath;
 pub mod names;
 pub mod netns;

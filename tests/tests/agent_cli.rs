@@ -11,7 +11,7 @@ use std::{
 use hyper::Method;
 use serde_json::{Value, json};
 use tests::{
-    agent_proc::{AgentDirs, AgentProcess},
+    agent_proc::{AgentDirs, AgentProcess, metrics_get},
     bin,
     bpf::{PinRoot, bpftool},
     netns::{NetNs, VethPair},
@@ -38,19 +38,6 @@ fn weir(agent: &AgentProcess, args: &[&str]) -> Value {
             String::from_utf8_lossy(&out.stdout)
         )
     })
-}
-
-fn http_get(path: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect("127.0.0.1:9972").expect("metrics port");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("response");
-    out
 }
 
 fn has_flow(list: &Value, ip: &str) -> bool {
@@ -157,7 +144,7 @@ fn cli_shows_status_endpoints_maps_and_conntrack() {
     );
 
     // Metrics and health on 127.0.0.1:9972 (in the agent's namespace).
-    let (metrics, readyz) = node.run(|| (http_get("/metrics"), http_get("/readyz")));
+    let (metrics, readyz) = node.run(|| (metrics_get("/metrics"), metrics_get("/readyz")));
     assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
     for name in [
         "weir_driver_writes_total",

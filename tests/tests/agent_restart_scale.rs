@@ -4,13 +4,8 @@
 //! through conntrack) keeps carrying data across the restart with no reset.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    io::Write as _,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
     time::{Duration, Instant},
 };
 
@@ -19,6 +14,7 @@ use serde_json::{Value, json};
 use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::{PinRoot, bpftool},
+    ct::{Flow, echo_server},
     netns::{NetNs, VethPair},
     pod::plumb,
     privileged::require_root,
@@ -167,53 +163,13 @@ fn restart_at_scale_keeps_ids_writes_nothing_and_keeps_a_live_flow() {
     }
 
     // A live TCP flow client → server:9000 (server ingress-isolated: replies pass via conntrack).
-    let listener = server_ns.run(|| TcpListener::bind("0.0.0.0:9000").expect("listen"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let echoed = Arc::new(AtomicU64::new(0));
-    let server_thread = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().expect("accept");
-        let mut buf = [0u8; 64];
-        while let Ok(n) = s.read(&mut buf) {
-            if n == 0 || s.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-    });
-    let addr = format!("{}:9000", ip_of(0)).parse().expect("addr");
-    let mut stream = client_ns.run(|| {
-        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .expect("connect to the isolated server")
-    });
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let flow = {
-        let (stop, echoed) = (Arc::clone(&stop), Arc::clone(&echoed));
-        std::thread::spawn(move || -> Result<(), String> {
-            let mut buf = [0u8; 8];
-            while !stop.load(Ordering::Relaxed) {
-                stream
-                    .write_all(b"12345678")
-                    .map_err(|e| format!("write: {e}"))?;
-                stream
-                    .read_exact(&mut buf)
-                    .map_err(|e| format!("read: {e}"))?;
-                echoed.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(())
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        echoed.load(Ordering::Relaxed) > 0,
-        "the flow carries data before the restart"
-    );
+    let _server = echo_server(&server_ns, 9000, 1);
+    let flow = Flow::open(&client_ns, &format!("{}:9000", ip_of(0)));
+    flow.assert_moving("before the restart");
 
     let sample: Vec<String> = (0..ENDPOINTS).step_by(50).map(host_name).collect();
     let before = ids(&root, &sample);
     assert!(agent.terminate().success());
-    let during = echoed.load(Ordering::Relaxed);
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
     let after = ids(&root, &sample);
     assert_eq!(
@@ -241,15 +197,7 @@ fn restart_at_scale_keeps_ids_writes_nothing_and_keeps_a_live_flow() {
         "{attachments}"
     );
 
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        echoed.load(Ordering::Relaxed) > during,
-        "the flow still carries data after the restart"
-    );
-    stop.store(true, Ordering::Relaxed);
-    flow.join()
-        .expect("flow thread")
-        .expect("the flow saw no reset or error");
+    flow.assert_moving("after the restart");
+    flow.finish().expect("the flow saw no reset or error");
     assert!(agent.terminate().success());
-    drop(server_thread);
 }

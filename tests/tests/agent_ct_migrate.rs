@@ -1,0 +1,258 @@
+//! Conntrack layout migration under live flows, between two real layouts: the v1 agent is the
+//! same `weir` binary loading the test-only `ct-v1` build of the programs (`--ebpf-object`),
+//! whose conntrack value is layout 1 (`ct4_v1`, 16 bytes); the built-in object is layout 2
+//! (`ct4_v2`, 24 bytes). Upgrade v1 → v2, then roll back (`weir bpf migrate --to-version 1`, then
+//! the v1 agent), once per failpoint: the crashed step rolls forward to the same result. The
+//! conntrack keys read with `bpftool` are the same set before and after every step, the
+//! synthetic entries keep their flags, and TCP flows between two ingress-isolated pods carry data
+//! throughout with no reset.
+
+use std::{
+    collections::BTreeSet, os::fd::AsFd as _, os::unix::process::ExitStatusExt as _, path::Path,
+    process::Command,
+};
+
+use aya::maps::MapData;
+use maps_schema::{
+    Ct4Key, Ct6Key, CtEntryV1,
+    conntrack::{FLAG_SRC_EGRESS_APPROVED, FLAG_TCP_SYN, FLAG_TCP_SYN_ACK},
+};
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess},
+    bin,
+    bpf::PinRoot,
+    ct::{
+        Flow, ISOLATE_ALL_ADMIT_CLIENT, TwoPods, ct_keys, ct_pins, echo_server, map_show,
+        wait_for_links, with_two_pods,
+    },
+    privileged::require_root,
+};
+
+const V1_OBJECT: &str = env!("WEIR_TEST_OBJECT_CT_V1");
+const FLOWS: usize = 3;
+const SYNTHETIC4: u32 = 3000;
+const SYNTHETIC6: u32 = 500;
+const SYNTHETIC_FLAGS: u32 = FLAG_SRC_EGRESS_APPROVED | FLAG_TCP_SYN | FLAG_TCP_SYN_ACK;
+
+fn value_size(root: &PinRoot, name: &str) -> u64 {
+    map_show(root, name)["bytes_value"]
+        .as_u64()
+        .expect("bytes_value")
+}
+
+fn synthetic4(i: u32) -> Ct4Key {
+    let [_, a, b, c] = i.to_be_bytes();
+    Ct4Key {
+        addr_a: [10, 99, a, b],
+        addr_b: [10, 98, c, 1],
+        port_a: 40_000,
+        port_b: 443,
+        protocol: 6,
+        _pad: [0; 3],
+    }
+}
+
+fn synthetic6(i: u32) -> Ct6Key {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0xfd, 0x99, 0, 0]);
+    a[12..].copy_from_slice(&i.to_be_bytes());
+    let mut b = a;
+    b[1] = 0x98;
+    Ct6Key {
+        addr_a: a,
+        addr_b: b,
+        port_a: 40_000,
+        port_b: 443,
+        protocol: 6,
+        _pad: [0; 3],
+    }
+}
+
+/// Established entries the v1 programs could have written, straight into the v1 maps.
+fn insert_synthetic(root: &PinRoot) {
+    let now = agent::dataplane::conntrack::now_ns();
+    let entry = CtEntryV1::new(now, SYNTHETIC_FLAGS);
+    let m4 = MapData::from_pin(root.paths().map_pin("ct4_v1")).expect("ct4_v1");
+    let e4: Vec<(Ct4Key, CtEntryV1)> = (0..SYNTHETIC4).map(|i| (synthetic4(i), entry)).collect();
+    agent::dataplane::batch::update(m4.fd().as_fd(), &e4).expect("fill ct4_v1");
+    let m6 = MapData::from_pin(root.paths().map_pin("ct6_v1")).expect("ct6_v1");
+    let e6: Vec<(Ct6Key, CtEntryV1)> = (0..SYNTHETIC6).map(|i| (synthetic6(i), entry)).collect();
+    agent::dataplane::batch::update(m6.fd().as_fd(), &e6).expect("fill ct6_v1");
+}
+
+/// The synthetic entries' flags, read through the agent's layout-aware reader.
+fn synthetic_flags_intact(root: &PinRoot, layout: u32) -> bool {
+    let m4 = MapData::from_pin(root.paths().map_pin(&format!("ct4_v{layout}"))).expect("ct4");
+    let all = agent::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), layout).expect("read");
+    let synthetic: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| k.addr_a[..2] == [10, 99])
+        .collect();
+    synthetic.len() == SYNTHETIC4 as usize
+        && synthetic
+            .iter()
+            .all(|(_, v)| v.flags == SYNTHETIC_FLAGS && v.created_ns <= v.last_seen_ns)
+}
+
+fn migrate_cmd(
+    root: &PinRoot,
+    dirs: &AgentDirs,
+    to: &str,
+    failpoint: Option<&str>,
+) -> std::process::Output {
+    let mut cmd = Command::new(bin::weir());
+    cmd.args(["bpf", "migrate", "--to-version", to, "--bpf-root"])
+        .arg(root.path())
+        .arg("--api-socket")
+        .arg(dirs.path("weir.sock"));
+    if let Some(f) = failpoint {
+        cmd.env("WEIR_FAILPOINT", f);
+    }
+    cmd.output().expect("run weir bpf migrate")
+}
+
+fn killed(status: std::process::ExitStatus) -> bool {
+    status.signal() == Some(9)
+}
+
+#[test]
+fn conntrack_upgrades_and_rolls_back_under_live_flows_and_every_crash_rolls_forward() {
+    if !require_root(
+        "conntrack_upgrades_and_rolls_back_under_live_flows_and_every_crash_rolls_forward",
+    ) {
+        return;
+    }
+    assert!(Path::new(V1_OBJECT).is_file(), "the ct-v1 object was built");
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    with_two_pods('m', 44, |pods| upgrade_and_roll_back(&root, &dirs, pods));
+}
+
+fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
+    let node = pods.node;
+    pods.write_state(dirs, Some(ISOLATE_ALL_ADMIT_CLIENT));
+
+    let v1 = ["--ebpf-object", V1_OBJECT, "--ct-max-entries", "65536"];
+    let v2 = ["--ct-max-entries", "65536"];
+    let agent = AgentProcess::start(root, dirs, Some(node), &v1);
+    assert_eq!(agent.started["ct_layout"], 1);
+    assert_eq!(value_size(root, "ct4_v1"), 16, "layout 1 is 16 bytes");
+    wait_for_links(root, 4);
+    let _server = echo_server(pods.server, 9000, FLOWS);
+    let flows: Vec<Flow> = (0..FLOWS)
+        .map(|_| Flow::open(pods.client, &pods.server_addr(9000)))
+        .collect();
+    for f in &flows {
+        f.assert_moving("before the upgrade");
+    }
+    insert_synthetic(root);
+    let before = ct_keys(root, 1);
+    assert_eq!(
+        before.len(),
+        FLOWS + (SYNTHETIC4 + SYNTHETIC6) as usize,
+        "one entry per live flow plus the synthetic ones"
+    );
+    assert!(agent.terminate().success());
+
+    let upgrade_steps = [
+        "ct-migrate:mid-copy",
+        "ct-migrate:after-copy",
+        "ct-migrate:after-rename",
+        "ct-migrate:after-links",
+        "ct-migrate:after-delta",
+    ];
+    let rollback_steps = ["ct-rollback:after-copy", "ct-rollback:after-rename"];
+    for (round, step) in upgrade_steps.iter().enumerate() {
+        // Upgrade, killed at `step`, then rolled forward by a clean start.
+        let (status, stderr) =
+            AgentProcess::run_to_exit(root, dirs, Some(node), &v2, &[("WEIR_FAILPOINT", step)]);
+        assert!(
+            killed(status),
+            "{step}: the failpoint kills the agent ({status}): {stderr}"
+        );
+        let left = ct_pins(root);
+        assert!(
+            left.contains("ct4_v1"),
+            "{step}: the v1 map survives a crash: {left:?}"
+        );
+        for f in &flows {
+            f.assert_moving(&format!("after a crash at {step}"));
+        }
+        let agent = AgentProcess::start(root, dirs, Some(node), &v2);
+        assert_eq!(agent.started["ct_layout"], 2);
+        let left = ct_pins(root);
+        assert_eq!(
+            left,
+            BTreeSet::from(["ct4_v2".to_owned(), "ct6_v2".to_owned()]),
+            "{step}: the upgrade finished and removed the v1 pins"
+        );
+        assert_eq!(value_size(root, "ct4_v2"), 24, "layout 2 is 24 bytes");
+        assert_eq!(
+            ct_keys(root, 2),
+            before,
+            "{step}: the same conntrack keys after the upgrade"
+        );
+        assert!(
+            synthetic_flags_intact(root, 2),
+            "{step}: entries keep their flags"
+        );
+        for f in &flows {
+            f.assert_moving(&format!("after the upgrade ({step})"));
+        }
+        assert!(agent.terminate().success());
+
+        if round == 0 {
+            // The v1 agent refuses the newer layout and names the command.
+            let (status, stderr) = AgentProcess::run_to_exit(root, dirs, Some(node), &v1, &[]);
+            assert!(!status.success(), "the v1 agent refuses layout 2");
+            assert!(
+                stderr.contains("weir bpf migrate --to-version 1"),
+                "the refusal names the command: {stderr}"
+            );
+            assert_eq!(ct_keys(root, 2), before, "a refusal touches nothing");
+        }
+
+        // Roll back: the command (killed at a step in some rounds, then run again), then v1.
+        if let Some(fail) = rollback_steps.get(round % 3) {
+            let out = migrate_cmd(root, dirs, "1", Some(fail));
+            assert!(
+                killed(out.status),
+                "{fail}: the failpoint kills the command"
+            );
+        }
+        let out = migrate_cmd(root, dirs, "1", None);
+        assert!(
+            out.status.success(),
+            "weir bpf migrate --to-version 1: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let left = ct_pins(root);
+        assert!(
+            left.contains("ct4_v1") && left.contains("ct4_v2:rollback"),
+            "the rollback is prepared: {left:?}"
+        );
+        let agent = AgentProcess::start(root, dirs, Some(node), &v1);
+        assert_eq!(agent.started["ct_layout"], 1);
+        assert_eq!(
+            ct_pins(root),
+            BTreeSet::from(["ct4_v1".to_owned(), "ct6_v1".to_owned()]),
+            "the v1 agent finished the rollback"
+        );
+        assert_eq!(value_size(root, "ct4_v1"), 16);
+        assert_eq!(
+            ct_keys(root, 1),
+            before,
+            "{step}: the same conntrack keys after the rollback"
+        );
+        assert!(synthetic_flags_intact(root, 1));
+        for f in &flows {
+            f.assert_moving(&format!("after the rollback (round {round})"));
+        }
+        assert!(agent.terminate().success());
+    }
+
+    for f in flows {
+        f.finish()
+            .expect("every flow carried data with no reset or error");
+    }
+}

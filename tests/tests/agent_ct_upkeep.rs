@@ -1,0 +1,202 @@
+//! Conntrack upkeep through the agent's flags: a new `--ct-max-entries` resizes the pinned maps
+//! at the next start through `<name>_old` with every entry kept and live flows carrying data; a
+//! size too small for what conntrack holds is refused with the size to use, losing nothing; and
+//! LRU evictions of a full map are counted in `/metrics` (zero while the map has room).
+
+use std::{
+    net::UdpSocket,
+    os::fd::AsFd as _,
+    time::{Duration, Instant},
+};
+
+use aya::maps::MapData;
+use maps_schema::{
+    Ct4Key, CtEntry,
+    conntrack::{FLAG_SRC_EGRESS_APPROVED, FLAG_TCP_SYN, FLAG_TCP_SYN_ACK},
+};
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess, metrics_get},
+    bpf::PinRoot,
+    ct::{
+        Flow, ISOLATE_ALL_ADMIT_CLIENT, TwoPods, ct_keys, ct_pins, echo_server, map_show,
+        wait_for_links, with_two_pods,
+    },
+    netns::NetNs,
+    privileged::require_root,
+};
+
+fn max_entries(root: &PinRoot, name: &str) -> u64 {
+    map_show(root, name)["max_entries"]
+        .as_u64()
+        .expect("max_entries")
+}
+
+#[test]
+fn a_new_ct_size_resizes_through_old_keeping_every_entry_and_live_flows() {
+    if !require_root("a_new_ct_size_resizes_through_old_keeping_every_entry_and_live_flows") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    with_two_pods('u', 45, |pods| resize(&root, &dirs, pods));
+}
+
+fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
+    let node = pods.node;
+    pods.write_state(dirs, Some(ISOLATE_ALL_ADMIT_CLIENT));
+
+    let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "8192"]);
+    assert_eq!(max_entries(root, "ct4_v2"), 8192);
+    wait_for_links(root, 4);
+    let _server = echo_server(pods.server, 9000, 2);
+    let flows: Vec<Flow> = (0..2)
+        .map(|_| Flow::open(pods.client, &pods.server_addr(9000)))
+        .collect();
+    for f in &flows {
+        f.assert_moving("before the resize");
+    }
+    // 5,000 established entries: too many for 4,096 slots with headroom.
+    let now = agent::dataplane::conntrack::now_ns();
+    let flags = FLAG_SRC_EGRESS_APPROVED | FLAG_TCP_SYN | FLAG_TCP_SYN_ACK;
+    let entries: Vec<(Ct4Key, CtEntry)> = (0..5000u32)
+        .map(|i| {
+            let [_, _, a, b] = i.to_be_bytes();
+            let key = Ct4Key {
+                addr_a: [10, 97, a, b],
+                addr_b: [10, 96, 0, 1],
+                port_a: 50_000,
+                port_b: 80,
+                protocol: 6,
+                _pad: [0; 3],
+            };
+            (key, CtEntry::new(now, flags))
+        })
+        .collect();
+    let ct4 = MapData::from_pin(root.paths().map_pin("ct4_v2")).expect("ct4_v2");
+    agent::dataplane::batch::update(ct4.fd().as_fd(), &entries).expect("fill ct4_v2");
+    drop(ct4);
+    let before = ct_keys(root, 2);
+    assert_eq!(
+        before.len(),
+        5002,
+        "the flows' entries and the 5,000 filled"
+    );
+    let programs_before = agent.started["programs"].clone();
+    assert!(agent.terminate().success());
+
+    // Too small: refused with the size to use; nothing is lost.
+    let (status, stderr) =
+        AgentProcess::run_to_exit(root, dirs, Some(node), &["--ct-max-entries", "4096"], &[]);
+    assert!(!status.success(), "a size without headroom is refused");
+    assert!(
+        stderr.contains("raise --ct-max-entries to at least 5558"),
+        "the refusal names the size to use: {stderr}"
+    );
+    for f in &flows {
+        f.assert_moving("while the agent refused to start");
+    }
+
+    // Larger: copied through ct4_v2_old, programs replaced to use the new map.
+    let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "16384"]);
+    assert_eq!(max_entries(root, "ct4_v2"), 16384);
+    assert_eq!(max_entries(root, "ct6_v2"), 16384);
+    assert_eq!(
+        ct_pins(root),
+        ["ct4_v2", "ct6_v2"].map(str::to_owned).into(),
+        "the _old pins are gone"
+    );
+    assert_eq!(
+        ct_keys(root, 2),
+        before,
+        "every conntrack key survives the resize"
+    );
+    assert_ne!(
+        agent.started["programs"], programs_before,
+        "the programs were reloaded against the new maps"
+    );
+    let steps = agent.started["migration"]["steps"].to_string();
+    assert!(
+        steps.contains("\"resize\"") && steps.contains("ct4_v2_old"),
+        "{steps}"
+    );
+    for f in &flows {
+        f.assert_moving("after the resize");
+    }
+    // A restart at the same size changes nothing.
+    assert!(agent.terminate().success());
+    let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "16384"]);
+    assert_eq!(agent.started["migration"]["steps"], serde_json::json!([]));
+    assert!(agent.terminate().success());
+    for f in flows {
+        f.finish().expect("the flows carried data with no reset");
+    }
+}
+
+fn metric(node: &NetNs, name: &str) -> Option<u64> {
+    let body = node.run(|| metrics_get("/metrics"));
+    body.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn wait_metric(node: &NetNs, name: &str, ok: impl Fn(u64) -> bool) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let value = metric(node, name);
+        if let Some(v) = value
+            && ok(v)
+        {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{name} is {value:?} after 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn lru_evictions_of_a_full_conntrack_map_are_counted() {
+    if !require_root("lru_evictions_of_a_full_conntrack_map_are_counted") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    with_two_pods('e', 46, |pods| evictions(&root, &dirs, pods));
+}
+
+fn evictions(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
+    let node = pods.node;
+    pods.write_state(dirs, None);
+    let agent = AgentProcess::start(
+        root,
+        dirs,
+        Some(node),
+        &["--ct-max-entries", "1024", "--ct-sweep-interval", "1"],
+    );
+    wait_for_links(root, 4);
+    let server_ip: std::net::Ipv4Addr = pods.ips[0].parse().expect("ip");
+    let send = |ports: std::ops::Range<u16>| {
+        pods.client.run(|| {
+            let socket = UdpSocket::bind("0.0.0.0:0").expect("udp");
+            for port in ports {
+                socket.send_to(b"x", (server_ip, port)).expect("send");
+            }
+        });
+    };
+    let created = "weir_conntrack_created_total{family=\"ipv4\"}";
+    let evicted = "weir_conntrack_evicted_total{family=\"ipv4\"}";
+    // Positive control: 100 flows fit; a sweep counts them created and nothing evicted.
+    send(20_000..20_100);
+    wait_metric(node, created, |v| v >= 100);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        metric(node, evicted),
+        Some(0),
+        "nothing is evicted while the map has room"
+    );
+    // 3,000 more flows through a 1,024-entry map: the kernel evicts about 2,000.
+    send(30_000..33_000);
+    wait_metric(node, created, |v| v >= 3100);
+    let n = wait_metric(node, evicted, |v| v >= 1500);
+    assert!(n <= 3100, "no more evictions than entries created: {n}");
+    assert!(agent.terminate().success());
+}
