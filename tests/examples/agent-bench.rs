@@ -80,7 +80,10 @@ fn converge(
     let started = Instant::now();
     let (policies, errors) = agent::policy::load::load_dir(&paths.policy_dir);
     anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
-    let mut node = Node::open(paths, dataplane(paths)?, policies, Vec::new())?;
+    let dataplane = dataplane(paths)?;
+    eprintln!("converge: policy files read, programs loaded: {:?}", started.elapsed());
+    let mut node = Node::open(paths, dataplane, policies, Vec::new())?;
+    eprintln!("converge: node open: {:?}", started.elapsed());
     for (name, ifindex) in real {
         node.on_link(&LinkEvent::Up {
             ifname: name.clone(),
@@ -99,7 +102,9 @@ fn converge(
         }
     }
     node.on_link(&LinkEvent::Synced);
+    eprintln!("converge: links fed: {:?}", started.elapsed());
     node.dataplane.apply()?;
+    eprintln!("converge: applied: {:?}", started.elapsed());
     let stats = node.dataplane.stats();
     let writes = stats
         .maps
@@ -165,8 +170,14 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     drop((v1, entries));
     let started = Instant::now();
     let mut pending = agent::migrate::prepare(&dir, 2, capacity)?;
-    agent::migrate::finish(&mut pending)?;
+    let finished = agent::migrate::finish(&mut pending)?;
     let seconds = started.elapsed().as_secs_f64();
+    for step in pending.report.steps.iter().chain(&finished.steps) {
+        eprintln!(
+            "ct migration: {} {} -> {}: {} entries in {:.3} s",
+            step.action, step.from, step.to, step.entries, step.seconds
+        );
+    }
     anyhow::ensure!(!dir.join("ct4_v1").exists(), "the v1 pin is removed");
     let v2 = aya::maps::MapData::from_pin(dir.join("ct4_v2"))?;
     let target = batch::count::<Ct4Key, CtEntry>(v2.fd().as_fd())?;
