@@ -128,3 +128,36 @@ fn agent_loads_pins_and_survives_restart() {
     assert_eq!(agent.started["prefilter"][0][1], "unchanged");
     assert!(agent.terminate().success());
 }
+
+/// A map the agent fills, pinned at a layout version other than the object's (left by another
+/// release), is removed once the agent is in sync; conntrack pins are left to the migration and
+/// unrelated pins are not touched.
+#[test]
+fn pins_of_other_layout_versions_of_agent_maps_are_removed() {
+    if !require_root("pins_of_other_layout_versions_of_agent_maps_are_removed") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = NetNs::new();
+    let paths = root.paths();
+    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
+    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let pin = |name: &str| {
+        let map = aya::maps::HashMap::<_, u32, u32>::create(16, 0).expect("create a map");
+        map.pin(paths.map_pin(name)).expect("pin");
+    };
+    pin("policy_v0");
+    pin("wt_unrelated_v1");
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    assert!(
+        !paths.map_pin("policy_v0").exists(),
+        "the other layout's policy pin is removed"
+    );
+    assert!(paths.map_pin("policy_v1").exists(), "the agent's own stays");
+    assert!(
+        paths.map_pin("wt_unrelated_v1").exists(),
+        "a pin the agent does not own is left alone"
+    );
+    assert!(agent.terminate().success());
+}
