@@ -81,7 +81,10 @@ fn converge(
     let (policies, errors) = agent::policy::load::load_dir(&paths.policy_dir);
     anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
     let dataplane = dataplane(paths)?;
-    eprintln!("converge: policy files read, programs loaded: {:?}", started.elapsed());
+    eprintln!(
+        "converge: policy files read, programs loaded: {:?}",
+        started.elapsed()
+    );
     let mut node = Node::open(paths, dataplane, policies, Vec::new())?;
     eprintln!("converge: node open: {:?}", started.elapsed());
     for (name, ifindex) in real {
