@@ -256,3 +256,66 @@ fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
             .expect("every flow carried data with no reset or error");
     }
 }
+
+/// A rollback prepared by a newer release whose layout this agent does not know (3, 32-byte
+/// values): the agent reads each value's prefix — layouts only append fields — merges the entries
+/// into its own `ct4_v2` and removes the newer pin.
+#[test]
+fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
+    if !require_root("a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix") {
+        return;
+    }
+    use aya_obj::generated::bpf_map_type;
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = tests::netns::NetNs::new();
+    let paths = root.paths();
+    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
+    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let create = |name: &str, pin: &str, value_size: u32| {
+        let obj = aya_obj::Map::new_from_params(
+            bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
+            16,
+            value_size,
+            65_536,
+            0,
+        );
+        let map = MapData::create(obj, name, None).expect("create");
+        map.pin(paths.map_pin(pin)).expect("pin");
+        map
+    };
+    // What `weir bpf migrate --to-version 2` of a layout-3 release leaves: the converted ct4_v2
+    // (empty here) and the layout-3 map renamed :rollback, whose entries the agent must take.
+    drop(create("ct4_v2", "ct4_v2", 24));
+    let newer = create("ct4_v3", "ct4_v3:rollback", 32);
+    let now = agent::dataplane::conntrack::now_ns();
+    let entries: Vec<(Ct4Key, [u8; 32])> = (0..100)
+        .map(|i| {
+            // Layout 3 = layout 2 (last seen, flags, reserved, created) + 8 bytes of its own.
+            let mut value = [0xab_u8; 32];
+            value[..8].copy_from_slice(&now.to_ne_bytes());
+            value[8..12].copy_from_slice(&SYNTHETIC_FLAGS.to_ne_bytes());
+            value[12..16].fill(0);
+            value[16..24].copy_from_slice(&now.to_ne_bytes());
+            (synthetic4(i), value)
+        })
+        .collect();
+    agent::dataplane::batch::update(newer.fd().as_fd(), &entries).expect("fill the newer map");
+    drop(newer);
+
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &["--ct-max-entries", "65536"]);
+    assert_eq!(
+        ct_pins(&root),
+        BTreeSet::from(["ct4_v2".to_owned(), "ct6_v2".to_owned()]),
+        "the newer layout's pin is merged and removed"
+    );
+    let m4 = MapData::from_pin(paths.map_pin("ct4_v2")).expect("ct4_v2");
+    let all = agent::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 2).expect("read");
+    assert_eq!(all.len(), 100, "every entry of the newer layout arrived");
+    assert!(
+        all.iter()
+            .all(|(_, v)| v.flags == SYNTHETIC_FLAGS && v.last_seen_ns == now),
+        "each value is the newer value's prefix"
+    );
+    assert!(agent.terminate().success());
+}

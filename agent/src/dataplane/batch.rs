@@ -70,6 +70,71 @@ pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>>
     }
 }
 
+/// The value size of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
+pub fn value_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    // SAFETY: plain data.
+    let mut info: aya_obj::generated::bpf_map_info = unsafe { zeroed() };
+    // SAFETY: plain data.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.info.bpf_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+    attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_map_info>()).unwrap_or(0);
+    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info.value_size as usize)
+}
+
+/// Every (key, value prefix) of a hash map whose values are `value_size` bytes, `value_size` ≥
+/// `size_of::<V>()`: the first `size_of::<V>()` bytes of each value, read as `V` (for maps of a
+/// newer layout, whose values start with the layout this release knows).
+pub fn lookup_all_prefix<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    value_size: usize,
+) -> io::Result<Vec<(K, V)>> {
+    if value_size < size_of::<V>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "values of {value_size} bytes are shorter than {}",
+                size_of::<V>()
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let token_len = size_of::<K>().max(8);
+    let mut in_token = vec![0u8; token_len];
+    let mut out_token = vec![0u8; token_len];
+    // SAFETY: `K` is `Pod`: all-zero bytes are a valid value.
+    let mut keys: Vec<K> = vec![unsafe { zeroed() }; CHUNK as usize];
+    let mut values = vec![0u8; CHUNK as usize * value_size];
+    let mut first = true;
+    loop {
+        // SAFETY: plain data.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        attr.batch.in_batch = if first { 0 } else { in_token.as_ptr() as u64 };
+        attr.batch.out_batch = out_token.as_mut_ptr() as u64;
+        attr.batch.keys = keys.as_mut_ptr() as u64;
+        attr.batch.values = values.as_mut_ptr() as u64;
+        attr.batch.count = CHUNK;
+        attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+        let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
+        // SAFETY: the kernel wrote how many entries it returned.
+        let count = unsafe { attr.batch.count } as usize;
+        for (i, key) in keys[..count].iter().enumerate() {
+            let value = &values[i * value_size..i * value_size + size_of::<V>()];
+            // SAFETY: `value` holds `size_of::<V>()` bytes and `V` is `Pod`.
+            let value: V = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
+            out.push((*key, value));
+        }
+        match result {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) => return Err(e),
+        }
+        in_token.copy_from_slice(&out_token);
+        first = false;
+    }
+}
+
 /// Deletes `keys` (missing ones are skipped), `CHUNK` at a time. Returns how many were deleted.
 pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
     let mut deleted = 0;

@@ -22,13 +22,18 @@ const LOOKUP_LIMIT: usize = 131_072;
 /// copied again.
 const CLOCK_MARGIN_NS: u64 = 1_000_000_000;
 
-/// Every entry of a conntrack map of layout `version`, in the current layout.
+/// Every entry of a conntrack map of layout `version`, in the current layout. A layout newer
+/// than this release's is read as its prefix (layouts only append fields), so an older release
+/// can take the last entries of a rollback without knowing the newer layout.
 pub fn read<K: Pod>(fd: BorrowedFd<'_>, version: u32) -> io::Result<Vec<(K, CtEntry)>> {
     match version {
         1 => Ok(batch::lookup_all::<K, CtEntryV1>(fd)?
             .into_iter()
             .map(|(k, v)| (k, v.upgrade()))
             .collect()),
+        v if v > maps_schema::conntrack::LAYOUT => {
+            batch::lookup_all_prefix::<K, CtEntry>(fd, batch::value_size(fd)?)
+        }
         _ => batch::lookup_all::<K, CtEntry>(fd),
     }
 }
@@ -49,6 +54,8 @@ pub fn write<K: Pod>(
     }
 }
 
+/// One entry of a map of layout `version` (the target of a merge: always a layout this
+/// release knows).
 fn lookup<K: Pod>(fd: BorrowedFd<'_>, version: u32, key: &K) -> io::Result<Option<CtEntry>> {
     match version {
         1 => Ok(batch::lookup::<K, CtEntryV1>(fd, key)?.map(CtEntryV1::upgrade)),

@@ -115,6 +115,9 @@ pub fn plan(pins: &[CtPin], target: u32, known: impl Fn(u32) -> bool) -> Result<
             }
             PinKind::Plain if pin.version == target => plan.target_exists = true,
             PinKind::Rollback if pin.version == target => plan.restore = Some(pin.clone()),
+            // A newer release prepared this rollback: its values start with ours (layouts only
+            // append), so it is read as a prefix even if its layout is unknown here.
+            PinKind::Rollback if pin.version > target => sources.push(pin.clone()),
             _ if !known(pin.version) => return Err(Refusal::Unknown { pin: pin.clone() }),
             PinKind::Plain | PinKind::Old | PinKind::Rollback => sources.push(pin.clone()),
         }
@@ -210,6 +213,9 @@ mod tests {
         assert_eq!(p.sources, pins(&["ct4_v2:rollback"]));
         // A rollback pin without its converted copy is never taken as a source.
         assert!(plan(&pins(&["ct4_v2:rollback"]), 1, known).is_err());
+        // A release that knows only layout 1 still takes a layout-3 rollback (read as a prefix).
+        let p = plan(&pins(&["ct4_v1", "ct4_v3:rollback"]), 1, |v| v == 1).expect("plan");
+        assert_eq!(p.sources, pins(&["ct4_v3:rollback"]));
     }
 
     #[test]
