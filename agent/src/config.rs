@@ -409,6 +409,18 @@ mod tests {
                 vec!["--node", "n1", "--prefilter-interfaces", "a/b"],
                 "--prefilter-interfaces",
             ),
+            (
+                vec!["--node", "n1", "--ct-max-entries", "10"],
+                "--ct-max-entries",
+            ),
+            (
+                vec!["--node", "n1", "--ebpf-object", "weir.o"],
+                "--ebpf-object",
+            ),
+            (
+                vec!["--node", "n1", "--ebpf-object", "/nonexistent/weir.o"],
+                "--ebpf-object",
+            ),
         ] {
             let err = parse(&args)
                 .expect_err("invalid flags are rejected")

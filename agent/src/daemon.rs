@@ -51,6 +51,9 @@ pub enum DaemonError {
     /// The pin root is unusable.
     #[error(transparent)]
     Bpffs(#[from] crate::bpffs::BpffsError),
+    /// `WEIR_FAILPOINT` names no failpoint.
+    #[error("{0}")]
+    Failpoint(String),
     /// Attaching the prefilter failed.
     #[error(transparent)]
     Attach(#[from] AttachError),
@@ -114,10 +117,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let paths = config.paths.clone();
-    migrate::failpoint::validate().map_err(|e| DaemonError::Io {
-        what: "read the failpoint".into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-    })?;
+    migrate::failpoint::validate().map_err(DaemonError::Failpoint)?;
     let object: std::borrow::Cow<'static, [u8]> = match &config.ebpf_object {
         Some(path) => std::fs::read(path)
             .map_err(io_err(format!("read the eBPF object {}", path.display())))?

@@ -316,7 +316,23 @@ fn migrate(
         Output::Json => print_json(&report),
         Output::Table => {
             if report.steps.is_empty() {
-                println!("conntrack is already at layout {to}; nothing to do");
+                let any_ct = std::fs::read_dir(paths.maps_dir()).is_ok_and(|mut d| {
+                    d.any(|e| {
+                        e.ok().is_some_and(|e| {
+                            let name = e.file_name();
+                            let name = name.to_string_lossy();
+                            name.starts_with("ct4_v") || name.starts_with("ct6_v")
+                        })
+                    })
+                });
+                if any_ct {
+                    println!("conntrack is already at layout {to}; nothing to do");
+                } else {
+                    println!(
+                        "no conntrack maps are pinned under {}; nothing to convert",
+                        paths.maps_dir().display()
+                    );
+                }
             }
             for s in &report.steps {
                 println!(
