@@ -93,7 +93,8 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_CT_TIMEOUT_OTHER", default_value_t = 60)]
     pub ct_timeout_other: u64,
     /// Entries of each conntrack map (`ct4`, `ct6`). A change resizes the pinned maps at the
-    /// next start, copying every entry (through `<name>_old`).
+    /// next start, copying every entry (through `<name>_old`); a map is never made smaller than
+    /// its entries need (plus 10%), so a resize or layout migration evicts nothing.
     #[arg(long, env = "WEIR_CT_MAX_ENTRIES", default_value_t = maps_schema::maps::CT_MAX)]
     pub ct_max_entries: u32,
     /// Load this eBPF object instead of the one built into the binary (a locally built

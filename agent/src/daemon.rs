@@ -131,9 +131,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     crate::bpffs::ensure_pin_dir(&paths.maps_dir())?;
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
-    let (ct4, ct6) = conntrack::map_names(ct_layout);
-    let sizes = [(ct4, config.ct_max_entries), (ct6, config.ct_max_entries)];
-    let mut programs = Programs::load(&paths, &object, &sizes)?;
+    let mut programs = Programs::load(&paths, &object, &pending.sizes)?;
     let program_report = programs.report.programs.clone();
     let mut prefilter = Vec::new();
     for ifname in &config.prefilter_interfaces {

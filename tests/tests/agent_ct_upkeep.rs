@@ -1,6 +1,6 @@
 //! Conntrack upkeep through the agent's flags: a new `--ct-max-entries` resizes the pinned maps
 //! at the next start through `<name>_old` with every entry kept and live flows carrying data; a
-//! size too small for what conntrack holds is refused with the size to use, losing nothing; and
+//! size too small for what conntrack holds keeps the map's size, evicting nothing; and
 //! LRU evictions of a full map are counted in `/metrics` (zero while the map has room).
 
 use std::{
@@ -84,17 +84,21 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     let programs_before = agent.started["programs"].clone();
     assert!(agent.terminate().success());
 
-    // Too small: refused with the size to use; nothing is lost.
-    let (status, stderr) =
-        AgentProcess::run_to_exit(root, dirs, Some(node), &["--ct-max-entries", "4096"], &[]);
-    assert!(!status.success(), "a size without headroom is refused");
-    assert!(
-        stderr.contains("raise --ct-max-entries to at least 5558"),
-        "the refusal names the size to use: {stderr}"
+    // Too small for what ct4 holds: ct4 keeps its size (nothing evicted), ct6 (empty) shrinks.
+    let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "4096"]);
+    assert_eq!(
+        max_entries(root, "ct4_v2"),
+        8192,
+        "ct4 is not shrunk below its entries"
     );
+    assert_eq!(max_entries(root, "ct6_v2"), 4096, "ct6 has room: resized");
+    assert_eq!(ct_keys(root, 2), before, "nothing is evicted");
+    let steps = agent.started["migration"]["steps"].to_string();
+    assert!(steps.contains("\"keep\""), "{steps}");
     for f in &flows {
-        f.assert_moving("while the agent refused to start");
+        f.assert_moving("after a start with a size too small");
     }
+    assert!(agent.terminate().success());
 
     // Larger: copied through ct4_v2_old, programs replaced to use the new map.
     let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "16384"]);

@@ -60,20 +60,6 @@ pub enum MigrateError {
         "the eBPF object declares no usable conntrack maps ({0}): rebuild it with `cargo xtask build-ebpf`"
     )]
     Object(String),
-    /// The new map is too small for the entries it must take.
-    #[error(
-        "{map} holds {entries} entries, more than 90% of --ct-max-entries {max}: raise --ct-max-entries to at least {needed} so nothing is evicted during the copy"
-    )]
-    NoHeadroom {
-        /// The source map.
-        map: String,
-        /// Its entries.
-        entries: usize,
-        /// The new size.
-        max: u32,
-        /// The smallest size with headroom.
-        needed: u64,
-    },
     /// Entries went missing during the copy (LRU eviction).
     #[error(
         "copying {map} lost {lost} entries to LRU eviction; raise --ct-max-entries and start again (the source is untouched)"
@@ -231,6 +217,9 @@ pub struct Pending {
     families: Vec<(&'static str, Vec<CtPin>, Option<u64>)>,
     /// What `prepare` did.
     pub report: MigrationReport,
+    /// (map name, max entries) of each conntrack map as the programs must load it: the flag's
+    /// size, or more when conntrack holds more than the flag's size leaves room for.
+    pub sizes: Vec<(String, u32)>,
 }
 
 impl Pending {
@@ -241,7 +230,13 @@ impl Pending {
     }
 }
 
-/// Step 1 for both families (see the module doc). `max_entries` is `--ct-max-entries`.
+/// Entries a map needs to take `entries` without early LRU eviction (10% headroom).
+fn with_headroom(entries: usize) -> u32 {
+    u32::try_from((entries as u64 * 10).div_ceil(9)).unwrap_or(u32::MAX)
+}
+
+/// Step 1 for both families (see the module doc). `max_entries` is `--ct-max-entries`; a map
+/// never shrinks below what its entries need, so no entry is ever evicted by a resize or copy.
 pub fn prepare(dir: &Path, target: u32, max_entries: u32) -> Result<Pending, MigrateError> {
     let mut pending = Pending {
         dir: dir.to_owned(),
@@ -283,11 +278,36 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
         ));
     }
     let mut plan = plan;
+    let mut size = max_entries;
     if plan.target_exists {
-        let info = open(&target_path)?
+        let map = open(&target_path)?;
+        let info = map
             .info()
             .map_err(|e| io_err("read", target_path.display())(io::Error::other(e)))?;
-        if info.max_entries() != max_entries {
+        let entries = if info.max_entries() == max_entries {
+            0
+        } else {
+            copy::read::<F::Key>(map.fd().as_fd(), target)
+                .map_err(io_err("read", target_path.display()))?
+                .len()
+        };
+        if info.max_entries() != max_entries && with_headroom(entries) > max_entries {
+            tracing::warn!(
+                map = %target_pin.name(stem),
+                entries,
+                size = info.max_entries(),
+                requested = max_entries,
+                "conntrack holds more than --ct-max-entries leaves room for; keeping the current size (raise the flag, or let entries expire first)"
+            );
+            size = info.max_entries();
+            pending.report.steps.push(step(
+                "keep",
+                &target_pin.name(stem),
+                &target_pin.name(stem),
+                entries,
+                Instant::now(),
+            ));
+        } else if info.max_entries() != max_entries {
             let old = CtPin {
                 version: target,
                 kind: PinKind::Old,
@@ -315,14 +335,16 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
         since = Some(now_ns());
         let entries = copy::read::<F::Key>(source_map.fd().as_fd(), source.version)
             .map_err(io_err("read", source_path.display()))?;
-        let needed = (entries.len() as u64 * 10).div_ceil(9);
-        if needed > u64::from(max_entries) {
-            return Err(MigrateError::NoHeadroom {
-                map: source.name(stem),
-                entries: entries.len(),
-                max: max_entries,
-                needed,
-            });
+        let needed = with_headroom(entries.len());
+        if needed > max_entries {
+            tracing::warn!(
+                map = %source.name(stem),
+                entries = entries.len(),
+                requested = max_entries,
+                size = needed,
+                "conntrack holds more than --ct-max-entries leaves room for; the new map gets {needed} entries so none is evicted"
+            );
+            size = needed;
         }
         let migrating = CtPin {
             version: target,
@@ -336,7 +358,7 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
             &migrating_path,
             key_size,
             value,
-            max_entries,
+            size,
         )
         .map_err(io_err("create", migrating_path.display()))?;
         copy::copy_into(&map, target, &entries, || {
@@ -366,6 +388,7 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
         failpoint::hit("ct-migrate:after-rename");
     }
     pending.families.push((stem, plan.sources, since));
+    pending.sizes.push((target_pin.name(stem), size));
     Ok(())
 }
 
