@@ -93,6 +93,18 @@ pub fn status(args: StatusArgs) -> Result<()> {
             if let Some(error) = &status.applied.error {
                 println!("last error: {error}");
             }
+            let ct = &status.conntrack;
+            println!(
+                "conntrack:  ipv4 {}/{} entries, {} created, {} evicted; ipv6 {}/{} entries, {} created, {} evicted",
+                ct.entries4,
+                ct.max4,
+                ct.created4,
+                ct.evicted4,
+                ct.entries6,
+                ct.max6,
+                ct.created6,
+                ct.evicted6
+            );
             for pool in &status.pools {
                 println!(
                     "pool:       {} {} free {}{}",
