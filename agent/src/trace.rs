@@ -5,10 +5,10 @@
 use std::net::IpAddr;
 
 use maps_schema::{
-    IdentityInfo, PolicyKey,
+    IdentityInfo,
     endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
-    identity::{ANY, HOST, WORLD, reserved_name},
-    policy::{ANY_PORT, ANY_PROTO, EGRESS, INGRESS, VERDICT_ALLOW},
+    identity::{HOST, WORLD, reserved_name},
+    policy::{EGRESS, INGRESS, VERDICT_ALLOW, decide},
 };
 use serde::{Deserialize, Serialize};
 
@@ -105,7 +105,8 @@ fn name(identity: u32) -> String {
     reserved_name(identity).map_or_else(|| identity.to_string(), |r| format!("{identity} ({r})"))
 }
 
-/// The programs' policy lookup order (see `maps_schema::policy`): returns (allowed, rule id).
+/// The programs' policy lookup order (`maps_schema::policy::decide`) on the desired state:
+/// returns (allowed, rule id).
 fn lookup(
     node: &Node,
     endpoint_id: u32,
@@ -115,35 +116,10 @@ fn lookup(
     port: u16,
 ) -> Option<(bool, u32)> {
     let policy = &node.dataplane.policy;
-    let mut key = PolicyKey {
-        endpoint_id,
-        peer_identity: peer,
-        port,
-        protocol: proto,
-        direction,
-    };
-    for peer_identity in [peer, ANY] {
-        key.peer_identity = peer_identity;
-        key.port = port;
-        if port != ANY_PORT
-            && let Some(v) = policy.desired(&key)
-        {
-            return Some((v.verdict == VERDICT_ALLOW, v.rule_id));
-        }
-        key.port = ANY_PORT;
-        if let Some(v) = policy.desired(&key).filter(|v| v.covers(port)) {
-            return Some((v.verdict == VERDICT_ALLOW, v.rule_id));
-        }
-    }
-    key.protocol = ANY_PROTO;
-    key.port = ANY_PORT;
-    for peer_identity in [peer, ANY] {
-        key.peer_identity = peer_identity;
-        if let Some(v) = policy.desired(&key) {
-            return Some((v.verdict == VERDICT_ALLOW, v.rule_id));
-        }
-    }
-    None
+    decide(endpoint_id, direction, peer, proto, port, |key| {
+        policy.desired(key)
+    })
+    .map(|v| (v.verdict == VERDICT_ALLOW, v.rule_id))
 }
 
 /// Traces `req` on `node`'s desired state.

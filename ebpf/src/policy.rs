@@ -3,8 +3,8 @@
 use maps_schema::{
     EndpointInfo, PolicyKey,
     endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
-    identity::{ANY, HOST},
-    policy::{ANY_PORT, ANY_PROTO, EGRESS, INGRESS, VERDICT_ALLOW},
+    identity::HOST,
+    policy::{EGRESS, INGRESS, VERDICT_ALLOW, decide},
     reason::{DIR_FROM_ENDPOINT, DROP_POLICY_DENIED, PASS, PASS_POLICY},
 };
 
@@ -41,41 +41,11 @@ pub(crate) fn evaluate(
     }
 }
 
-/// The policy map's verdict, most specific entry first (see `maps_schema::policy`).
+/// The policy map's verdict, most specific entry first (`maps_schema::policy::decide`).
 #[inline(always)]
 fn allowed(endpoint_id: u32, direction: u8, peer: u32, proto: u8, port: u16) -> bool {
-    let mut key = PolicyKey {
-        endpoint_id,
-        peer_identity: peer,
-        port,
-        protocol: proto,
-        direction,
-    };
-    for peer_identity in [peer, ANY] {
-        key.peer_identity = peer_identity;
-        if port != ANY_PORT {
-            key.port = port;
-            // SAFETY: read-only to programs; the agent replaces entries whole.
-            if let Some(v) = unsafe { POLICY.get(&key) } {
-                return v.verdict == VERDICT_ALLOW;
-            }
-        }
-        key.port = ANY_PORT;
-        // SAFETY: as above.
-        if let Some(v) = unsafe { POLICY.get(&key) }
-            && v.covers(port)
-        {
-            return v.verdict == VERDICT_ALLOW;
-        }
-    }
-    key.protocol = ANY_PROTO;
-    key.port = ANY_PORT;
-    for peer_identity in [peer, ANY] {
-        key.peer_identity = peer_identity;
-        // SAFETY: as above.
-        if let Some(v) = unsafe { POLICY.get(&key) } {
-            return v.verdict == VERDICT_ALLOW;
-        }
-    }
-    false
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let get = |key: &PolicyKey| unsafe { POLICY.get(key) };
+    decide(endpoint_id, direction, peer, proto, port, get)
+        .is_some_and(|v| v.verdict == VERDICT_ALLOW)
 }

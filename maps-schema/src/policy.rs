@@ -107,3 +107,49 @@ impl PolicyValue {
             || (r[3].first <= port && port <= r[3].last)
     }
 }
+
+/// The entry that decides for `(endpoint_id, direction, peer, protocol, port)`, in the lookup
+/// order above; `get` reads one key of the policy map. The programs call this on the kernel map,
+/// `weir policy trace` on the agent's desired state, so both follow one order. `None`: no entry
+/// decides (deny, for an isolated direction).
+#[inline(always)]
+pub fn decide<'a>(
+    endpoint_id: u32,
+    direction: u8,
+    peer: u32,
+    protocol: u8,
+    port: u16,
+    mut get: impl FnMut(&PolicyKey) -> Option<&'a PolicyValue>,
+) -> Option<&'a PolicyValue> {
+    let mut key = PolicyKey {
+        endpoint_id,
+        peer_identity: peer,
+        port,
+        protocol,
+        direction,
+    };
+    for peer_identity in [peer, crate::identity::ANY] {
+        key.peer_identity = peer_identity;
+        if port != ANY_PORT {
+            key.port = port;
+            if let Some(v) = get(&key) {
+                return Some(v);
+            }
+        }
+        key.port = ANY_PORT;
+        if let Some(v) = get(&key)
+            && v.covers(port)
+        {
+            return Some(v);
+        }
+    }
+    key.protocol = ANY_PROTO;
+    key.port = ANY_PORT;
+    for peer_identity in [peer, crate::identity::ANY] {
+        key.peer_identity = peer_identity;
+        if let Some(v) = get(&key) {
+            return Some(v);
+        }
+    }
+    None
+}
