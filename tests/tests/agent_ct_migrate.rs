@@ -319,3 +319,35 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
     );
     assert!(agent.terminate().success());
 }
+
+/// A pin with a conntrack name but another shape (here 8-byte keys) is refused with a message that
+/// says so, and left as it was: the agent never reads it with the wrong sizes.
+#[test]
+fn a_conntrack_pin_of_the_wrong_shape_is_refused_and_left_alone() {
+    if !require_root("a_conntrack_pin_of_the_wrong_shape_is_refused_and_left_alone") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = tests::netns::NetNs::new();
+    let paths = root.paths();
+    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
+    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let map = aya::maps::HashMap::<_, u64, u64>::create(64, 0).expect("create");
+    map.pin(paths.map_pin("ct4_v1")).expect("pin");
+    let id = map_show(&root, "ct4_v1")["id"].clone();
+    let (status, stderr) = AgentProcess::run_to_exit(&root, &dirs, Some(&node), &[], &[]);
+    assert!(
+        !status.success(),
+        "the agent refuses to copy a map of another shape"
+    );
+    assert!(
+        stderr.contains("belongs to another layout"),
+        "the error says what is wrong: {stderr}"
+    );
+    assert_eq!(map_show(&root, "ct4_v1")["id"], id, "the pin is untouched");
+    assert!(
+        !ct_pins(&root).contains("ct4_v2"),
+        "no half-made copy is left as ct4_v2"
+    );
+}

@@ -33,6 +33,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
 
 /// Every (key, value) of a hash map, `CHUNK` at a time.
 pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+    check::<K, V>(fd, false)?;
     let mut out = Vec::new();
     let token_len = size_of::<K>().max(8);
     let mut in_token = vec![0u8; token_len];
@@ -72,6 +73,35 @@ pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>>
 
 /// The value size of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
 pub fn value_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    sizes(fd).map(|(_, v)| v)
+}
+
+/// Refuses a map whose key size differs from `K`'s, or whose value size differs from `V`'s
+/// (is smaller than it, with `prefix`): the kernel copies by the map's sizes, so a map of another
+/// layout would read or write past the buffers. Every batch operation here checks first.
+pub fn check<K, V>(fd: BorrowedFd<'_>, prefix: bool) -> io::Result<()> {
+    let (key, value) = sizes(fd)?;
+    let value_ok = if prefix {
+        value >= size_of::<V>()
+    } else {
+        value == size_of::<V>()
+    };
+    if key == size_of::<K>() && value_ok {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the map has {key}-byte keys and {value}-byte values, not the expected {} and {}: it belongs to another layout",
+                size_of::<K>(),
+                size_of::<V>()
+            ),
+        ))
+    }
+}
+
+/// (key size, value size) of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
+fn sizes(fd: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
     // SAFETY: plain data.
     let mut info: aya_obj::generated::bpf_map_info = unsafe { zeroed() };
     // SAFETY: plain data.
@@ -80,7 +110,7 @@ pub fn value_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
     attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_map_info>()).unwrap_or(0);
     attr.info.info = std::ptr::from_mut(&mut info) as u64;
     bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(info.value_size as usize)
+    Ok((info.key_size as usize, info.value_size as usize))
 }
 
 /// Every (key, value prefix) of a hash map whose values are `value_size` bytes, `value_size` ≥
@@ -137,6 +167,13 @@ pub fn lookup_all_prefix<K: Pod, V: Pod>(
 
 /// Deletes `keys` (missing ones are skipped), `CHUNK` at a time. Returns how many were deleted.
 pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
+    let (key, _) = sizes(fd)?;
+    if key != size_of::<K>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the map has {key}-byte keys, not {}", size_of::<K>()),
+        ));
+    }
     let mut deleted = 0;
     for chunk in keys.chunks(CHUNK as usize) {
         // SAFETY: plain data.
@@ -170,6 +207,7 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
 
 /// Creates or replaces `entries`, `CHUNK` at a time (`BPF_MAP_UPDATE_BATCH`, `BPF_ANY`).
 pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, entries: &[(K, V)]) -> io::Result<usize> {
+    check::<K, V>(fd, false)?;
     let mut written = 0;
     for chunk in entries.chunks(CHUNK as usize) {
         let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
@@ -188,7 +226,8 @@ pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, entries: &[(K, V)]) -> io::Res
     Ok(written)
 }
 
-/// One entry (`BPF_MAP_LOOKUP_ELEM`), `None` when absent.
+/// One entry (`BPF_MAP_LOOKUP_ELEM`), `None` when absent. Unchecked (it runs per key): call
+/// [`check`] on the map first.
 pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
     // SAFETY: `V` is `Pod`: all-zero bytes are a valid value.
     let mut value: V = unsafe { zeroed() };

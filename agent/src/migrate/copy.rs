@@ -122,6 +122,10 @@ pub fn merge<K: Pod + Eq + Hash>(
         None => Some(*candidate),
     };
     let mut writes = Vec::new();
+    match to {
+        1 => batch::check::<K, CtEntryV1>(target.fd().as_fd(), false)?,
+        _ => batch::check::<K, CtEntry>(target.fd().as_fd(), false)?,
+    }
     if candidates.len() <= LOOKUP_LIMIT {
         for (k, v) in &candidates {
             if let Some(w) = newer(v, lookup(target.fd().as_fd(), to, k)?) {
