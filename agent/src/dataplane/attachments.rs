@@ -23,6 +23,9 @@ pub trait Attacher: Send {
     fn is_attached(&self, ifindex: u32, hook: TcAttachType, id: u32) -> bool;
     /// The id of the program this agent attaches as `program`.
     fn current(&self, program: &str) -> u32;
+    /// True while interface `ifname` exists with index `ifindex` (it may vanish before the link
+    /// watcher says so: a pod's veth dies with its namespace).
+    fn link_exists(&self, ifname: &str, ifindex: u32) -> bool;
     /// Attaches `program` to `ifname` anew (pinning the link).
     fn attach(
         &mut self,
@@ -180,8 +183,15 @@ impl AttachDriver {
         };
         for (program, hook) in HOOKS {
             let current = self.io.current(program);
-            match self.io.pinned_program(ifname, program) {
-                Some(id) if self.io.is_attached(ifindex, hook, id) => {
+            let pinned = self.io.pinned_program(ifname, program);
+            let live = pinned.is_some_and(|id| self.io.is_attached(ifindex, hook, id));
+            if !live && !self.io.link_exists(ifname, ifindex) {
+                // The interface is gone (the watcher will say so too): nothing to attach to, and
+                // its pins only hold dead links.
+                return self.forget_vanished(ifname, only_new);
+            }
+            match pinned {
+                Some(id) if live => {
                     if id != current && !only_new {
                         self.io.update(ifname, program, hook)?;
                         self.stats.updates += 1;
@@ -199,6 +209,26 @@ impl AttachDriver {
                     self.io.attach(ifname, program, hook)?;
                     self.stats.attaches += 1;
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AttachDriver {
+    /// A link vanished before its link-gone event: drop it from the desired links and (after the
+    /// first in-sync) remove its pins, so one dead interface never holds up the apply.
+    fn forget_vanished(&mut self, ifname: &str, only_new: bool) -> Result<(), KernelError> {
+        tracing::debug!(ifname, "workload link vanished; forgetting it");
+        self.links.remove(ifname);
+        self.down.remove(ifname);
+        if only_new {
+            return Ok(());
+        }
+        for (program, _) in HOOKS {
+            if self.io.pinned_program(ifname, program).is_some() {
+                self.io.unpin(ifname, program)?;
+                self.stats.unpins += 1;
             }
         }
         Ok(())
@@ -245,6 +275,9 @@ mod tests {
         fn current(&self, _program: &str) -> u32 {
             self.0.lock().expect("lock").current
         }
+        fn link_exists(&self, ifname: &str, ifindex: u32) -> bool {
+            self.0.lock().expect("lock").ifindex.get(ifname) == Some(&ifindex)
+        }
         fn attach(
             &mut self,
             ifname: &str,
@@ -281,6 +314,25 @@ mod tests {
             s.ops += 1;
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_link_that_vanished_before_its_event_does_not_hold_up_the_apply() {
+        let f = fake();
+        let mut d = AttachDriver::new(Box::new(f.clone()));
+        d.link_up("weira", 10, true);
+        d.apply(false).expect("apply");
+        // weira dies with its pod; the watcher has not said so yet; a stale pin is left.
+        f.0.lock().expect("lock").ifindex.remove("weira");
+        f.0.lock().expect("lock").attached.clear();
+        d.link_up("weira", 10, true);
+        d.request_resync();
+        d.apply(false).expect("a vanished link is no error");
+        assert!(d.links().is_empty(), "the vanished link is forgotten");
+        assert!(
+            f.0.lock().expect("lock").pins.is_empty(),
+            "its dead pins are removed"
+        );
     }
 
     fn fake() -> Fake {

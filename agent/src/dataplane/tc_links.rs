@@ -73,6 +73,10 @@ impl Attacher for TcLinks {
             .is_ok_and(|(_, progs)| progs.iter().any(|p| p.id() == id))
     }
 
+    fn link_exists(&self, ifname: &str, ifindex: u32) -> bool {
+        nix::net::if_::if_nametoindex(ifname).is_ok_and(|i| i == ifindex)
+    }
+
     fn current(&self, program: &str) -> u32 {
         let handle = if program == maps_schema::programs::FROM_ENDPOINT {
             &self.from_endpoint
