@@ -45,6 +45,15 @@ impl PinRoot {
     pub fn paths(&self) -> agent::paths::Paths {
         agent::paths::Paths::with_bpf_root(&self.path)
     }
+
+    /// Creates `maps/` (as the agent would) and returns the agent's paths, for tests that pin
+    /// maps before an agent starts.
+    #[must_use]
+    pub fn with_maps_dir(&self) -> agent::paths::Paths {
+        let paths = self.paths();
+        agent::bpffs::ensure_pin_dir(&paths.maps_dir()).unwrap_or_else(|e| panic!("maps dir: {e}"));
+        paths
+    }
 }
 
 impl Default for PinRoot {

@@ -269,9 +269,7 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
     let root = PinRoot::new();
     let dirs = AgentDirs::new();
     let node = tests::netns::NetNs::new();
-    let paths = root.paths();
-    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
-    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let paths = root.with_maps_dir();
     let create = |name: &str, pin: &str, value_size: u32| {
         let obj = aya_obj::Map::new_from_params(
             bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
@@ -330,9 +328,7 @@ fn a_conntrack_pin_of_the_wrong_shape_is_refused_and_left_alone() {
     let root = PinRoot::new();
     let dirs = AgentDirs::new();
     let node = tests::netns::NetNs::new();
-    let paths = root.paths();
-    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
-    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let paths = root.with_maps_dir();
     let map = aya::maps::HashMap::<_, u64, u64>::create(64, 0).expect("create");
     map.pin(paths.map_pin("ct4_v1")).expect("pin");
     let id = map_show(&root, "ct4_v1")["id"].clone();

@@ -140,9 +140,7 @@ fn pins_of_other_layout_versions_of_agent_maps_are_removed() {
     let root = PinRoot::new();
     let dirs = AgentDirs::new();
     let node = NetNs::new();
-    let paths = root.paths();
-    agent::bpffs::ensure_pin_dir(&paths.bpf_root).expect("pin root");
-    agent::bpffs::ensure_pin_dir(&paths.maps_dir()).expect("maps dir");
+    let paths = root.with_maps_dir();
     let pin = |name: &str| {
         let map = aya::maps::HashMap::<_, u32, u32>::create(16, 0).expect("create a map");
         map.pin(paths.map_pin(name)).expect("pin");

@@ -34,41 +34,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
 /// Every (key, value) of a hash map, `CHUNK` at a time.
 pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
     check::<K, V>(fd, false)?;
-    let mut out = Vec::new();
-    let token_len = size_of::<K>().max(8);
-    let mut in_token = vec![0u8; token_len];
-    let mut out_token = vec![0u8; token_len];
-    // SAFETY: `K` and `V` are `Pod`: all-zero bytes are valid values.
-    let mut keys: Vec<K> = vec![unsafe { zeroed() }; CHUNK as usize];
-    // SAFETY: as above.
-    let mut values: Vec<V> = vec![unsafe { zeroed() }; CHUNK as usize];
-    let mut first = true;
-    loop {
-        // SAFETY: bpf_attr is plain data; zero is its "unset" state.
-        let mut attr: bpf_attr = unsafe { zeroed() };
-        attr.batch.in_batch = if first { 0 } else { in_token.as_ptr() as u64 };
-        attr.batch.out_batch = out_token.as_mut_ptr() as u64;
-        attr.batch.keys = keys.as_mut_ptr() as u64;
-        attr.batch.values = values.as_mut_ptr() as u64;
-        attr.batch.count = CHUNK;
-        attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
-        let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
-        // SAFETY: the kernel wrote how many entries it returned.
-        let count = unsafe { attr.batch.count } as usize;
-        out.extend(
-            keys[..count]
-                .iter()
-                .copied()
-                .zip(values[..count].iter().copied()),
-        );
-        match result {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            Err(e) => return Err(e),
-        }
-        in_token.copy_from_slice(&out_token);
-        first = false;
-    }
+    lookup_batches(fd, size_of::<V>())
 }
 
 /// The value size of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
@@ -120,15 +86,22 @@ pub fn lookup_all_prefix<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     value_size: usize,
 ) -> io::Result<Vec<(K, V)>> {
-    if value_size < size_of::<V>() {
+    check::<K, V>(fd, true)?;
+    if value_size != self::value_size(fd)? {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "values of {value_size} bytes are shorter than {}",
-                size_of::<V>()
-            ),
+            format!("the map's values are not {value_size} bytes"),
         ));
     }
+    lookup_batches(fd, value_size)
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` over the whole map, values of `value_size` bytes (checked by the
+/// caller), each read as its first `size_of::<V>()` bytes.
+fn lookup_batches<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    value_size: usize,
+) -> io::Result<Vec<(K, V)>> {
     let mut out = Vec::new();
     let token_len = size_of::<K>().max(8);
     let mut in_token = vec![0u8; token_len];
