@@ -60,6 +60,11 @@ pub struct AgentArgs {
     /// Where the agent writes its CNI conflist.
     #[arg(long, env = "WEIR_CNI_CONF_DIR", default_value = paths::DEFAULT_CNI_CONF_DIR)]
     pub cni_conf_dir: PathBuf,
+    /// The `cniVersion` of the conflist the agent writes. The default, 1.0.0, is read by every
+    /// supported runtime (containerd 1.6 and 1.7 read results up to 1.0.0); raise it to 1.1.0 for
+    /// runtimes that use GC and STATUS (containerd 2.x, CRI-O 1.30+). See docs/cni.md.
+    #[arg(long, env = "WEIR_CNI_VERSION", default_value = crate::node_setup::DEFAULT_CNI_VERSION)]
+    pub cni_version: String,
     /// Interfaces to attach `xdp_prefilter` to (none by default: the agent never touches a host
     /// interface it was not told to).
     #[arg(long, env = "WEIR_PREFILTER_INTERFACES", value_delimiter = ',')]
@@ -138,6 +143,8 @@ pub struct Config {
     pub ct_max_entries: u32,
     /// An eBPF object file to load instead of the built-in one.
     pub ebpf_object: Option<PathBuf>,
+    /// The `cniVersion` of the conflist the agent writes.
+    pub cni_version: String,
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -298,6 +305,16 @@ impl AgentArgs {
             }
             None => None,
         };
+        if !crate::node_setup::CNI_VERSIONS.contains(&self.cni_version.as_str()) {
+            return Err(invalid(
+                "--cni-version (WEIR_CNI_VERSION)",
+                &self.cni_version,
+                format!(
+                    "weir-cni speaks {}; use 1.0.0 unless every runtime on the node reads 1.1.0",
+                    crate::node_setup::CNI_VERSIONS.join(" and ")
+                ),
+            ));
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -326,6 +343,7 @@ impl AgentArgs {
             },
             ct_max_entries: self.ct_max_entries,
             ebpf_object,
+            cni_version: self.cni_version.clone(),
         })
     }
 }
@@ -385,6 +403,9 @@ mod tests {
         assert_eq!(config.metrics.port(), 9972);
         let json = serde_json::to_value(&config).expect("config serialises");
         assert_eq!(json["paths"]["bpf_root"], "/sys/fs/bpf/weir");
+        assert_eq!(config.cni_version, "1.0.0", "a version every runtime reads");
+        let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
+        assert_eq!(raised.cni_version, "1.1.0");
     }
 
     #[test]
@@ -421,6 +442,14 @@ mod tests {
             (
                 vec!["--node", "n1", "--ebpf-object", "/nonexistent/weir.o"],
                 "--ebpf-object",
+            ),
+            (
+                vec!["--node", "n1", "--cni-version", "0.4.0"],
+                "--cni-version",
+            ),
+            (
+                vec!["--node", "n1", "--cni-version", "1.2"],
+                "--cni-version",
             ),
         ] {
             let err = parse(&args)

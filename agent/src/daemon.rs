@@ -350,7 +350,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             families.push(family);
         }
     }
-    let conflist = node_setup::write_conflist(&paths, &families)?;
+    let conflist = node_setup::write_conflist(&paths, &families, &config.cni_version)?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     let started = Started {
         event: "started",
