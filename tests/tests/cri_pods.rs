@@ -343,6 +343,11 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
             pod.spec.name
         );
     }
+    assert_eq!(
+        node.addresses_in_use(),
+        20,
+        "the datastore holds the 20 pods' addresses (weir ipam utilization)"
+    );
     let endpoints = node.api_get("/v1/endpoints");
     for pod in &pods {
         let ep = endpoints
@@ -420,24 +425,10 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
         "no kernel link runs the node's programs: {:?}",
         program_links(&node)
     );
-    let weir_ipam = std::process::Command::new(bin::weir())
-        .args(["ipam", "show", "-o", "json", "--datastore"])
-        .arg(format!(
-            "embedded:{}",
-            node.dirs.path("state/ipam.redb").display()
-        ))
-        .output()
-        .expect("weir ipam show");
-    let shown: Value = serde_json::from_slice(&weir_ipam.stdout).unwrap_or_else(|e| {
-        panic!(
-            "weir ipam show -o json: {e}: {}{}",
-            String::from_utf8_lossy(&weir_ipam.stdout),
-            String::from_utf8_lossy(&weir_ipam.stderr)
-        )
-    });
-    assert!(
-        !shown.to_string().contains("weir."),
-        "no handle of the CRI pods is left in the datastore: {shown}"
+    assert_eq!(
+        node.addresses_in_use(),
+        0,
+        "the datastore holds no address of the CRI pods"
     );
 }
 

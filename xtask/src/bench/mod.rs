@@ -3,6 +3,7 @@
 
 mod agent;
 mod cni;
+mod cri;
 mod datapath;
 mod ipam;
 
@@ -18,6 +19,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("ipam", ipam::run),
     ("cni", cni::run),
     ("agent", agent::run),
+    ("cri", cri::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
