@@ -21,13 +21,14 @@ use tokio::net::UnixListener;
 use super::{
     error::ApiError,
     types::{
-        DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest, ReleaseResponse, Status,
+        AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest,
+        ReleaseResponse, Status,
     },
 };
 use crate::{
     applier::Shared,
     dataplane::conntrack::{self, CtStats, CtView},
-    ipam_service::{AllocateRequest, Allocation, IpamService},
+    ipam_service::{AllocateRequest, IpamService},
     registry::{self, Endpoint},
 };
 
@@ -107,6 +108,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
     Ok(Json(Status {
         ready: applied.ready,
         node: api.node.clone(),
+        bpf_root: api.paths.bpf_root.clone(),
         endpoints: summary.endpoints,
         pools,
         state: summary,
@@ -337,12 +339,16 @@ async fn delete_endpoint(
     Ok(Json(DeleteResponse {
         deleted: removed.is_some(),
         released,
+        bpf_root: api.paths.bpf_root.clone(),
     }))
 }
 
-async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocation> {
+async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<AllocateResponse> {
     let req: AllocateRequest = parse(&body)?;
-    Ok(Json(api.ipam.allocate(&req, ALLOCATE_BUDGET).await?))
+    Ok(Json(AllocateResponse {
+        allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
+        bpf_root: api.paths.bpf_root.clone(),
+    }))
 }
 
 async fn handle(

@@ -152,6 +152,18 @@ pub async fn run(env: &Env, config: &Config) -> Result<Option<Value>, CommandErr
     }
 }
 
+/// `config` with the pin root of the agent `client` talks to, for CHECK and GC (ADD and DEL learn
+/// it from their own agent calls).
+async fn with_agent_pin_root(
+    config: &Config,
+    client: &AgentClient,
+) -> Result<Config, CommandError> {
+    let status = client.status().await?;
+    let mut config = config.clone();
+    config.adopt_agent_pin_root(status.bpf_root.as_deref())?;
+    Ok(config)
+}
+
 /// The VERSION answer.
 #[must_use]
 pub fn version_json(cni_version: &str) -> Value {
