@@ -16,6 +16,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a DaemonSet's or a service's log is recorded as text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

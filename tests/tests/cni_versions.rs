@@ -44,7 +44,19 @@ fn the_default_conflist_speaks_1_0_0_for_add_check_and_del() {
     let conf = agent_plugin_conf(&node);
     assert_eq!(conf["cniVersion"], "1.0.0", "the agent's default");
     let pod = Pod::k8s("default", "v100");
-    let result = node.add(&pod, &conf);
+    let add = node.exec(&pod.call("ADD"), &conf);
+    let result = add.ok("ADD at 1.0.0").clone();
+    // What the runtime records (stderr) and the log file are plain text: no terminal escapes.
+    let log = std::fs::read_to_string(node.log.path().join("weir-cni.log")).expect("the log");
+    assert!(
+        add.stderr.contains("allocated") && log.contains("allocated"),
+        "ADD logged its allocation to stderr and the file"
+    );
+    assert!(
+        !add.stderr.contains('\u{1b}') && !log.contains('\u{1b}'),
+        "no ANSI escapes:\nstderr: {:?}\nfile: {log:?}",
+        add.stderr
+    );
     assert_eq!(
         result["cniVersion"], "1.0.0",
         "answered in the request's version"
