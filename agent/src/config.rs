@@ -133,9 +133,11 @@ pub struct Config {
     pub prefilter_interfaces: Vec<String>,
     /// Metrics address.
     pub metrics: SocketAddr,
-    /// Expiry of unconfirmed allocations.
+    /// Expiry of unconfirmed allocations (dumped in seconds, as `--allocation-expiry` takes it).
+    #[serde(serialize_with = "seconds")]
     pub allocation_expiry: std::time::Duration,
-    /// Interval between conntrack sweeps.
+    /// Interval between conntrack sweeps (dumped in seconds).
+    #[serde(serialize_with = "seconds")]
     pub ct_sweep_interval: std::time::Duration,
     /// Conntrack timeouts.
     pub ct_timeouts: crate::dataplane::conntrack::CtTimeouts,
@@ -145,6 +147,14 @@ pub struct Config {
     pub ebpf_object: Option<PathBuf>,
     /// The `cniVersion` of the conflist the agent writes.
     pub cni_version: String,
+}
+
+/// A duration as the whole seconds the flags take.
+pub(crate) fn seconds<S: serde::Serializer>(
+    d: &std::time::Duration,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_secs())
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -218,6 +228,15 @@ impl AgentArgs {
                         "write labels as KEY=VALUE,…",
                     ));
                 }
+            }
+        }
+        for pool in &self.pools {
+            if pool.parse::<ipnetwork::IpNetwork>().is_err() {
+                return Err(invalid(
+                    "--pool (WEIR_POOLS)",
+                    pool,
+                    "use a CIDR such as 10.244.0.0/16 or fd00:10:244::/56",
+                ));
             }
         }
         if !(16..=32).contains(&self.block_size_v4) {
@@ -404,6 +423,9 @@ mod tests {
         let json = serde_json::to_value(&config).expect("config serialises");
         assert_eq!(json["paths"]["bpf_root"], "/sys/fs/bpf/weir");
         assert_eq!(config.cni_version, "1.0.0", "a version every runtime reads");
+        // Durations dump as the seconds their flags take.
+        assert_eq!(json["allocation_expiry"], 600);
+        assert_eq!(json["ct_timeouts"]["tcp_established"], 21_600);
         let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
         assert_eq!(raised.cni_version, "1.1.0");
     }
