@@ -51,6 +51,9 @@ pub struct Api {
     pub paths: crate::paths::Paths,
     /// Conntrack sweep counters.
     pub ct: Arc<std::sync::Mutex<CtStats>>,
+    /// Held by each conntrack sweep and flush for its whole run: a flush in the middle of a sweep
+    /// would be overwritten by the sweep's stats and its entries counted as evictions.
+    pub ct_ops: Arc<std::sync::Mutex<()>>,
     /// The conntrack layout in use.
     pub ct_layout: u32,
 }
@@ -201,15 +204,23 @@ async fn counters(
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     let (paths, layout) = (api.paths.clone(), api.ct_layout);
-    let n = tokio::task::spawn_blocking(move || conntrack::flush(&paths, layout))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    // The flush removed entries the eviction estimate must not count.
-    api.ct
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .baseline = None;
+    let (ops, stats) = (Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
+    let n = tokio::task::spawn_blocking(move || {
+        // Never inside a sweep (see `Api::ct_ops`).
+        let _op = ops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = conntrack::flush(&paths, layout)?;
+        // The flush removed entries the eviction estimate must not count.
+        stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .baseline = None;
+        Ok::<u64, crate::dataplane::kernel::KernelError>(n)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(serde_json::json!({"flushed": n})))
 }
 
