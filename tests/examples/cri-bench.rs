@@ -23,6 +23,34 @@ use tests::{
 };
 
 const DEBIAN_CNI: &str = "/usr/lib/cni";
+/// weir-cni's default log, as containerd's mount namespace sees it.
+const CNI_LOG: &str = "/var/log/weir/cni.log";
+
+/// p50 of each phase of weir-cni's ADD (its `timings=phase=…ms` log lines).
+fn add_phases(log: &str) -> Vec<(String, f64)> {
+    let mut phases: Vec<(String, Vec<f64>)> = Vec::new();
+    for line in log.lines() {
+        let Some(at) = line.find("timings=") else {
+            continue;
+        };
+        for token in line[at + "timings=".len()..].split_whitespace() {
+            let Some((name, value)) = token.split_once('=') else {
+                break;
+            };
+            let Some(ms) = value.strip_suffix("ms").and_then(|v| v.parse::<f64>().ok()) else {
+                break;
+            };
+            match phases.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => v.push(ms),
+                None => phases.push((name.to_owned(), vec![ms])),
+            }
+        }
+    }
+    phases
+        .into_iter()
+        .map(|(name, samples)| (name, percentile(&samples, 50.0)))
+        .collect()
+}
 
 struct Sizes {
     sandboxes: usize,
@@ -201,7 +229,13 @@ fn main() -> Result<()> {
     for (cri, tag) in [(&weir, "w"), (&bridge, "b")] {
         latency(cri, 2, &format!("{tag}warm"))?;
     }
+    let log_start = weir.read_inside(CNI_LOG).len();
     let (weir_run, weir_remove) = latency(&weir, sizes.sandboxes, "w")?;
+    let phases = add_phases(
+        weir.read_inside(CNI_LOG)
+            .get(log_start..)
+            .unwrap_or_default(),
+    );
     let (bridge_run, bridge_remove) = latency(&bridge, sizes.sandboxes, "b")?;
     let (weir_churn, weir_errors, weir_first) = churn(&weir, &sizes, "w");
     let (bridge_churn, bridge_errors, bridge_first) = churn(&bridge, &sizes, "b");
@@ -227,7 +261,7 @@ fn main() -> Result<()> {
         + usize::try_from(weir_addresses).unwrap_or(usize::MAX);
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let figures = json!({
+    let mut figures = json!({
         "sandboxes": sizes.sandboxes,
         "churn_workers": sizes.workers,
         "churn_seconds": sizes.churn.as_secs(),
@@ -247,7 +281,18 @@ fn main() -> Result<()> {
         "leftovers": leftovers,
         "loadavg": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
     });
+    for (name, p50) in &phases {
+        figures[format!("weir_add_{}_p50_ms", name.replace('-', "_"))] = json!(p50);
+    }
     print_table(&figures);
+    println!(
+        "weir-cni ADD phases, p50 ms: {}",
+        phases
+            .iter()
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if !weir_first.is_empty() || !bridge_first.is_empty() {
         println!("first churn errors: weir {weir_first:?}, bridge {bridge_first:?}");
     }
