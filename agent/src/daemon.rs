@@ -150,7 +150,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let maps = |name: &str| paths.map_pin(name);
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
     let dataplane = Dataplane {
-        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        attachments: AttachDriver::new(Box::new(TcLinks::new(
+            paths.clone(),
+            programs,
+            config.tc_attach,
+        )?)),
         endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &maps(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
         ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &maps(IDENT4))?)),
@@ -350,7 +354,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             families.push(family);
         }
     }
-    let conflist = node_setup::write_conflist(&paths, &families)?;
+    let conflist = node_setup::write_conflist(&paths, &families, config.tc_attach)?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     let started = Started {
         event: "started",

@@ -54,9 +54,14 @@ pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
 }
 
 /// The conflist the runtime reads: weir-cni pointed at this agent's socket and pin root, asking
-/// for the address families the node's pools serve, and accepting requested addresses.
+/// for the address families the node's pools serve, and accepting requested addresses;
+/// `tcAttach` makes weir-cni attach the way this agent does.
 #[must_use]
-pub fn conflist(paths: &Paths, families: &[&str]) -> serde_json::Value {
+pub fn conflist(
+    paths: &Paths,
+    families: &[&str],
+    tc_attach: attach::Mechanism,
+) -> serde_json::Value {
     serde_json::json!({
         "cniVersion": "1.1.0",
         "name": "weir",
@@ -64,6 +69,7 @@ pub fn conflist(paths: &Paths, families: &[&str]) -> serde_json::Value {
             "type": "weir-cni",
             "agentSocket": paths.api_socket,
             "bpfRoot": paths.bpf_root,
+            "tcAttach": tc_attach,
             "ipam": {"families": families},
             "capabilities": {"ips": true},
         }],
@@ -71,14 +77,18 @@ pub fn conflist(paths: &Paths, families: &[&str]) -> serde_json::Value {
 }
 
 /// Writes `04-weir.conflist` atomically into `paths.cni_conf_dir`.
-pub fn write_conflist(paths: &Paths, families: &[&str]) -> Result<PathBuf, SetupError> {
+pub fn write_conflist(
+    paths: &Paths,
+    families: &[&str],
+    tc_attach: attach::Mechanism,
+) -> Result<PathBuf, SetupError> {
     let path = paths.cni_conf_dir.join(CNI_CONFLIST);
     let err = |source| SetupError::Conflist {
         path: path.clone(),
         source,
     };
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
-    let text = serde_json::to_string_pretty(&conflist(paths, families))
+    let text = serde_json::to_string_pretty(&conflist(paths, families, tc_attach))
         .map_err(|e| err(io::Error::other(e)))?;
     crate::fsutil::write_atomic(&path, text.as_bytes()).map_err(err)?;
     Ok(path)
@@ -93,7 +103,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut paths = Paths::with_bpf_root("/sys/fs/bpf/wt-x");
         paths.cni_conf_dir = dir.path().join("net.d");
-        let path = write_conflist(&paths, &["ipv4"]).expect("write");
+        let path = write_conflist(&paths, &["ipv4"], attach::Mechanism::Tcx).expect("write");
         assert!(path.ends_with("04-weir.conflist"));
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
@@ -101,5 +111,9 @@ mod tests {
         assert_eq!(v["plugins"][0]["bpfRoot"], "/sys/fs/bpf/wt-x");
         assert_eq!(v["plugins"][0]["agentSocket"], "/run/weir/weir.sock");
         assert_eq!(v["plugins"][0]["ipam"]["families"][0], "ipv4");
+        assert_eq!(
+            v["plugins"][0]["tcAttach"], "tcx",
+            "weir-cni attaches as the agent does"
+        );
     }
 }

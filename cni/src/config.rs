@@ -110,6 +110,8 @@ pub struct Config {
     pub agent_socket: PathBuf,
     /// The agent's pin root (programs at `progs/`, link pins at `links/`).
     pub bpf_root: PathBuf,
+    /// How the endpoint programs attach (`tcAttach`, written by the agent into its conflist).
+    pub tc_attach: ::attach::Mechanism,
     /// The pod interface's MTU (the host side gets the same).
     pub mtu: u32,
     /// Pools to allocate from (empty: the agent chooses).
@@ -146,6 +148,7 @@ struct RawConf {
     plugin_type: String,
     agent_socket: Option<PathBuf>,
     bpf_root: Option<PathBuf>,
+    tc_attach: Option<::attach::Mechanism>,
     mtu: Option<u32>,
     ipam: Option<Map<String, Value>>,
     args: Option<ArgsConf>,
@@ -290,6 +293,7 @@ impl Config {
                 .agent_socket
                 .unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into()),
             bpf_root: raw.bpf_root.unwrap_or_else(|| DEFAULT_BPF_ROOT.into()),
+            tc_attach: raw.tc_attach.unwrap_or_default(),
             mtu,
             pools,
             families,

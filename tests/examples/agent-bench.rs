@@ -55,7 +55,11 @@ fn dataplane(paths: &agent::paths::Paths) -> Result<Dataplane> {
     let programs = Programs::load(paths, agent::EBPF_OBJECT, &[])?;
     let pin = |n: &str| paths.map_pin(n);
     Ok(Dataplane {
-        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        attachments: AttachDriver::new(Box::new(TcLinks::new(
+            paths.clone(),
+            programs,
+            agent::attach::Mechanism::default(),
+        )?)),
         endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
         ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),

@@ -100,7 +100,7 @@ pub(super) async fn add(
         .await?;
         clock.lap("create-pair");
         // Fail closed: the programs run before the host end is ever up.
-        attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname)?;
+        attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname, config.tc_attach)?;
         clock.lap("attach");
         plumb::configure_pod(&pod_nl, &pair.pod, &pair.host.mac, &ips).await?;
         clock.lap("configure-pod");

@@ -2,6 +2,7 @@
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
 mod agent;
+mod attach;
 mod cni;
 mod datapath;
 mod ipam;
@@ -18,6 +19,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("ipam", ipam::run),
     ("cni", cni::run),
     ("agent", agent::run),
+    ("attach", attach::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
