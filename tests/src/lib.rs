@@ -7,6 +7,7 @@
 //! - `pod`: workload veth names and pod plumbing for the agent tests.
 //! - `bin`: paths of the built `weir` and `weir-cni` binaries.
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
+//! - `hooks`: the programs on workload veths' tc hooks, read from outside (filters or tcx links).
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 
 pub mod agent_proc;
@@ -15,6 +16,7 @@ pub mod bpf;
 pub mod cni;
 pub mod ct;
 pub mod datapath;
+pub mod hooks;
 pub mod names;
 pub mod netns;
 pub mod packet;
