@@ -164,7 +164,7 @@ fn attached(
         Mechanism::Filter => nl
             .bpf_filters(*ifindex, hook)?
             .into_iter()
-            .find(|f| f.is_weir_slot())
+            .find(agent::attach::filter::BpfFilter::is_weir_slot)
             .map(|f| f.program_id)
             .context("no filter")?,
         Mechanism::Tcx => {

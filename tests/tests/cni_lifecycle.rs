@@ -94,7 +94,7 @@ fn add_builds_the_pod_network_and_del_removes_it() {
     );
     // Each program runs at its hook of the host veth, checked from outside with bpftool (the
     // filter, or the tcx link pin): it is the program the agent pinned.
-    let hooks = tests::hooks::programs_on(&node.ns, &node.root, &host);
+    let hooks = tests::hooks::programs_on(&node.ns, &node.root, host);
     for (program, on_hook) in tests::hooks::PROGRAMS.iter().zip(hooks) {
         let prog_pin = node.root.path().join("progs").join(program);
         let prog =
