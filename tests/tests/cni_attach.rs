@@ -4,7 +4,9 @@
 //!   traffic passes once the ADD completes (positive control);
 //! - an agent upgrade (the previous release's object, `ct-v1`, replaced by the current one)
 //!   swaps the programs on the live link in place: a 1 ms-interval UDP flow each way loses no
-//!   datagram, and bpftool shows the new programs in the same filters.
+//!   datagram, and bpftool shows the new programs in the same filters;
+//! - the `tcx` option pins a link per program; an agent switched to filters keeps a live link's
+//!   tcx links (losing nothing of a 1 ms flow each way) and gives new pods filters.
 
 use std::{
     net::UdpSocket,
@@ -343,4 +345,133 @@ fn an_agent_upgrade_replaces_the_programs_on_a_live_link_without_losing_a_packet
     );
     eprintln!("across the upgrade: {up_sent} datagrams up, {down_sent} down, none lost");
     node.del(&pod, &conf, Some(&result));
+}
+
+/// The `cls_bpf` filters on `ifname` that bpftool shows in `ns` (kind, program id).
+fn filters(ns: &NetNs, ifname: &str) -> Vec<(String, u64)> {
+    let out = ns.exec(&["bpftool", "-j", "net", "show", "dev", ifname]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("bpftool net show prints JSON");
+    json.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|d| d["tc"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| {
+            let id = f["prog_id"].as_u64().or_else(|| f["id"].as_u64())?;
+            Some((f["kind"].as_str()?.to_owned(), id))
+        })
+        .collect()
+}
+
+#[test]
+fn the_tcx_option_pins_links_and_an_agent_switched_to_filters_keeps_live_links_losslessly() {
+    if !require_root(
+        "the_tcx_option_pins_links_and_an_agent_switched_to_filters_keeps_live_links_losslessly",
+    ) {
+        return;
+    }
+    let mut node = CniNode::start(&["--tc-attach", "tcx"]);
+    node_address(&node);
+    let written: Value = serde_json::from_slice(
+        &std::fs::read(node.dirs.path("net.d").join("04-weir.conflist")).expect("conflist"),
+    )
+    .expect("json");
+    assert_eq!(
+        written["plugins"][0]["tcAttach"], "tcx",
+        "the agent tells weir-cni its mechanism"
+    );
+    let conf = node.conf(&json!({"tcAttach": "tcx"}));
+    let pod = Pod::new();
+    let result = node.add(&pod, &conf);
+    let ip = Pod::ipv4(&result);
+    let host = host_veth(&node.ns).expect("host veth");
+    let programs = [
+        pinned_program(&node, hooks::PROGRAMS[0]),
+        pinned_program(&node, hooks::PROGRAMS[1]),
+    ];
+    let tcx_links = |node: &CniNode| {
+        hooks::PROGRAMS.map(|program| {
+            let pin = node.root.paths().link_pin(&host, program);
+            let link = bpftool(&["link", "show", "pinned", &pin.display().to_string()]);
+            (link["id"].as_u64(), link["prog_id"].as_u64())
+        })
+    };
+    // tcx: a pinned link per program, running the agent's program; no filter.
+    let links = tcx_links(&node);
+    assert_eq!(links.map(|(_, p)| p), programs.map(Some), "{links:?}");
+    assert!(filters(&node.ns, &host).is_empty(), "no filter with tcx");
+    let (up, down) = delivered(&node, &pod, &ip, 7301, Duration::from_secs(10));
+    assert!(
+        up > 0 && down > 0,
+        "a tcx-attached pod passes ({up}, {down})"
+    );
+
+    // The agent switched to filters: the live link keeps its tcx links (a clsact qdisc added to
+    // an up device would drop packets), a 1 ms flow each way loses nothing.
+    let port = 7302;
+    let upf = Flow::start(
+        pod.ns
+            .run(|| UdpSocket::bind((ip.as_str(), 0)).expect("bind in pod")),
+        node.ns
+            .run(|| UdpSocket::bind((NODE_IP, port)).expect("bind in node")),
+        (NODE_IP.to_owned(), port),
+    );
+    let downf = Flow::start(
+        node.ns
+            .run(|| UdpSocket::bind((NODE_IP, 0)).expect("bind in node")),
+        pod.ns
+            .run(|| UdpSocket::bind((ip.as_str(), port)).expect("bind in pod")),
+        (ip.clone(), port),
+    );
+    wait_until("both flows to arrive", Duration::from_secs(10), || {
+        (upf.received() > 100 && downf.received() > 100).then_some(())
+    });
+    node.restart_agent_with(&["--tc-attach", "filter"]);
+    let settled = (upf.received(), downf.received());
+    wait_until("both flows to go on", Duration::from_secs(10), || {
+        (upf.received() > settled.0 + 300 && downf.received() > settled.1 + 300).then_some(())
+    });
+    let (up_sent, up_received) = upf.finish();
+    let (down_sent, down_received) = downf.finish();
+    assert_eq!(up_received, up_sent, "pod → node: nothing lost");
+    assert_eq!(down_received, down_sent, "node → pod: nothing lost");
+    assert_eq!(tcx_links(&node), links, "the live link keeps its tcx links");
+    assert!(filters(&node.ns, &host).is_empty(), "and gets no filter");
+    let status = node.api_get("/v1/status");
+    let attachments = &status["dataplane"]["attachments"];
+    assert_eq!(attachments["attaches"], 0, "{status}");
+    assert_eq!(attachments["unpins"], 0, "{status}");
+
+    // A new pod under the filter agent gets filters.
+    let conf_filter = node.conf(&json!({}));
+    let pod2 = Pod::new();
+    let result2 = node.add(&pod2, &conf_filter);
+    let host2 = node
+        .api_get("/v1/endpoints")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["host_ifname"].as_str().map(str::to_owned))
+        .find(|h| *h != host)
+        .expect("second host veth");
+    let on2: Vec<u64> = filters(&node.ns, &host2)
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(on2, programs.to_vec(), "filters on the new pod's veth");
+    assert!(
+        !node
+            .root
+            .paths()
+            .link_pin(&host2, hooks::PROGRAMS[0])
+            .exists(),
+        "and no link pin"
+    );
+    let ip2 = Pod::ipv4(&result2);
+    let (up, down) = delivered(&node, &pod2, &ip2, 7303, Duration::from_secs(10));
+    assert!(
+        up > 0 && down > 0,
+        "the filter-attached pod passes ({up}, {down})"
+    );
+    node.del(&pod2, &conf_filter, Some(&result2));
+    node.del(&pod, &conf_filter, Some(&result));
 }

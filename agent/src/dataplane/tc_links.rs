@@ -1,6 +1,8 @@
 //! The real [`Attacher`]: the endpoint programs (from `programs::Programs`) on workload links by
 //! the configured [`Mechanism`] — weir's `cls_bpf` filter slot on clsact, or tcx links pinned
-//! under `links/` — with the other mechanism's attachments read back as leftovers.
+//! under `links/` — with the other mechanism's attachments read back as leftovers. One exception:
+//! with filters, a live link that already runs weir's tcx links keeps them (see `hook`
+//! below): moving it would need a clsact qdisc on an up device, which drops packets.
 
 use std::{
     fs, io,
@@ -95,6 +97,16 @@ impl TcLinks {
             .map_err(|e| kerr("attach", what(), e))
     }
 
+    fn has_filter(
+        &mut self,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<bool, KernelError> {
+        let state = self.read(ifindex, program, hook)?;
+        Ok(state.slot.is_some_and(|f| f.name == program))
+    }
+
     fn attach_tcx(
         &mut self,
         ifname: &str,
@@ -149,6 +161,13 @@ impl Attacher for TcLinks {
             .map(|f| f.program_id);
         let strays = !state.strays.is_empty();
         Ok(match self.mechanism {
+            // A live link that runs weir's tcx link and no filter keeps the link (updated through
+            // it): adding a clsact qdisc to an up device deactivates it for a moment
+            // (`qdisc_graft` → `dev_deactivate`), dropping what it sends meanwhile.
+            Mechanism::Filter if slot.is_none() && pin_live.is_some() => Hook {
+                ours: pin_live,
+                leftovers: strays,
+            },
             Mechanism::Filter => Hook {
                 ours: slot,
                 leftovers: pin_exists || strays,
@@ -202,7 +221,12 @@ impl Attacher for TcLinks {
         program: &str,
         hook: TcAttachType,
     ) -> Result<(), KernelError> {
-        match self.mechanism {
+        let mechanism = self.mechanism;
+        match mechanism {
+            // A link kept on its tcx link (see `hook`) is updated through it.
+            Mechanism::Filter if !self.has_filter(ifindex, program, hook)? => {
+                self.attach_tcx(ifname, program, hook)
+            }
             // The same slot: cls_bpf swaps the program in place.
             Mechanism::Filter => self.set_filter(ifname, ifindex, program, hook),
             // attach_tc reuses an existing pin through bpf_link_update.
@@ -218,11 +242,13 @@ impl Attacher for TcLinks {
         hook: TcAttachType,
     ) -> Result<u64, KernelError> {
         let state = self.read(ifindex, program, hook)?;
+        let has_filter = state.slot.as_ref().is_some_and(|f| f.name == program);
         let mut filters = state.strays;
         let mut removed = 0;
         match self.mechanism {
             Mechanism::Filter => {
-                if self.has_pin(ifname, program) {
+                // The pin goes only once weir's filter runs here (a kept tcx link stays).
+                if has_filter && self.has_pin(ifname, program) {
                     self.unpin(ifname, program)?;
                     removed += 1;
                 }
