@@ -60,6 +60,11 @@ pub struct AgentArgs {
     /// Where the agent writes its CNI conflist.
     #[arg(long, env = "WEIR_CNI_CONF_DIR", default_value = paths::DEFAULT_CNI_CONF_DIR)]
     pub cni_conf_dir: PathBuf,
+    /// The `cniVersion` of the conflist the agent writes. The default, 1.0.0, is read by every
+    /// supported runtime (containerd 1.6 and 1.7 read results up to 1.0.0); raise it to 1.1.0 for
+    /// runtimes that use GC and STATUS (containerd 2.x, CRI-O 1.30+). See docs/cni.md.
+    #[arg(long, env = "WEIR_CNI_VERSION", default_value = crate::node_setup::DEFAULT_CNI_VERSION)]
+    pub cni_version: String,
     /// Interfaces to attach `xdp_prefilter` to (none by default: the agent never touches a host
     /// interface it was not told to).
     #[arg(long, env = "WEIR_PREFILTER_INTERFACES", value_delimiter = ',')]
@@ -136,9 +141,11 @@ pub struct Config {
     pub tc_attach: attach::Mechanism,
     /// Metrics address.
     pub metrics: SocketAddr,
-    /// Expiry of unconfirmed allocations.
+    /// Expiry of unconfirmed allocations (dumped in seconds, as `--allocation-expiry` takes it).
+    #[serde(serialize_with = "seconds")]
     pub allocation_expiry: std::time::Duration,
-    /// Interval between conntrack sweeps.
+    /// Interval between conntrack sweeps (dumped in seconds).
+    #[serde(serialize_with = "seconds")]
     pub ct_sweep_interval: std::time::Duration,
     /// Conntrack timeouts.
     pub ct_timeouts: crate::dataplane::conntrack::CtTimeouts,
@@ -146,6 +153,16 @@ pub struct Config {
     pub ct_max_entries: u32,
     /// An eBPF object file to load instead of the built-in one.
     pub ebpf_object: Option<PathBuf>,
+    /// The `cniVersion` of the conflist the agent writes.
+    pub cni_version: String,
+}
+
+/// A duration as the whole seconds the flags take.
+pub(crate) fn seconds<S: serde::Serializer>(
+    d: &std::time::Duration,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_secs())
 }
 
 fn invalid(flag: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -219,6 +236,15 @@ impl AgentArgs {
                         "write labels as KEY=VALUE,…",
                     ));
                 }
+            }
+        }
+        for pool in &self.pools {
+            if pool.parse::<ipnetwork::IpNetwork>().is_err() {
+                return Err(invalid(
+                    "--pool (WEIR_POOLS)",
+                    pool,
+                    "use a CIDR such as 10.244.0.0/16 or fd00:10:244::/56",
+                ));
             }
         }
         if !(16..=32).contains(&self.block_size_v4) {
@@ -306,6 +332,16 @@ impl AgentArgs {
             }
             None => None,
         };
+        if !crate::node_setup::CNI_VERSIONS.contains(&self.cni_version.as_str()) {
+            return Err(invalid(
+                "--cni-version (WEIR_CNI_VERSION)",
+                &self.cni_version,
+                format!(
+                    "weir-cni speaks {}; use 1.0.0 unless every runtime on the node reads 1.1.0",
+                    crate::node_setup::CNI_VERSIONS.join(" and ")
+                ),
+            ));
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -335,6 +371,7 @@ impl AgentArgs {
             },
             ct_max_entries: self.ct_max_entries,
             ebpf_object,
+            cni_version: self.cni_version.clone(),
         })
     }
 }
@@ -394,6 +431,12 @@ mod tests {
         assert_eq!(config.metrics.port(), 9972);
         let json = serde_json::to_value(&config).expect("config serialises");
         assert_eq!(json["paths"]["bpf_root"], "/sys/fs/bpf/weir");
+        assert_eq!(config.cni_version, "1.0.0", "a version every runtime reads");
+        // Durations dump as the seconds their flags take.
+        assert_eq!(json["allocation_expiry"], 600);
+        assert_eq!(json["ct_timeouts"]["tcp_established"], 21_600);
+        let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
+        assert_eq!(raised.cni_version, "1.1.0");
     }
 
     #[test]
@@ -430,6 +473,14 @@ mod tests {
             (
                 vec!["--node", "n1", "--ebpf-object", "/nonexistent/weir.o"],
                 "--ebpf-object",
+            ),
+            (
+                vec!["--node", "n1", "--cni-version", "0.4.0"],
+                "--cni-version",
+            ),
+            (
+                vec!["--node", "n1", "--cni-version", "1.2"],
+                "--cni-version",
             ),
         ] {
             let err = parse(&args)

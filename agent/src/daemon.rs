@@ -302,8 +302,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     node_setup::enable_forwarding()?;
     // Conntrack upkeep on its own thread.
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
+    let ct_ops = Arc::new(std::sync::Mutex::new(()));
     {
         let (paths, stats, stop) = (paths.clone(), Arc::clone(&ct_stats), Arc::clone(&stop));
+        let ops = Arc::clone(&ct_ops);
         let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
         std::thread::Builder::new()
             .name("weir-ct-sweep".into())
@@ -311,6 +313,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let mut next = std::time::Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {
+                        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
+                        let _op = ops.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         let mut local = *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         match conntrack::sweep(&paths, ct_layout, &timeouts, &mut local) {
                             Ok(()) => *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = local,
@@ -329,6 +333,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         node: config.node.clone(),
         paths: paths.clone(),
         ct: Arc::clone(&ct_stats),
+        ct_ops,
         ct_layout,
     });
     let socket = paths.api_socket.clone();
@@ -354,7 +359,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             families.push(family);
         }
     }
-    let conflist = node_setup::write_conflist(&paths, &families, config.tc_attach)?;
+    let conflist =
+        node_setup::write_conflist(&paths, &families, &config.cni_version, config.tc_attach)?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     let started = Started {
         event: "started",

@@ -12,10 +12,21 @@ use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(&cli.command, Command::Agent(args) if !args.dump_config) {
+        // A CLI command whose reader went away (`weir … | head`) ends quietly, as other tools
+        // do, instead of panicking on the write. The agent keeps SIGPIPE ignored: a peer that
+        // closes its socket must not kill it.
+        // SAFETY: restoring a default disposition at start-up, before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a DaemonSet's or a service's log is recorded as text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

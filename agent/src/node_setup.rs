@@ -53,17 +53,27 @@ pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
     sysctl(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "0")
 }
 
-/// The conflist the runtime reads: weir-cni pointed at this agent's socket and pin root, asking
-/// for the address families the node's pools serve, and accepting requested addresses;
-/// `tcAttach` makes weir-cni attach the way this agent does.
+/// The CNI versions weir-cni speaks, oldest first (the conflist may name either).
+pub const CNI_VERSIONS: &[&str] = &["1.0.0", "1.1.0"];
+
+/// The conflist's default `cniVersion`: the newest that every supported runtime reads.
+/// containerd 1.6 and 1.7 (libcni 1.1) refuse results newer than 1.0.0 ("unsupported CNI result
+/// version"), so a 1.1.0 conflist would fail every pod sandbox there; `--cni-version 1.1.0`
+/// raises it where every runtime reads it (docs/cni.md).
+pub const DEFAULT_CNI_VERSION: &str = "1.0.0";
+
+/// The conflist the runtime reads, at `cni_version`: weir-cni pointed at this agent's socket and
+/// pin root, asking for the address families the node's pools serve, and accepting requested
+/// addresses; `tcAttach` makes weir-cni attach the way this agent does.
 #[must_use]
 pub fn conflist(
     paths: &Paths,
     families: &[&str],
+    cni_version: &str,
     tc_attach: attach::Mechanism,
 ) -> serde_json::Value {
     serde_json::json!({
-        "cniVersion": "1.1.0",
+        "cniVersion": cni_version,
         "name": "weir",
         "plugins": [{
             "type": "weir-cni",
@@ -80,6 +90,7 @@ pub fn conflist(
 pub fn write_conflist(
     paths: &Paths,
     families: &[&str],
+    cni_version: &str,
     tc_attach: attach::Mechanism,
 ) -> Result<PathBuf, SetupError> {
     let path = paths.cni_conf_dir.join(CNI_CONFLIST);
@@ -88,7 +99,7 @@ pub fn write_conflist(
         source,
     };
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
-    let text = serde_json::to_string_pretty(&conflist(paths, families, tc_attach))
+    let text = serde_json::to_string_pretty(&conflist(paths, families, cni_version, tc_attach))
         .map_err(|e| err(io::Error::other(e)))?;
     crate::fsutil::write_atomic(&path, text.as_bytes()).map_err(err)?;
     Ok(path)
@@ -103,7 +114,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut paths = Paths::with_bpf_root("/sys/fs/bpf/wt-x");
         paths.cni_conf_dir = dir.path().join("net.d");
-        let path = write_conflist(&paths, &["ipv4"], attach::Mechanism::Tcx).expect("write");
+        let path = write_conflist(
+            &paths,
+            &["ipv4"],
+            DEFAULT_CNI_VERSION,
+            attach::Mechanism::Tcx,
+        )
+        .expect("write");
         assert!(path.ends_with("04-weir.conflist"));
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
@@ -115,5 +132,10 @@ mod tests {
             v["plugins"][0]["tcAttach"], "tcx",
             "weir-cni attaches as the agent does"
         );
+        assert_eq!(v["cniVersion"], "1.0.0");
+        write_conflist(&paths, &["ipv4"], "1.1.0", attach::Mechanism::Filter).expect("write");
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
+        assert_eq!(v["cniVersion"], "1.1.0");
     }
 }

@@ -119,6 +119,9 @@ impl CniCode for AgentError {
 pub struct Status {
     /// Ready to serve.
     pub ready: bool,
+    /// The agent's pin root (absent from older agents).
+    #[serde(default)]
+    pub bpf_root: Option<std::path::PathBuf>,
     /// Pools.
     #[serde(default)]
     pub pools: Vec<PoolStatus>,
@@ -171,6 +174,9 @@ pub struct AllocateRequest {
 pub struct Allocation {
     /// The addresses.
     pub ips: Vec<IpAddr>,
+    /// The agent's pin root (absent from older agents).
+    #[serde(default)]
+    pub bpf_root: Option<std::path::PathBuf>,
 }
 
 /// `GET /v1/ipam/handles/{handle}`: what the agent holds under a handle.
@@ -231,6 +237,9 @@ pub struct Deleted {
     /// Addresses released with it.
     #[serde(default)]
     pub released: Vec<String>,
+    /// The agent's pin root (absent from older agents).
+    #[serde(default)]
+    pub bpf_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]

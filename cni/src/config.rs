@@ -46,6 +46,19 @@ pub enum ConfigError {
         /// What is wrong and what to use.
         reason: String,
     },
+    /// `bpfRoot` names another pin root than the agent's (code 101, as every "the agent's
+    /// programs cannot be attached from here" failure).
+    #[error(
+        "bpfRoot {configured} disagrees with the pin root of the agent at {socket} ({agent}); remove bpfRoot from the conflist (weir-cni takes the agent's) or set it to {agent}"
+    )]
+    PinRootMismatch {
+        /// The conflist's `bpfRoot`.
+        configured: PathBuf,
+        /// The agent's socket.
+        socket: PathBuf,
+        /// The agent's pin root.
+        agent: PathBuf,
+    },
     /// A field weir-cni does not support.
     #[error("{key}={value} is not supported: {hint}")]
     Unsupported {
@@ -65,6 +78,7 @@ impl CniCode for ConfigError {
             Self::Version(_) => Code::IncompatibleVersion,
             Self::Shape(_) | Self::Invalid { .. } => Code::InvalidConfig,
             Self::Unsupported { .. } => Code::UnsupportedField,
+            Self::PinRootMismatch { .. } => Code::Attach,
         }
     }
 }
@@ -108,10 +122,14 @@ pub struct Config {
     pub name: String,
     /// The agent's API socket.
     pub agent_socket: PathBuf,
-    /// The agent's pin root (programs at `progs/`, link pins at `links/`).
+    /// The agent's pin root (programs at `progs/`, link pins at `links/`): `bpfRoot` when the
+    /// conflist sets it, else the default until the agent names its own
+    /// ([`Config::adopt_agent_pin_root`]).
     pub bpf_root: PathBuf,
     /// How the endpoint programs attach (`tcAttach`, written by the agent into its conflist).
     pub tc_attach: ::attach::Mechanism,
+    /// Whether the conflist set `bpfRoot` (then it must agree with the agent's).
+    pub bpf_root_set: bool,
     /// The pod interface's MTU (the host side gets the same).
     pub mtu: u32,
     /// Pools to allocate from (empty: the agent chooses).
@@ -213,6 +231,29 @@ pub fn is_supported(version: &str) -> bool {
 }
 
 impl Config {
+    /// Takes the pin root of the agent this plugin talks to (`agent`, as its API names it), so
+    /// the pod gets that agent's programs: with no `bpfRoot` in the conflist it becomes the
+    /// agent's; a `bpfRoot` that disagrees is refused (attaching another agent's programs, or
+    /// stale pins, would give a pod that reaches nothing). An agent that does not say keeps the
+    /// configured or default root.
+    pub fn adopt_agent_pin_root(
+        &mut self,
+        agent: Option<&std::path::Path>,
+    ) -> Result<(), ConfigError> {
+        let Some(agent) = agent.filter(|a| !a.as_os_str().is_empty()) else {
+            return Ok(());
+        };
+        if self.bpf_root_set && self.bpf_root != agent {
+            return Err(ConfigError::PinRootMismatch {
+                configured: self.bpf_root.clone(),
+                socket: self.agent_socket.clone(),
+                agent: agent.to_owned(),
+            });
+        }
+        self.bpf_root = agent.to_owned();
+        Ok(())
+    }
+
     /// Parses and validates the configuration from stdin.
     pub fn parse(stdin: &[u8]) -> Result<Self, ConfigError> {
         let value: Value = serde_json::from_slice(stdin).map_err(ConfigError::Decode)?;
@@ -292,6 +333,7 @@ impl Config {
             agent_socket: raw
                 .agent_socket
                 .unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into()),
+            bpf_root_set: raw.bpf_root.is_some(),
             bpf_root: raw.bpf_root.unwrap_or_else(|| DEFAULT_BPF_ROOT.into()),
             tc_attach: raw.tc_attach.unwrap_or_default(),
             mtu,
@@ -595,5 +637,38 @@ mod tests {
         let text = redacted(&v).to_string();
         assert!(!text.contains("s3cret") && !text.contains("/x"), "{text}");
         assert!(text.contains("\"app\"") && text.contains("web"), "{text}");
+    }
+
+    #[test]
+    fn the_agent_pin_root_is_adopted_unless_bpf_root_disagrees() {
+        let conf = |extra: Value| {
+            let mut v = json!({"cniVersion": "1.0.0", "name": "n", "type": "weir-cni"});
+            if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+                v.extend(extra.clone());
+            }
+            Config::parse(v.to_string().as_bytes()).expect("valid")
+        };
+        let agent = std::path::Path::new("/sys/fs/bpf/wt-agent");
+        let mut unset = conf(json!({}));
+        assert_eq!(unset.bpf_root, std::path::Path::new(DEFAULT_BPF_ROOT));
+        unset.adopt_agent_pin_root(Some(agent)).expect("adopted");
+        assert_eq!(unset.bpf_root, agent);
+        let mut same = conf(json!({"bpfRoot": "/sys/fs/bpf/wt-agent"}));
+        same.adopt_agent_pin_root(Some(agent)).expect("agrees");
+        let mut other = conf(json!({"bpfRoot": "/sys/fs/bpf/weir"}));
+        let err = other
+            .adopt_agent_pin_root(Some(agent))
+            .expect_err("disagrees");
+        assert_eq!(err.code(), Code::Attach);
+        let err = err.to_string();
+        assert!(
+            err.contains("bpfRoot") && err.contains("/sys/fs/bpf/wt-agent"),
+            "{err}"
+        );
+        let mut old_agent = conf(json!({"bpfRoot": "/sys/fs/bpf/x"}));
+        old_agent
+            .adopt_agent_pin_root(None)
+            .expect("an older agent says nothing");
+        assert_eq!(old_agent.bpf_root, std::path::Path::new("/sys/fs/bpf/x"));
     }
 }

@@ -1,10 +1,13 @@
 //! Logs go to stderr (the runtime captures it) and to a log file; never to stdout, which carries
-//! the result. `WEIR_CNI_LOG` overrides the configured level (an `EnvFilter` directive).
+//! the result. `WEIR_CNI_LOG` overrides the configured level (an `EnvFilter` directive). Neither
+//! carries terminal escapes unless stderr is a terminal: kubelet and containerd record stderr as
+//! text, and the log file is always plain.
 
-use std::{fs::OpenOptions, path::Path, sync::Mutex};
+use std::{fs::OpenOptions, io::IsTerminal as _, path::Path, sync::Mutex};
 
 use tracing_subscriber::{
-    EnvFilter, Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _,
+    EnvFilter, Layer as _, field::MakeExt as _, layer::SubscriberExt as _,
+    util::SubscriberInitExt as _,
 };
 
 /// Installs the subscriber; a log file that cannot be opened is reported on stderr only.
@@ -17,6 +20,7 @@ pub fn init(level: &str, file: Option<&Path>) {
     };
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .with_filter(filter());
     let mut file_error = None;
@@ -29,6 +33,18 @@ pub fn init(level: &str, file: Option<&Path>) {
                 tracing_subscriber::fmt::layer()
                     .with_writer(Mutex::new(f))
                     .with_ansi(false)
+                    // A field formatter of its own: span fields are formatted once per formatter
+                    // type, so sharing the stderr layer's would copy its colours into the file.
+                    .fmt_fields(
+                        tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+                            if field.name() == "message" {
+                                write!(w, "{value:?}")
+                            } else {
+                                write!(w, "{field}={value:?}")
+                            }
+                        })
+                        .delimited(" "),
+                    )
                     .with_target(false)
                     .with_filter(filter()),
             ),

@@ -136,6 +136,33 @@ impl CniNode {
         out.ok("DEL");
     }
 
+    /// Addresses in use in the node's datastore, as `weir ipam utilization -o json` reads them
+    /// from the embedded file (beside the running agent, as an operator would).
+    #[must_use]
+    pub fn addresses_in_use(&self) -> u64 {
+        let out = Command::new(bin::weir())
+            .args(["ipam", "utilization", "-o", "json", "--datastore"])
+            .arg(format!(
+                "embedded:{}",
+                self.dirs.path("state/ipam.redb").display()
+            ))
+            .output()
+            .expect("weir ipam utilization");
+        let pools: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "weir ipam utilization -o json: {e}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        pools
+            .as_array()
+            .expect("a list of pools")
+            .iter()
+            .map(|p| p["in_use"].as_u64().expect("in_use"))
+            .sum()
+    }
+
     /// The agent's status (`GET /v1/status`), through `curl` inside the node.
     #[must_use]
     pub fn api_get(&self, path: &str) -> Value {

@@ -9,16 +9,22 @@
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
 //! - `hooks`: the programs on workload veths' tc hooks, read from outside (filters or tcx links).
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
+//! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
+//! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
+//! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 
 pub mod agent_proc;
 pub mod bin;
 pub mod bpf;
 pub mod cni;
+pub mod cri;
 pub mod ct;
 pub mod datapath;
 pub mod hooks;
 pub mod names;
 pub mod netns;
+pub mod netpol;
 pub mod packet;
 pub mod pod;
+pub mod podnet;
 pub mod privileged;

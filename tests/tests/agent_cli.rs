@@ -133,11 +133,18 @@ fn cli_shows_status_endpoints_maps_and_conntrack() {
         status["conntrack"]
     );
 
-    // Flush: a fresh flow, then nothing.
+    // Flush: a fresh flow, listed (the flush has something to remove), then nothing.
     let _ = tx.send_to(b"ct", (GATEWAY, 7100));
     let _ = rx.recv_from(&mut buf);
+    assert!(
+        has_flow(&weir(&agent, &["bpf", "ct", "list"]), &ip),
+        "the fresh flow is in conntrack before the flush"
+    );
     let flushed = weir(&agent, &["bpf", "ct", "flush"]);
-    assert!(flushed["flushed"].as_u64().is_some());
+    assert!(
+        flushed["flushed"].as_u64().is_some_and(|n| n >= 1),
+        "the flush removed the flow: {flushed}"
+    );
     assert!(
         !has_flow(&weir(&agent, &["bpf", "ct", "list"]), &ip),
         "flush empties conntrack"

@@ -191,7 +191,23 @@ fn evictions(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     // Positive control: 100 flows fit; a sweep counts them created and nothing evicted.
     send(20_000..20_100);
     wait_metric(node, created, |v| v >= 100);
-    std::thread::sleep(Duration::from_millis(2500));
+    // Two more sweeps have run over those flows (no hoping a sleep was long enough).
+    let sweeps = || -> u64 {
+        agent
+            .api::<serde_json::Value>(hyper::Method::GET, "/v1/status", None)
+            .expect("status")["conntrack"]["sweeps"]
+            .as_u64()
+            .expect("the status counts sweeps")
+    };
+    let seen = sweeps();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sweeps() < seen + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the sweep did not run twice in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         metric(node, evicted),
         Some(0),

@@ -259,13 +259,13 @@ fn containerd_runs_a_container_on_weir_and_del_releases_its_address() {
         .exec(&["ip", "addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"]);
     node.ns.exec(&["ip", "link", "set", "lo", "up"]);
 
-    // The agent's own conflist, at the CNI version containerd 1.6's libcni reads (up to 1.0.0),
-    // with the plugin logging into the test's directory.
+    // The agent's own conflist — by default at the CNI version containerd 1.6's libcni reads
+    // (up to 1.0.0) — with the plugin logging into the test's directory.
     let written = node.dirs.path("net.d/04-weir.conflist");
     let mut conflist: Value =
         serde_json::from_str(&fs::read_to_string(&written).expect("the agent wrote its conflist"))
             .expect("the agent's conflist is JSON");
-    conflist["cniVersion"] = json!("1.0.0");
+    assert_eq!(conflist["cniVersion"], "1.0.0", "the agent's default");
     conflist["plugins"][0]["logFile"] = json!(node.log.path().join("weir-cni.log"));
     let network = conflist["name"].as_str().expect("network name").to_owned();
 

@@ -19,6 +19,8 @@ const APT_PACKAGES: &[&str] = &[
     "containerd",                  // the real-runtime CNI test (ctr run --cni)
     "runc",                        // ... the OCI runtime it starts the container with
     "busybox-static",              // ... and the static busybox of that container
+    "buildah",                     // the CRI tier's pause image, built offline from scratch
+    "libc6-dev",                   // ... whose static pause binary links libc.a
 ];
 
 /// The bpf-linker version the eBPF build uses.

@@ -21,13 +21,14 @@ use tokio::net::UnixListener;
 use super::{
     error::ApiError,
     types::{
-        DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest, ReleaseResponse, Status,
+        AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest,
+        ReleaseResponse, Status,
     },
 };
 use crate::{
     applier::Shared,
     dataplane::conntrack::{self, CtStats, CtView},
-    ipam_service::{AllocateRequest, Allocation, IpamService},
+    ipam_service::{AllocateRequest, IpamService},
     registry::{self, Endpoint},
 };
 
@@ -50,6 +51,9 @@ pub struct Api {
     pub paths: crate::paths::Paths,
     /// Conntrack sweep counters.
     pub ct: Arc<std::sync::Mutex<CtStats>>,
+    /// Held by each conntrack sweep and flush for its whole run: a flush in the middle of a sweep
+    /// would be overwritten by the sweep's stats and its entries counted as evictions.
+    pub ct_ops: Arc<std::sync::Mutex<()>>,
     /// The conntrack layout in use.
     pub ct_layout: u32,
 }
@@ -107,6 +111,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
     Ok(Json(Status {
         ready: applied.ready,
         node: api.node.clone(),
+        bpf_root: api.paths.bpf_root.clone(),
         endpoints: summary.endpoints,
         pools,
         state: summary,
@@ -199,15 +204,23 @@ async fn counters(
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     let (paths, layout) = (api.paths.clone(), api.ct_layout);
-    let n = tokio::task::spawn_blocking(move || conntrack::flush(&paths, layout))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    // The flush removed entries the eviction estimate must not count.
-    api.ct
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .baseline = None;
+    let (ops, stats) = (Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
+    let n = tokio::task::spawn_blocking(move || {
+        // Never inside a sweep (see `Api::ct_ops`).
+        let _op = ops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = conntrack::flush(&paths, layout)?;
+        // The flush removed entries the eviction estimate must not count.
+        stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .baseline = None;
+        Ok::<u64, crate::dataplane::kernel::KernelError>(n)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(serde_json::json!({"flushed": n})))
 }
 
@@ -337,12 +350,16 @@ async fn delete_endpoint(
     Ok(Json(DeleteResponse {
         deleted: removed.is_some(),
         released,
+        bpf_root: api.paths.bpf_root.clone(),
     }))
 }
 
-async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocation> {
+async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<AllocateResponse> {
     let req: AllocateRequest = parse(&body)?;
-    Ok(Json(api.ipam.allocate(&req, ALLOCATE_BUDGET).await?))
+    Ok(Json(AllocateResponse {
+        allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
+        bpf_root: api.paths.bpf_root.clone(),
+    }))
 }
 
 async fn handle(

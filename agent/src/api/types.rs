@@ -1,6 +1,6 @@
 //! Request and response bodies of the agent API.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +13,9 @@ pub struct Status {
     pub ready: bool,
     /// Node name.
     pub node: String,
+    /// The agent's bpffs pin root: where weir-cni finds the programs to attach.
+    #[serde(default)]
+    pub bpf_root: PathBuf,
     /// Registered endpoints.
     pub endpoints: usize,
     /// Pools.
@@ -68,6 +71,17 @@ pub struct EndpointView {
     pub ifindex: Option<u32>,
 }
 
+/// `POST /v1/ipam/allocate` answer: the allocation, and the agent's pin root, so weir-cni
+/// attaches this agent's programs (never another agent's, nor stale pins).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AllocateResponse {
+    /// The allocation.
+    #[serde(flatten)]
+    pub allocation: crate::ipam_service::Allocation,
+    /// The agent's bpffs pin root.
+    pub bpf_root: PathBuf,
+}
+
 /// `DELETE /v1/endpoints/…` answer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeleteResponse {
@@ -75,6 +89,9 @@ pub struct DeleteResponse {
     pub deleted: bool,
     /// Addresses released.
     pub released: Vec<IpAddr>,
+    /// The agent's bpffs pin root (where weir-cni removes the link pins).
+    #[serde(default)]
+    pub bpf_root: PathBuf,
 }
 
 /// `POST /v1/ipam/release` body.

@@ -25,14 +25,19 @@ use crate::paths::Paths;
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
 pub struct CtTimeouts {
     /// TCP before the handshake completes.
+    #[serde(serialize_with = "crate::config::seconds")]
     pub tcp_syn: Duration,
     /// TCP after the handshake.
+    #[serde(serialize_with = "crate::config::seconds")]
     pub tcp_established: Duration,
     /// TCP after both FINs or an RST.
+    #[serde(serialize_with = "crate::config::seconds")]
     pub tcp_closed: Duration,
     /// ICMP and ICMPv6.
+    #[serde(serialize_with = "crate::config::seconds")]
     pub icmp: Duration,
     /// UDP and everything else.
+    #[serde(serialize_with = "crate::config::seconds")]
     pub other: Duration,
 }
 

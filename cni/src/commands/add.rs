@@ -82,12 +82,18 @@ pub(super) async fn add(
     };
     let allocation = client.allocate(&request).await?;
     clock.lap("allocate");
+    // The programs to attach are this agent's: its pin root, or a refusal when bpfRoot disagrees
+    // (reported after the allocation, so the rollback below releases it).
+    let mut adopted = config.clone();
+    let pin_root = adopted.adopt_agent_pin_root(allocation.bpf_root.as_deref());
+    let config = &adopted;
     tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
     let ips = allocation.ips;
     failpoint("after-allocate").await;
 
     let mut endpoint_sent = false;
     let outcome = async {
+        pin_root?;
         check_allocation(&request, &ips)?;
         let pair = plumb::create_pair(
             &host_nl,

@@ -28,6 +28,7 @@ pub(super) async fn check(
         .as_ref()
         .ok_or(CommandError::NoPrevResult)?;
     let prev = CniResult::from_value(prev).map_err(CommandError::BadPrevResult)?;
+    let config = &super::with_agent_pin_root(config, client).await?;
     let container_id = env.container_id();
     let ifname = env.ifname();
     let host_ifname = names::host_veth(container_id, ifname);

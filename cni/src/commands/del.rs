@@ -17,8 +17,10 @@ pub(super) async fn del(
     let host_ifname = names::host_veth(container_id, ifname);
     let handle = config.handle(container_id);
 
+    let mut pin_root = None;
     let agent_outcome = async {
         let deleted = client.delete_endpoint(container_id, ifname).await?;
+        pin_root.clone_from(&deleted.bpf_root);
         let released = client.release_handle(&handle).await?;
         tracing::info!(
             endpoint = deleted.deleted,
@@ -37,7 +39,10 @@ pub(super) async fn del(
     }
     .await;
 
-    // The local part runs whatever the agent said: the pod loses its network either way.
+    // The local part runs whatever the agent said: the pod loses its network either way. The
+    // link pins are under the agent's pin root when it answered (else the configured one).
+    let mut config = config.clone();
+    config.adopt_agent_pin_root(pin_root.as_deref())?;
     attach::detach_endpoint_programs(&config.bpf_root, &host_ifname)?;
     let host_nl = host_netlink()?;
     if let Some(link) = host_nl.link(&host_ifname).await? {

@@ -16,6 +16,7 @@ pub(super) async fn gc(config: &Config, client: &AgentClient) -> Result<(), Comm
         .valid_attachments
         .as_ref()
         .ok_or(CommandError::NoValidAttachments)?;
+    let config = &super::with_agent_pin_root(config, client).await?;
     let prefix = format!("{}.", config.name);
     let endpoints = client.list_endpoints().await?;
     let host_nl = host_netlink()?;

@@ -90,6 +90,16 @@ pub enum CommandError {
     /// STATUS: ADD cannot be served.
     #[error("{0}")]
     NotAvailable(String),
+    /// GC and STATUS exist from CNI 1.1.0 on.
+    #[error(
+        "{verb} is a CNI 1.1.0 command but the network configuration says cniVersion {version}; runtimes send {verb} only with a 1.1.0 conflist (weir agent --cni-version 1.1.0)"
+    )]
+    NeedsNewerVersion {
+        /// The command.
+        verb: &'static str,
+        /// The configuration's version.
+        version: String,
+    },
 }
 
 impl CniCode for CommandError {
@@ -110,6 +120,7 @@ impl CniCode for CommandError {
             Self::Drift(_) => Code::Drift,
             Self::Gc { code, .. } => *code,
             Self::NotAvailable(_) => Code::NotAvailable,
+            Self::NeedsNewerVersion { .. } => Code::IncompatibleVersion,
         }
     }
 }
@@ -117,6 +128,20 @@ impl CniCode for CommandError {
 /// Runs `env.command` (not VERSION, which `main` answers without a config).
 pub async fn run(env: &Env, config: &Config) -> Result<Option<Value>, CommandError> {
     let client = AgentClient::new(&config.agent_socket, config.agent_timeout);
+    // The request is answered in the version it was made in: 1.1.0's verbs only at 1.1.0.
+    let verb = match env.command {
+        Command::Gc => Some("GC"),
+        Command::Status => Some("STATUS"),
+        _ => None,
+    };
+    if let Some(verb) = verb
+        && config.cni_version == "1.0.0"
+    {
+        return Err(CommandError::NeedsNewerVersion {
+            verb,
+            version: config.cni_version.clone(),
+        });
+    }
     match env.command {
         Command::Add => add::add(env, config, &client).await.map(Some),
         Command::Del => del::del(env, config, &client).await.map(|()| None),
@@ -125,6 +150,18 @@ pub async fn run(env: &Env, config: &Config) -> Result<Option<Value>, CommandErr
         Command::Status => status::status(config, &client).await.map(|()| None),
         Command::Version => Ok(Some(version_json(&config.cni_version))),
     }
+}
+
+/// `config` with the pin root of the agent `client` talks to, for CHECK and GC (ADD and DEL learn
+/// it from their own agent calls).
+async fn with_agent_pin_root(
+    config: &Config,
+    client: &AgentClient,
+) -> Result<Config, CommandError> {
+    let status = client.status().await?;
+    let mut config = config.clone();
+    config.adopt_agent_pin_root(status.bpf_root.as_deref())?;
+    Ok(config)
 }
 
 /// The VERSION answer.

@@ -4,6 +4,7 @@
 mod agent;
 mod attach;
 mod cni;
+mod cri;
 mod datapath;
 mod ipam;
 
@@ -20,6 +21,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("cni", cni::run),
     ("agent", agent::run),
     ("attach", attach::run),
+    ("cri", cri::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
