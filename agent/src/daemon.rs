@@ -335,6 +335,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ct: Arc::clone(&ct_stats),
         ct_ops,
         ct_layout,
+        tc_attach: config.tc_attach,
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -6,7 +6,8 @@
 //!   swaps the programs on the live link in place: a 1 ms-interval UDP flow each way loses no
 //!   datagram, and bpftool shows the new programs in the same filters;
 //! - the `tcx` option pins a link per program; an agent switched to filters keeps a live link's
-//!   tcx links (losing nothing of a 1 ms flow each way) and gives new pods filters.
+//!   tcx links (losing nothing of a 1 ms flow each way) and gives new pods filters, weir-cni
+//!   following the agent's answer over a conflist that still says `tcx`.
 
 use std::{
     net::UdpSocket,
@@ -441,10 +442,10 @@ fn the_tcx_option_pins_links_and_an_agent_switched_to_filters_keeps_live_links_l
     assert_eq!(attachments["attaches"], 0, "{status}");
     assert_eq!(attachments["unpins"], 0, "{status}");
 
-    // A new pod under the filter agent gets filters.
-    let conf_filter = node.conf(&json!({}));
+    // A new pod under the filter agent gets filters, even through a conflist still saying tcx:
+    // weir-cni follows the agent's allocate answer.
     let pod2 = Pod::new();
-    let result2 = node.add(&pod2, &conf_filter);
+    let result2 = node.add(&pod2, &conf);
     let host2 = node
         .api_get("/v1/endpoints")
         .as_array()
@@ -472,6 +473,6 @@ fn the_tcx_option_pins_links_and_an_agent_switched_to_filters_keeps_live_links_l
         up > 0 && down > 0,
         "the filter-attached pod passes ({up}, {down})"
     );
-    node.del(&pod2, &conf_filter, Some(&result2));
-    node.del(&pod, &conf_filter, Some(&result));
+    node.del(&pod2, &conf, Some(&result2));
+    node.del(&pod, &conf, Some(&result));
 }

@@ -86,6 +86,11 @@ pub(super) async fn add(
     // (reported after the allocation, so the rollback below releases it).
     let mut adopted = config.clone();
     let pin_root = adopted.adopt_agent_pin_root(allocation.bpf_root.as_deref());
+    // Attach the way the agent does (its driver would otherwise replace or keep ours); an agent
+    // that does not say leaves the conflist's `tcAttach`.
+    if let Some(mechanism) = allocation.tc_attach {
+        adopted.tc_attach = mechanism;
+    }
     let config = &adopted;
     tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
     let ips = allocation.ips;
