@@ -69,6 +69,12 @@ pub struct AgentArgs {
     /// interface it was not told to).
     #[arg(long, env = "WEIR_PREFILTER_INTERFACES", value_delimiter = ',')]
     pub prefilter_interfaces: Vec<String>,
+    /// How the endpoint programs attach to workload veths: `filter` (clsact + `cls_bpf`
+    /// direct-action filters at weir's priority and handle; the default: a tenth of tcx's attach
+    /// cost, see BENCHMARKS.md) or `tcx` (pinned tcx links). The conflist the agent writes tells
+    /// weir-cni the same; an attachment of the other kind is replaced and swept.
+    #[arg(long, env = "WEIR_TC_ATTACH", default_value_t = attach::Mechanism::Filter)]
+    pub tc_attach: attach::Mechanism,
     /// Metrics and health address.
     #[arg(long, env = "WEIR_METRICS", default_value = paths::DEFAULT_METRICS_ADDR)]
     pub metrics: String,
@@ -131,6 +137,8 @@ pub struct Config {
     pub block_size_v6: u8,
     /// Interfaces for `xdp_prefilter`.
     pub prefilter_interfaces: Vec<String>,
+    /// How the endpoint programs attach.
+    pub tc_attach: attach::Mechanism,
     /// Metrics address.
     pub metrics: SocketAddr,
     /// Expiry of unconfirmed allocations (dumped in seconds, as `--allocation-expiry` takes it).
@@ -350,6 +358,7 @@ impl AgentArgs {
             block_size_v4: self.block_size_v4,
             block_size_v6: self.block_size_v6,
             prefilter_interfaces: self.prefilter_interfaces.clone(),
+            tc_attach: self.tc_attach,
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
             ct_sweep_interval: std::time::Duration::from_secs(self.ct_sweep_interval),

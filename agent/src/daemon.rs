@@ -150,7 +150,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let maps = |name: &str| paths.map_pin(name);
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
     let dataplane = Dataplane {
-        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        attachments: AttachDriver::new(Box::new(TcLinks::new(
+            paths.clone(),
+            programs,
+            config.tc_attach,
+        )?)),
         endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &maps(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
         ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &maps(IDENT4))?)),
@@ -331,6 +335,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ct: Arc::clone(&ct_stats),
         ct_ops,
         ct_layout,
+        tc_attach: config.tc_attach,
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -355,8 +360,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             families.push(family);
         }
     }
-    let conflist = node_setup::write_conflist(&paths, &families, &config.cni_version)?;
+    let conflist =
+        node_setup::write_conflist(&paths, &families, &config.cni_version, config.tc_attach)?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
+    // Handlers before the start report: whoever reads it may send SIGTERM at once.
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate()).map_err(io_err("install a SIGTERM handler"))?;
+    let int = signal(SignalKind::interrupt()).map_err(io_err("install a SIGINT handler"))?;
     let started = Started {
         event: "started",
         node: &config.node,
@@ -372,7 +382,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => tracing::warn!(error = %e, "cannot serialise the start report"),
     }
 
-    let result = wait_for_shutdown(&shared, api_task).await;
+    let result = wait_for_shutdown(&shared, api_task, term, int).await;
     stop.store(true, Ordering::Relaxed);
     shared.kick();
     let _ = applier.join();
@@ -384,10 +394,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 async fn wait_for_shutdown(
     shared: &Shared,
     api_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    mut term: tokio::signal::unix::Signal,
+    mut int: tokio::signal::unix::Signal,
 ) -> Result<(), DaemonError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(io_err("install a SIGTERM handler"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(io_err("install a SIGINT handler"))?;
     let mut watch = shared.subscribe();
     tokio::select! {
         _ = term.recv() => { tracing::info!("SIGTERM"); Ok(()) }

@@ -1,12 +1,12 @@
 //! weir's node agent, as a library so the `weir` binary and the integration tests share its parts.
 //!
 //! Where things live: `paths` (every path and name), `config` (the validated configuration),
-//! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (tc/XDP
-//! attachments through pinned links), `daemon` (the `weir agent` main loop).
+//! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (the tc/XDP
+//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` main loop).
 
 pub mod api;
 pub mod applier;
-pub mod attach;
+pub use attach;
 pub mod bpffs;
 pub mod config;
 pub mod daemon;

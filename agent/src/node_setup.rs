@@ -64,9 +64,14 @@ pub const DEFAULT_CNI_VERSION: &str = "1.0.0";
 
 /// The conflist the runtime reads, at `cni_version`: weir-cni pointed at this agent's socket and
 /// pin root, asking for the address families the node's pools serve, and accepting requested
-/// addresses.
+/// addresses; `tcAttach` makes weir-cni attach the way this agent does.
 #[must_use]
-pub fn conflist(paths: &Paths, families: &[&str], cni_version: &str) -> serde_json::Value {
+pub fn conflist(
+    paths: &Paths,
+    families: &[&str],
+    cni_version: &str,
+    tc_attach: attach::Mechanism,
+) -> serde_json::Value {
     serde_json::json!({
         "cniVersion": cni_version,
         "name": "weir",
@@ -74,6 +79,7 @@ pub fn conflist(paths: &Paths, families: &[&str], cni_version: &str) -> serde_js
             "type": "weir-cni",
             "agentSocket": paths.api_socket,
             "bpfRoot": paths.bpf_root,
+            "tcAttach": tc_attach,
             "ipam": {"families": families},
             "capabilities": {"ips": true},
         }],
@@ -85,6 +91,7 @@ pub fn write_conflist(
     paths: &Paths,
     families: &[&str],
     cni_version: &str,
+    tc_attach: attach::Mechanism,
 ) -> Result<PathBuf, SetupError> {
     let path = paths.cni_conf_dir.join(CNI_CONFLIST);
     let err = |source| SetupError::Conflist {
@@ -92,7 +99,7 @@ pub fn write_conflist(
         source,
     };
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
-    let text = serde_json::to_string_pretty(&conflist(paths, families, cni_version))
+    let text = serde_json::to_string_pretty(&conflist(paths, families, cni_version, tc_attach))
         .map_err(|e| err(io::Error::other(e)))?;
     crate::fsutil::write_atomic(&path, text.as_bytes()).map_err(err)?;
     Ok(path)
@@ -107,7 +114,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut paths = Paths::with_bpf_root("/sys/fs/bpf/wt-x");
         paths.cni_conf_dir = dir.path().join("net.d");
-        let path = write_conflist(&paths, &["ipv4"], DEFAULT_CNI_VERSION).expect("write");
+        let path = write_conflist(
+            &paths,
+            &["ipv4"],
+            DEFAULT_CNI_VERSION,
+            attach::Mechanism::Tcx,
+        )
+        .expect("write");
         assert!(path.ends_with("04-weir.conflist"));
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
@@ -115,8 +128,12 @@ mod tests {
         assert_eq!(v["plugins"][0]["bpfRoot"], "/sys/fs/bpf/wt-x");
         assert_eq!(v["plugins"][0]["agentSocket"], "/run/weir/weir.sock");
         assert_eq!(v["plugins"][0]["ipam"]["families"][0], "ipv4");
+        assert_eq!(
+            v["plugins"][0]["tcAttach"], "tcx",
+            "weir-cni attaches as the agent does"
+        );
         assert_eq!(v["cniVersion"], "1.0.0");
-        write_conflist(&paths, &["ipv4"], "1.1.0").expect("write");
+        write_conflist(&paths, &["ipv4"], "1.1.0", attach::Mechanism::Filter).expect("write");
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
         assert_eq!(v["cniVersion"], "1.1.0");

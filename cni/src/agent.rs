@@ -177,6 +177,9 @@ pub struct Allocation {
     /// The agent's pin root (absent from older agents).
     #[serde(default)]
     pub bpf_root: Option<std::path::PathBuf>,
+    /// How the agent attaches the endpoint programs (absent from older agents).
+    #[serde(default)]
+    pub tc_attach: Option<::attach::Mechanism>,
 }
 
 /// `GET /v1/ipam/handles/{handle}`: what the agent holds under a handle.

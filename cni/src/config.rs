@@ -126,6 +126,8 @@ pub struct Config {
     /// conflist sets it, else the default until the agent names its own
     /// ([`Config::adopt_agent_pin_root`]).
     pub bpf_root: PathBuf,
+    /// How the endpoint programs attach (`tcAttach`, written by the agent into its conflist).
+    pub tc_attach: ::attach::Mechanism,
     /// Whether the conflist set `bpfRoot` (then it must agree with the agent's).
     pub bpf_root_set: bool,
     /// The pod interface's MTU (the host side gets the same).
@@ -164,6 +166,7 @@ struct RawConf {
     plugin_type: String,
     agent_socket: Option<PathBuf>,
     bpf_root: Option<PathBuf>,
+    tc_attach: Option<::attach::Mechanism>,
     mtu: Option<u32>,
     ipam: Option<Map<String, Value>>,
     args: Option<ArgsConf>,
@@ -332,6 +335,7 @@ impl Config {
                 .unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into()),
             bpf_root_set: raw.bpf_root.is_some(),
             bpf_root: raw.bpf_root.unwrap_or_else(|| DEFAULT_BPF_ROOT.into()),
+            tc_attach: raw.tc_attach.unwrap_or_default(),
             mtu,
             pools,
             families,

@@ -55,7 +55,11 @@ fn dataplane(paths: &agent::paths::Paths) -> Result<Dataplane> {
     let programs = Programs::load(paths, agent::EBPF_OBJECT, &[])?;
     let pin = |n: &str| paths.map_pin(n);
     Ok(Dataplane {
-        attachments: AttachDriver::new(Box::new(TcLinks::new(paths.clone(), programs))),
+        attachments: AttachDriver::new(Box::new(TcLinks::new(
+            paths.clone(),
+            programs,
+            agent::attach::Mechanism::default(),
+        )?)),
         endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
         ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),
@@ -295,25 +299,26 @@ fn main() -> Result<()> {
         // The agent attaches to a workload link once it is up (the CNI attaches before that).
         let t = Instant::now();
         node.exec(&["ip", "link", "set", &name, "up"]);
-        while !maps_schema::programs::ALL[..2]
-            .iter()
-            .all(|p| paths.link_pin(&name, p).exists())
-        {
-            if t.elapsed() > Duration::from_secs(10) {
-                let pins: Vec<String> = std::fs::read_dir(paths.links_dir())
-                    .map(|d| {
-                        d.filter_map(Result::ok)
-                            .map(|e| e.file_name().to_string_lossy().into_owned())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let links =
-                    String::from_utf8_lossy(&node.exec(&["ip", "-br", "link"]).stdout).into_owned();
-                anyhow::bail!(
-                    "no attachment to {name} within 10 s; pins {pins:?}; links:\n{links}"
-                );
+        // Polled over netlink inside the node (tcx query and filter dump), whichever mechanism.
+        let attached = node.run(|| -> Result<bool> {
+            use agent::attach::endpoint::{ENDPOINT_PROGRAMS, hook_state};
+            let mut tc = agent::attach::filter::Tc::open()?;
+            while t.elapsed() < Duration::from_secs(10) {
+                let ifindex = nix::net::if_::if_nametoindex(name.as_str()).unwrap_or(0);
+                if ENDPOINT_PROGRAMS.iter().all(|(p, hook)| {
+                    hook_state(&mut tc, ifindex, *hook, p)
+                        .is_ok_and(|s| s.filter_program().is_some() || !s.tcx.is_empty())
+                }) {
+                    return Ok(true);
+                }
+                std::thread::sleep(Duration::from_micros(200));
             }
-            std::thread::sleep(Duration::from_micros(200));
+            Ok(false)
+        })?;
+        if !attached {
+            let links =
+                String::from_utf8_lossy(&node.exec(&["ip", "-br", "link"]).stdout).into_owned();
+            anyhow::bail!("no attachment to {name} within 10 s; links:\n{links}");
         }
         attach_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }

@@ -85,6 +85,13 @@ impl CniNode {
         ));
     }
 
+    /// Starts the agent again with other flags (an upgrade: another `--ebpf-object`), which
+    /// later restarts keep.
+    pub fn restart_agent_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+        self.restart_agent();
+    }
+
     /// The agent's socket.
     #[must_use]
     pub fn socket(&self) -> PathBuf {

@@ -7,6 +7,7 @@
 //! - `pod`: workload veth names and pod plumbing for the agent tests.
 //! - `bin`: paths of the built `weir` and `weir-cni` binaries.
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
+//! - `hooks`: the programs on workload veths' tc hooks, read from outside (filters or tcx links).
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
@@ -19,6 +20,7 @@ pub mod cni;
 pub mod cri;
 pub mod ct;
 pub mod datapath;
+pub mod hooks;
 pub mod names;
 pub mod netns;
 pub mod netpol;

@@ -137,7 +137,7 @@ fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     let agent = AgentProcess::start(root, dirs, Some(node), &v1);
     assert_eq!(agent.started["ct_layout"], 1);
     assert_eq!(value_size(root, "ct4_v1"), 16, "layout 1 is 16 bytes");
-    wait_for_links(root, 4);
+    wait_for_links(node, root, 4);
     let _server = echo_server(pods.server, 9000, FLOWS);
     let flows: Vec<Flow> = (0..FLOWS)
         .map(|_| Flow::open(pods.client, &pods.server_addr(9000)))

@@ -47,7 +47,7 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
 
     let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "8192"]);
     assert_eq!(max_entries(root, "ct4_v2"), 8192);
-    wait_for_links(root, 4);
+    wait_for_links(node, root, 4);
     let _server = echo_server(pods.server, 9000, 2);
     let flows: Vec<Flow> = (0..2)
         .map(|_| Flow::open(pods.client, &pods.server_addr(9000)))
@@ -176,7 +176,7 @@ fn evictions(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
         Some(node),
         &["--ct-max-entries", "1024", "--ct-sweep-interval", "1"],
     );
-    wait_for_links(root, 4);
+    wait_for_links(node, root, 4);
     let server_ip: std::net::Ipv4Addr = pods.ips[0].parse().expect("ip");
     let send = |ports: std::ops::Range<u16>| {
         pods.client.run(|| {

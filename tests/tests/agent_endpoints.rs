@@ -37,17 +37,11 @@ fn delivered(node: &NetNs, pod: &NetNs, ip: &str, port: u16, within: Duration) -
     got
 }
 
-fn link_ids(root: &PinRoot, ifname: &str) -> Vec<u64> {
-    let paths = root.paths();
-    maps_schema::programs::ALL[..2]
-        .iter()
-        .map(|p| {
-            let pin = paths.link_pin(ifname, p).display().to_string();
-            bpftool(&["link", "show", "pinned", &pin])["id"]
-                .as_u64()
-                .expect("link id")
-        })
-        .collect()
+/// The programs on both hooks of `ifname` (whichever mechanism), read from outside.
+fn link_ids(node: &NetNs, root: &PinRoot, ifname: &str) -> [Option<u64>; 2] {
+    let ids = tests::hooks::programs_on(node, root, ifname);
+    assert!(ids.iter().all(Option::is_some), "{ifname}: {ids:?}");
+    ids
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -74,13 +68,7 @@ fn registered_endpoints_pass_unregistered_drop_and_restarts_write_nothing() {
     let (w1, w2) = (workload_name(), workload_name());
     let veth1 = VethPair::named(&node, &w1, &pod1, "eth0");
     let veth2 = VethPair::named(&node, &w2, &pod2, "eth0");
-    wait_for("the agent to attach to both workload links", || {
-        [&w1, &w2].iter().all(|w| {
-            maps_schema::programs::ALL[..2]
-                .iter()
-                .all(|p| paths.link_pin(w, p).exists())
-        })
-    });
+    tests::hooks::wait_attached(&node, &root, &[&w1, &w2], Duration::from_secs(20));
 
     // Allocate and register pod1 only.
     let alloc: Value = agent
@@ -131,7 +119,11 @@ fn registered_endpoints_pass_unregistered_drop_and_restarts_write_nothing() {
     );
 
     // Stopping the agent changes neither.
-    let ids_before = (agent.map_ids(), link_ids(&root, &w1), link_ids(&root, &w2));
+    let ids_before = (
+        agent.map_ids(),
+        link_ids(&node, &root, &w1),
+        link_ids(&node, &root, &w2),
+    );
     assert!(agent.terminate().success());
     assert!(
         delivered(&node, &pod1, &ip1, 7003, Duration::from_secs(10)) > 0,
@@ -149,10 +141,14 @@ fn registered_endpoints_pass_unregistered_drop_and_restarts_write_nothing() {
         agent.started["endpoints"], 1,
         "the endpoint is restored from the registry"
     );
-    let ids_after = (agent.map_ids(), link_ids(&root, &w1), link_ids(&root, &w2));
+    let ids_after = (
+        agent.map_ids(),
+        link_ids(&node, &root, &w1),
+        link_ids(&node, &root, &w2),
+    );
     assert_eq!(
         ids_before, ids_after,
-        "map and link ids are unchanged by a restart"
+        "map ids and the programs on both links are unchanged by a restart"
     );
     let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
     assert_eq!(

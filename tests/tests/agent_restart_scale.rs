@@ -56,7 +56,7 @@ fn create_veths(node: &NetNs, skip: &[usize]) {
     assert!(child.wait().expect("wait").success(), "ip -batch failed");
 }
 
-fn ids(root: &PinRoot, links: &[String]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+fn ids(node: &NetNs, root: &PinRoot, links: &[String]) -> (Vec<u64>, Vec<u64>, Vec<[u64; 2]>) {
     let paths = root.paths();
     let show = |kind: &str, pin: std::path::PathBuf| {
         bpftool(&[kind, "show", "pinned", &pin.display().to_string()])["id"]
@@ -71,14 +71,14 @@ fn ids(root: &PinRoot, links: &[String]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
         .iter()
         .map(|p| show("prog", paths.prog_pin(p)))
         .collect();
+    // The programs on both hooks of each link, whichever mechanism attached them.
+    let hooks = tests::hooks::hook_programs(node, root);
     let links = links
         .iter()
-        .flat_map(|l| {
-            maps_schema::programs::ALL[..2]
-                .iter()
-                .map(move |p| (l.clone(), *p))
+        .map(|l| {
+            let h = hooks.get(l).copied().unwrap_or_default();
+            [h[0], h[1]].map(|id| id.unwrap_or_else(|| panic!("{l}: not attached: {h:?}")))
         })
-        .map(|(l, p)| show("link", paths.link_pin(&l, p)))
         .collect();
     (maps, progs, links)
 }
@@ -154,13 +154,12 @@ fn restart_at_scale_keeps_ids_writes_nothing_and_keeps_a_live_flow() {
     );
     // Wait until every workload link carries both programs.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_dir(root.paths().links_dir()).map_or(0, Iterator::count) < 2 * ENDPOINTS {
-        assert!(
-            Instant::now() < deadline,
-            "the agent attaches to all 1,000 workload links"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    tests::hooks::wait_attached_count(
+        &node,
+        &root,
+        ENDPOINTS,
+        deadline.saturating_duration_since(Instant::now()),
+    );
 
     // A live TCP flow client → server:9000 (server ingress-isolated: replies pass via conntrack).
     let _server = echo_server(&server_ns, 9000, 1);
@@ -168,13 +167,13 @@ fn restart_at_scale_keeps_ids_writes_nothing_and_keeps_a_live_flow() {
     flow.assert_moving("before the restart");
 
     let sample: Vec<String> = (0..ENDPOINTS).step_by(50).map(host_name).collect();
-    let before = ids(&root, &sample);
+    let before = ids(&node, &root, &sample);
     assert!(agent.terminate().success());
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
-    let after = ids(&root, &sample);
+    let after = ids(&node, &root, &sample);
     assert_eq!(
         before, after,
-        "map, program and link ids are unchanged by the restart"
+        "map and program ids, and the programs on every sampled link, are unchanged by the restart"
     );
     let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
     for (name, stats) in status["dataplane"]["maps"]

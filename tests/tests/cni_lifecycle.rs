@@ -92,26 +92,18 @@ fn add_builds_the_pod_network_and_del_removes_it() {
         host_routes.contains(&format!("{ip} dev {host}")),
         "{host_routes}"
     );
-    // Each program runs through a pinned link, checked from outside with bpftool: the link pin
-    // names the program the agent pinned.
-    for program in ["from_endpoint", "to_endpoint"] {
-        let pin = node
-            .root
-            .path()
-            .join("links")
-            .join(format!("{host}:{program}"));
+    // Each program runs at its hook of the host veth, checked from outside with bpftool (the
+    // filter, or the tcx link pin): it is the program the agent pinned.
+    let hooks = tests::hooks::programs_on(&node.ns, &node.root, host);
+    for (program, on_hook) in tests::hooks::PROGRAMS.iter().zip(hooks) {
         let prog_pin = node.root.path().join("progs").join(program);
-        let link = tests::bpf::bpftool(&["link", "show", "pinned", &pin.display().to_string()]);
         let prog =
             tests::bpf::bpftool(&["prog", "show", "pinned", &prog_pin.display().to_string()]);
-        assert!(
-            link["prog_id"].as_u64().is_some(),
-            "{program}: no link at {}: {link}",
-            pin.display()
-        );
+        assert!(on_hook.is_some(), "{program}: nothing attached to {host}");
         assert_eq!(
-            link["prog_id"], prog["id"],
-            "{program}: the link runs another program"
+            on_hook,
+            prog["id"].as_u64(),
+            "{program}: {host} runs another program"
         );
     }
 

@@ -49,12 +49,23 @@ fn weir_cni_takes_the_agents_pin_root_and_refuses_a_disagreeing_one() {
     let server_result = node.add(&server, &conf);
     let client_result = node.add(&client, &conf);
     let server_ip = Pod::ipv4(&server_result);
-    let links = std::fs::read_dir(node.root.path().join("links"))
-        .map(Iterator::count)
-        .unwrap_or(0);
+    // Both pods' veths run the programs pinned under the agent's pin root (read from outside:
+    // the filters, or tcx link pins).
+    let pinned: Vec<Option<u64>> = tests::hooks::PROGRAMS
+        .iter()
+        .map(|p| {
+            let pin = node.root.path().join("progs").join(p);
+            tests::bpf::bpftool(&["prog", "show", "pinned", &pin.display().to_string()])["id"]
+                .as_u64()
+        })
+        .collect();
+    let running = tests::hooks::hook_programs(&node.ns, &node.root)
+        .values()
+        .filter(|h| h.to_vec() == pinned)
+        .count();
     assert!(
-        links >= 2,
-        "the link pins are under the agent's pin root ({links} there)"
+        running >= 2,
+        "both pods run the programs under the agent's pin root ({running} veths do)"
     );
     let addr: SocketAddr = format!("{server_ip}:8080").parse().expect("addr");
     let listener = server

@@ -1,4 +1,5 @@
-//! Real traffic through the attached programs: tc (tcx) and XDP on a veth in a test namespace.
+//! Real traffic through the attached programs: tc (tcx links, and clsact + `cls_bpf` filters) and
+//! XDP on a veth in a test namespace.
 //! Without an endpoint entry nothing passes (counted as unknown-endpoint); with one, the same
 //! traffic passes (positive control). Attachments and counters are checked from outside with bpftool.
 
@@ -179,5 +180,127 @@ fn attached_programs_drop_unknown_and_pass_registered_traffic() {
     assert!(
         passed > 0 && bytes > 0,
         "passes are counted with their bytes"
+    );
+}
+
+/// The same with the agent's default mechanism: clsact + `cls_bpf` filters in weir's slot, seen
+/// by bpftool in the namespace; a second load replaces both programs in the same filters and the
+/// registered endpoint keeps passing.
+#[test]
+fn filters_drop_unknown_pass_registered_and_are_replaced_in_place() {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+
+    use agent::attach::filter::Tc;
+    if !require_root("filters_drop_unknown_pass_registered_and_are_replaced_in_place") {
+        return;
+    }
+    let root = PinRoot::new();
+    let paths = root.paths();
+    let node = NetNs::new();
+    let pod = NetNs::new();
+    let veth = VethPair::new(&node, "h", &pod, "p");
+    node.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{NODE_IP}/24"),
+        "dev",
+        &veth.a,
+    ]);
+    pod.exec(&["ip", "addr", "add", "10.201.0.2/24", "dev", &veth.b]);
+    let host_ifindex = node.ifindex(&veth.a);
+    let hooks = [
+        (FROM_ENDPOINT, TcAttachType::Ingress),
+        (TO_ENDPOINT, TcAttachType::Egress),
+    ];
+    let attach = |ebpf: &mut aya::Ebpf| {
+        node.run(|| {
+            let mut nl = Tc::open().expect("netlink");
+            nl.add_clsact(host_ifindex).expect("clsact");
+            for (name, hook) in hooks {
+                let fd = tc(ebpf, name).fd().expect("fd").as_fd().as_raw_fd();
+                nl.set_filter(host_ifindex, hook, fd, name)
+                    .unwrap_or_else(|e| panic!("attach {name}: {e}"));
+            }
+        });
+        [FROM_ENDPOINT, TO_ENDPOINT].map(|n| u64::from(tc(ebpf, n).info().expect("info").id()))
+    };
+    let mut ebpf = load_weir(&root);
+    let ids = attach(&mut ebpf);
+    assert_eq!(
+        tests::hooks::programs_on(&node, &root, &veth.a),
+        ids.map(Some),
+        "bpftool shows both filters running our programs"
+    );
+
+    let rx = node.run(|| UdpSocket::bind(format!("{NODE_IP}:7778")).expect("bind in node"));
+    let tx = pod.run(|| UdpSocket::bind("10.201.0.2:0").expect("bind in pod"));
+    let exchange = |within| {
+        rx.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let deadline = Instant::now() + within;
+        let (mut received, mut buf) = (0, [0u8; 64]);
+        while Instant::now() < deadline && received < 3 {
+            let _ = tx.send_to(b"weir", format!("{NODE_IP}:7778"));
+            if rx.recv_from(&mut buf).is_ok() {
+                received += 1;
+            }
+        }
+        received
+    };
+    let counters = paths.map_pin("counters_v1");
+    assert_eq!(
+        exchange(Duration::from_secs(2)),
+        0,
+        "an unregistered veth passes nothing"
+    );
+    let (dropped, _) = counter_from_bpftool(
+        &counters,
+        counter_index(DROP_UNKNOWN_ENDPOINT, DIR_FROM_ENDPOINT),
+    );
+    assert!(
+        dropped > 0,
+        "unknown-endpoint drops are counted ({dropped})"
+    );
+
+    let mut endpoints: HashMap<_, u32, EndpointInfo> =
+        HashMap::try_from(ebpf.map_mut("endpoints_v1").expect("endpoints map")).expect("hash map");
+    let info = EndpointInfo {
+        endpoint_id: 1,
+        identity: 1000,
+        ipv4: [POD_IP, [0; 4]],
+        ..EndpointInfo::default()
+    };
+    endpoints
+        .insert(&host_ifindex, &info, 0)
+        .expect("insert endpoint");
+    assert!(
+        exchange(Duration::from_secs(10)) > 0,
+        "a registered endpoint passes"
+    );
+
+    // Replacement: a second load (new program ids, same pinned maps) into the same slots.
+    let mut second = load_weir(&root);
+    let new_ids = attach(&mut second);
+    assert_ne!(new_ids, ids, "the second load has its own programs");
+    assert_eq!(
+        tests::hooks::programs_on(&node, &root, &veth.a),
+        new_ids.map(Some),
+        "the filters now run the new programs"
+    );
+    let filters = node.run(|| {
+        Tc::open()
+            .expect("netlink")
+            .bpf_filters(host_ifindex, TcAttachType::Ingress)
+            .expect("dump")
+    });
+    assert_eq!(
+        filters.len(),
+        1,
+        "replaced in place, not added: {filters:?}"
+    );
+    assert!(
+        exchange(Duration::from_secs(10)) > 0,
+        "the endpoint still passes"
     );
 }

@@ -56,6 +56,8 @@ pub struct Api {
     pub ct_ops: Arc<std::sync::Mutex<()>>,
     /// The conntrack layout in use.
     pub ct_layout: u32,
+    /// How the endpoint programs attach (told to weir-cni in allocate answers).
+    pub tc_attach: attach::Mechanism,
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -359,6 +361,7 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
     Ok(Json(AllocateResponse {
         allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
         bpf_root: api.paths.bpf_root.clone(),
+        tc_attach: api.tc_attach,
     }))
 }
 

@@ -80,6 +80,9 @@ pub struct AllocateResponse {
     pub allocation: crate::ipam_service::Allocation,
     /// The agent's bpffs pin root.
     pub bpf_root: PathBuf,
+    /// How this agent attaches the endpoint programs (`--tc-attach`), so weir-cni attaches the
+    /// same way whatever its conflist says.
+    pub tc_attach: attach::Mechanism,
 }
 
 /// `DELETE /v1/endpoints/…` answer.

@@ -1,9 +1,13 @@
-//! The attachment driver: both tc programs on every `weir*` link, through pinned tcx links.
+//! The attachment driver: both tc programs on every `weir*` link, by the configured mechanism
+//! (`attach::Mechanism`: clsact + `cls_bpf` filters, or pinned tcx links).
 //!
-//! Read back: the link pins under `links/` and, for each, whether its program is still attached to
-//! the interface (a pin can outlive its interface). Classify: in sync (pin live, right program),
-//! out of sync (pin live, other program → atomic `bpf_link_update`), missing or stale (attach
-//! anew), orphan (pin of a link that is no longer desired → unpinned, which detaches it).
+//! Read back, per link and hook: the program the mechanism's own attachment runs (weir's filter
+//! slot, or a link pin live on this interface), and leftovers (the other mechanism's attachment,
+//! a pin that outlived its interface, a stray filter named after the program). Classify: in sync
+//! (right program), out of sync (other program → atomic replacement: `RTM_NEWTFILTER` on the same
+//! slot, or `bpf_link_update`), missing (attach anew); leftovers are removed only once the
+//! link's own attachment is in place, so a link never goes without a program. Link pins of links
+//! that are no longer desired are orphans (unpinned, which detaches them).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,33 +17,58 @@ use serde::Serialize;
 
 use super::kernel::KernelError;
 
-/// The kernel operations the driver needs; the real one uses aya and bpffs.
+/// What one hook of a workload link holds, as the driver classifies it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hook {
+    /// The program the mechanism's own attachment runs there, if it is live on this interface.
+    pub ours: Option<u32>,
+    /// Something else of weir's is there that must go once ours is in place.
+    pub leftovers: bool,
+}
+
+/// The kernel operations the driver needs; the real one uses aya, netlink and bpffs.
 pub trait Attacher: Send {
     /// Link pins present: (ifname, program).
     fn pinned(&self) -> Result<Vec<(String, String)>, KernelError>;
-    /// The program id the pinned link runs, if the pin opens.
-    fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32>;
-    /// True when program `id` is attached at `hook` of interface `ifindex`.
-    fn is_attached(&self, ifindex: u32, hook: TcAttachType, id: u32) -> bool;
+    /// True when a link pin exists for (ifname, program).
+    fn has_pin(&self, ifname: &str, program: &str) -> bool;
+    /// Reads back `program`'s hook on interface `ifname` (index `ifindex`).
+    fn hook(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<Hook, KernelError>;
     /// The id of the program this agent attaches as `program`.
     fn current(&self, program: &str) -> u32;
     /// True while interface `ifname` exists with index `ifindex` (it may vanish before the link
     /// watcher says so: a pod's veth dies with its namespace).
     fn link_exists(&self, ifname: &str, ifindex: u32) -> bool;
-    /// Attaches `program` to `ifname` anew (pinning the link).
+    /// Attaches `program` to `ifname` anew (a pin that outlived its interface is replaced).
     fn attach(
         &mut self,
         ifname: &str,
+        ifindex: u32,
         program: &str,
         hook: TcAttachType,
     ) -> Result<(), KernelError>;
-    /// Points the pinned link at the current program (atomic).
+    /// Points the existing attachment at the current program (atomic).
     fn update(
         &mut self,
         ifname: &str,
+        ifindex: u32,
         program: &str,
         hook: TcAttachType,
     ) -> Result<(), KernelError>;
+    /// Removes the leftovers at `program`'s hook; returns how many went.
+    fn sweep(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<u64, KernelError>;
     /// Removes the pin (detaching the link once nothing else holds it).
     fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
 }
@@ -51,7 +80,7 @@ pub struct AttachStats {
     pub attaches: u64,
     /// Program replacements through existing links.
     pub updates: u64,
-    /// Pins removed (orphans and stale pins).
+    /// Pins removed and leftovers swept (orphans, stale pins, the other mechanism's attachments).
     pub unpins: u64,
     /// Applies that failed.
     pub errors: u64,
@@ -172,43 +201,50 @@ impl AttachDriver {
     fn reconcile_link(&mut self, ifname: &str, only_new: bool) -> Result<(), KernelError> {
         let Some(&ifindex) = self.links.get(ifname) else {
             if !only_new {
-                for (program, _) in HOOKS {
-                    if self.io.pinned_program(ifname, program).is_some() {
-                        self.io.unpin(ifname, program)?;
-                        self.stats.unpins += 1;
-                    }
-                }
+                self.unpin_all(ifname)?;
             }
             return Ok(());
         };
         for (program, hook) in HOOKS {
             let current = self.io.current(program);
-            let pinned = self.io.pinned_program(ifname, program);
-            let live = pinned.is_some_and(|id| self.io.is_attached(ifindex, hook, id));
-            if !live && !self.io.link_exists(ifname, ifindex) {
+            let state = match self.io.hook(ifname, ifindex, program, hook) {
+                Ok(state) => state,
+                Err(_) if !self.io.link_exists(ifname, ifindex) => {
+                    return self.forget_vanished(ifname, only_new);
+                }
+                Err(e) => return Err(e),
+            };
+            if state.ours.is_none() && !self.io.link_exists(ifname, ifindex) {
                 // The interface is gone (the watcher will say so too): nothing to attach to, and
                 // its pins only hold dead links.
                 return self.forget_vanished(ifname, only_new);
             }
-            match pinned {
-                Some(id) if live => {
+            match state.ours {
+                Some(id) => {
                     if id != current && !only_new {
-                        self.io.update(ifname, program, hook)?;
+                        self.io.update(ifname, ifindex, program, hook)?;
                         self.stats.updates += 1;
                     }
                 }
-                Some(_) => {
-                    // The pin outlived its interface (same name, new link): start over.
-                    self.io.unpin(ifname, program)?;
-                    self.stats.unpins += 1;
-                    self.io.attach(ifname, program, hook)?;
-                    self.stats.attaches += 1;
-                }
-                None if self.down.contains(ifname) => {}
+                // Nothing of ours: whatever else is there stays until ours is in place.
+                None if self.down.contains(ifname) => continue,
                 None => {
-                    self.io.attach(ifname, program, hook)?;
+                    self.io.attach(ifname, ifindex, program, hook)?;
                     self.stats.attaches += 1;
                 }
+            }
+            if state.leftovers && !only_new {
+                self.stats.unpins += self.io.sweep(ifname, ifindex, program, hook)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn unpin_all(&mut self, ifname: &str) -> Result<(), KernelError> {
+        for (program, _) in HOOKS {
+            if self.io.has_pin(ifname, program) {
+                self.io.unpin(ifname, program)?;
+                self.stats.unpins += 1;
             }
         }
         Ok(())
@@ -225,13 +261,7 @@ impl AttachDriver {
         if only_new {
             return Ok(());
         }
-        for (program, _) in HOOKS {
-            if self.io.pinned_program(ifname, program).is_some() {
-                self.io.unpin(ifname, program)?;
-                self.stats.unpins += 1;
-            }
-        }
-        Ok(())
+        self.unpin_all(ifname)
     }
 }
 
@@ -241,36 +271,52 @@ mod tests {
 
     use super::*;
 
-    /// Fake kernel: pins map (ifname, program) → (program id, ifindex attached to).
+    /// Fake kernel: pins map (ifname, program) → program id; `attached` holds (ifindex, hook,
+    /// id) of live attachments; `other` holds (ifname, program) attachments of the other
+    /// mechanism (leftovers).
     #[derive(Clone, Default)]
     struct Fake(Arc<Mutex<FakeState>>);
     #[derive(Default)]
     struct FakeState {
         pins: BTreeMap<(String, String), u32>,
         attached: BTreeSet<(u32, String, u32)>,
+        other: BTreeSet<(String, String)>,
         current: u32,
         ifindex: BTreeMap<String, u32>,
         ops: u32,
+    }
+
+    fn key(ifname: &str, program: &str) -> (String, String) {
+        (ifname.to_owned(), program.to_owned())
     }
 
     impl Attacher for Fake {
         fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
             Ok(self.0.lock().expect("lock").pins.keys().cloned().collect())
         }
-        fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32> {
+        fn has_pin(&self, ifname: &str, program: &str) -> bool {
             self.0
                 .lock()
                 .expect("lock")
                 .pins
-                .get(&(ifname.to_owned(), program.to_owned()))
-                .copied()
+                .contains_key(&key(ifname, program))
         }
-        fn is_attached(&self, ifindex: u32, hook: TcAttachType, id: u32) -> bool {
-            self.0
-                .lock()
-                .expect("lock")
-                .attached
-                .contains(&(ifindex, format!("{hook:?}"), id))
+        fn hook(
+            &mut self,
+            ifname: &str,
+            ifindex: u32,
+            program: &str,
+            hook: TcAttachType,
+        ) -> Result<Hook, KernelError> {
+            let s = self.0.lock().expect("lock");
+            let pinned = s.pins.get(&key(ifname, program)).copied();
+            let ours =
+                pinned.filter(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
+            Ok(Hook {
+                ours,
+                leftovers: (pinned.is_some() && ours.is_none())
+                    || s.other.contains(&key(ifname, program)),
+            })
         }
         fn current(&self, _program: &str) -> u32 {
             self.0.lock().expect("lock").current
@@ -281,12 +327,15 @@ mod tests {
         fn attach(
             &mut self,
             ifname: &str,
+            ifindex: u32,
             program: &str,
             hook: TcAttachType,
         ) -> Result<(), KernelError> {
             let mut s = self.0.lock().expect("lock");
-            let (id, ifindex) = (s.current, s.ifindex[ifname]);
-            s.pins.insert((ifname.to_owned(), program.to_owned()), id);
+            let id = s.current;
+            assert_eq!(s.ifindex[ifname], ifindex);
+            // A stale pin at the same path is replaced by the new link's.
+            s.pins.insert(key(ifname, program), id);
             s.attached.insert((ifindex, format!("{hook:?}"), id));
             s.ops += 1;
             Ok(())
@@ -294,26 +343,68 @@ mod tests {
         fn update(
             &mut self,
             ifname: &str,
+            ifindex: u32,
             program: &str,
             hook: TcAttachType,
         ) -> Result<(), KernelError> {
             let mut s = self.0.lock().expect("lock");
-            let (id, ifindex) = (s.current, s.ifindex[ifname]);
-            let old = s
-                .pins
-                .insert((ifname.to_owned(), program.to_owned()), id)
-                .expect("pinned");
+            let id = s.current;
+            let old = s.pins.insert(key(ifname, program), id).expect("pinned");
             s.attached.remove(&(ifindex, format!("{hook:?}"), old));
             s.attached.insert((ifindex, format!("{hook:?}"), id));
             s.ops += 1;
             Ok(())
         }
+        fn sweep(
+            &mut self,
+            ifname: &str,
+            ifindex: u32,
+            program: &str,
+            hook: TcAttachType,
+        ) -> Result<u64, KernelError> {
+            let mut s = self.0.lock().expect("lock");
+            let ours = s
+                .pins
+                .get(&key(ifname, program))
+                .is_some_and(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
+            assert!(ours, "leftovers are swept only once ours is in place");
+            let removed = s.other.remove(&key(ifname, program));
+            s.ops += 1;
+            Ok(u64::from(removed))
+        }
         fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
             let mut s = self.0.lock().expect("lock");
-            s.pins.remove(&(ifname.to_owned(), program.to_owned()));
+            s.pins.remove(&key(ifname, program));
             s.ops += 1;
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_other_mechanisms_attachment_goes_only_once_ours_is_in_place() {
+        let f = fake();
+        {
+            let mut s = f.0.lock().expect("lock");
+            s.other.insert(key("weira", FROM_ENDPOINT));
+            s.other.insert(key("weirb", FROM_ENDPOINT));
+        }
+        let mut d = AttachDriver::new(Box::new(f.clone()));
+        d.link_up("weira", 10, true);
+        d.link_up("weirb", 11, false);
+        d.apply(true).expect("pre-in-sync");
+        assert_eq!(d.stats().unpins, 0, "nothing is removed before in-sync");
+        d.apply(false).expect("apply");
+        let s = f.0.lock().expect("lock");
+        assert!(
+            !s.other.contains(&key("weira", FROM_ENDPOINT)),
+            "replaced by ours"
+        );
+        assert!(
+            s.other.contains(&key("weirb", FROM_ENDPOINT)),
+            "a down link keeps what it has until ours is attached"
+        );
+        assert_eq!(d.stats().unpins, 1);
+        assert_eq!(d.stats().attaches, 2);
     }
 
     #[test]

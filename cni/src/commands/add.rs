@@ -86,6 +86,11 @@ pub(super) async fn add(
     // (reported after the allocation, so the rollback below releases it).
     let mut adopted = config.clone();
     let pin_root = adopted.adopt_agent_pin_root(allocation.bpf_root.as_deref());
+    // Attach the way the agent does (its driver would otherwise replace or keep ours); an agent
+    // that does not say leaves the conflist's `tcAttach`.
+    if let Some(mechanism) = allocation.tc_attach {
+        adopted.tc_attach = mechanism;
+    }
     let config = &adopted;
     tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
     let ips = allocation.ips;
@@ -106,7 +111,7 @@ pub(super) async fn add(
         .await?;
         clock.lap("create-pair");
         // Fail closed: the programs run before the host end is ever up.
-        attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname)?;
+        attach::attach_endpoint_programs(&config.bpf_root, &att.host_ifname, config.tc_attach)?;
         clock.lap("attach");
         plumb::configure_pod(&pod_nl, &pair.pod, &pair.host.mac, &ips).await?;
         clock.lap("configure-pod");

@@ -2,6 +2,7 @@
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
 mod agent;
+mod attach;
 mod cni;
 mod cri;
 mod datapath;
@@ -19,6 +20,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("ipam", ipam::run),
     ("cni", cni::run),
     ("agent", agent::run),
+    ("attach", attach::run),
     ("cri", cri::run),
 ];
 

@@ -1,7 +1,7 @@
-//! Attaches programs to interfaces through pinned links, so attachments survive the agent and a
+//! Attaches programs to interfaces through pinned links, so attachments survive the process and a
 //! later load replaces the program atomically (`bpf_link_update`) instead of detaching it.
 //!
-//! tc: tcx links (kernel ≥ 6.6), pinned at `<root>/links/<ifname>.<program>`; on older kernels
+//! tc: tcx links (kernel ≥ 6.6), pinned at `<root>/links/<ifname>:<program>`; on older kernels
 //! aya falls back to a clsact filter, which lives on the qdisc and survives the process as well.
 //! XDP: a pinned XDP link.
 
@@ -36,6 +36,15 @@ pub enum AttachMode {
 pub fn pinned_link_program(link_pin: &Path) -> Option<u32> {
     let link = FdLink::from(PinnedLink::from_pin(link_pin).ok()?);
     link.info().ok().map(|info| info.program_id())
+}
+
+/// The ids of the programs on the tcx hook `hook` of `ifindex` (empty when the query fails: no
+/// such interface, or no tcx on this kernel).
+#[must_use]
+pub fn tcx_programs(ifindex: u32, hook: TcAttachType) -> Vec<u32> {
+    SchedClassifier::query_tcx(ifindex, hook)
+        .map(|(_, progs)| progs.iter().map(aya::programs::ProgramInfo::id).collect())
+        .unwrap_or_default()
 }
 
 /// Errors attaching a program.
