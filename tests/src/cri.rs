@@ -561,18 +561,25 @@ impl Cri {
 
     /// Processes sharing containerd's mount namespace (the holder, containerd, shims, pauses).
     fn namespace_processes(&self) -> Vec<u32> {
-        let Ok(target) = fs::read_link(format!("/proc/{}/ns/mnt", self.holder.id())) else {
-            return Vec::new();
-        };
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(Result::ok)
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|l| l == target))
-            .collect()
+        mount_namespace_processes(self.holder.id())
     }
+}
+
+/// Every process in the mount namespace of process `pid` (a runtime's, with its shims), so a
+/// guard can end them all.
+#[must_use]
+pub fn mount_namespace_processes(pid: u32) -> Vec<u32> {
+    let Ok(target) = fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+        return Vec::new();
+    };
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| fs::read_link(format!("/proc/{p}/ns/mnt")).is_ok_and(|l| l == target))
+        .collect()
 }
 
 fn config_toml(t: &Path, conf_dir: &Path) -> String {

@@ -143,61 +143,48 @@ impl Model {
         })
     }
 
-    fn ingress_allows(&self, from: Source<'_>, to: &ModelPod, port: u16) -> bool {
-        let Source::Pod(src) = from else {
-            // weir: the node's own traffic may always enter a pod.
-            return true;
-        };
-        let mut policies = self.selecting(to, true).peekable();
+    /// Whether the policies selecting `subject` in one direction admit `peer` on `port` (a
+    /// subject selected by none is not isolated there).
+    fn side_allows(&self, subject: &ModelPod, peer: &ModelPod, port: u16, ingress: bool) -> bool {
+        let mut policies = self.selecting(subject, ingress).peekable();
         if policies.peek().is_none() {
             return true;
         }
         policies.any(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
-            p.spec
-                .as_ref()
-                .and_then(|s| s.ingress.as_ref())
-                .into_iter()
-                .flatten()
-                .any(|rule| {
-                    port_matches(rule.ports.as_ref(), port)
-                        && rule.from.as_ref().is_none_or(|peers| {
-                            peers.is_empty()
-                                || peers.iter().any(|peer| self.peer_matches(peer, ns, src))
-                        })
-                })
-        })
-    }
-
-    fn egress_allows(&self, from: Source<'_>, to: &ModelPod, port: u16) -> bool {
-        let Source::Pod(src) = from else {
-            return true;
-        };
-        let mut policies = self.selecting(src, false).peekable();
-        if policies.peek().is_none() {
-            return true;
-        }
-        policies.any(|p| {
-            let ns = p.metadata.namespace.as_deref().unwrap_or("default");
-            p.spec
-                .as_ref()
-                .and_then(|s| s.egress.as_ref())
-                .into_iter()
-                .flatten()
-                .any(|rule| {
-                    port_matches(rule.ports.as_ref(), port)
-                        && rule.to.as_ref().is_none_or(|peers| {
-                            peers.is_empty()
-                                || peers.iter().any(|peer| self.peer_matches(peer, ns, to))
-                        })
-                })
+            let spec = p.spec.as_ref().expect("spec");
+            let rules: Vec<_> = if ingress {
+                spec.ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.ports.as_ref(), r.from.as_ref()))
+                    .collect()
+            } else {
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.ports.as_ref(), r.to.as_ref()))
+                    .collect()
+            };
+            rules.into_iter().any(|(ports, peers)| {
+                port_matches(ports, port)
+                    && peers.is_none_or(|peers| {
+                        peers.is_empty() || peers.iter().any(|pp| self.peer_matches(pp, ns, peer))
+                    })
+            })
         })
     }
 
     /// Whether a TCP connection from `from` to `to`'s `port` is allowed.
     #[must_use]
     pub fn allows(&self, from: Source<'_>, to: &ModelPod, port: u16) -> bool {
-        self.egress_allows(from, to, port) && self.ingress_allows(from, to, port)
+        match from {
+            // weir: the node's own traffic may always enter a pod (and leaves no pod's egress).
+            Source::Node => true,
+            Source::Pod(src) => {
+                self.side_allows(src, to, port, false) && self.side_allows(to, src, port, true)
+            }
+        }
     }
 
     /// The agent's manifest for this model: one document per namespace and per policy.

@@ -172,22 +172,6 @@ impl Containerd {
     fn run_log(&self, id: &str) -> String {
         fs::read_to_string(self.path().join(format!("{id}.log"))).unwrap_or_default()
     }
-
-    /// Processes sharing containerd's mount namespace (containerd, its shims).
-    fn namespace_processes(&self) -> Vec<u32> {
-        let own = format!("/proc/{}/ns/mnt", self.child.id());
-        let Ok(target) = fs::read_link(own) else {
-            return Vec::new();
-        };
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(Result::ok)
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|l| l == target))
-            .collect()
-    }
 }
 
 impl Drop for Containerd {
@@ -197,7 +181,7 @@ impl Drop for Containerd {
             let _ = self.ctr(&["task", "delete", "--force", id]);
             let _ = self.ctr(&["container", "delete", id]);
         }
-        let pids = self.namespace_processes();
+        let pids = tests::cri::mount_namespace_processes(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
         for pid in pids {
