@@ -4,25 +4,37 @@
 //! neither forgets them nor releases what an endpoint holds: the registry is restored first, and
 //! every handle it references counts as confirmed.
 //!
-//! Per-host allocation is serialised here (one allocation at a time); a request's time budget
-//! starts once it holds that lock.
+//! Per-host allocation is serialised here, and batched: one allocator task takes every request
+//! waiting and runs them one after another, each seeing the ones before it, on an overlay of the
+//! datastore (`ipam::batch`), so they share one durable commit and one write of the pending set
+//! instead of paying one each. A request's time budget starts once its batch holds the host lock.
+//! On a datastore without multi-key transactions (Kubernetes) the batch runs one allocation after
+//! another, each with its own writes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs, io,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex as StdMutex, PoisonError,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use ipam::{
     AssignArgs, Ipam, IpamError,
     model::pool::IpPool,
-    store::any::{AnyStore, Datastore},
+    store::{
+        Store,
+        any::{AnyStore, Datastore},
+        embedded::Sharing,
+    },
 };
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc, oneshot};
 
 /// Errors of the agent's IPAM.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +68,9 @@ pub enum IpamServiceError {
     /// The request waited too long for the per-host lock and the datastore.
     #[error("the allocation did not complete within {0} s; retry")]
     Timeout(u64),
+    /// The allocator task has stopped (the agent is shutting down).
+    #[error("the agent's allocator has stopped; retry once the agent runs again")]
+    Stopped,
 }
 
 /// An allocation request (see `docs/agent-api.md`).
@@ -132,15 +147,37 @@ struct PendingFile {
     pending: BTreeMap<String, Allocation>,
 }
 
-/// The agent's IPAM service.
-pub struct IpamService {
+/// Requests one allocation batch takes at most.
+const MAX_BATCH: usize = 512;
+
+/// An allocation request waiting for the allocator.
+struct Waiting {
+    req: AllocateRequest,
+    budget: Duration,
+    reply: oneshot::Sender<Result<Allocation, IpamServiceError>>,
+}
+
+/// What the allocator task and the API share.
+struct Core {
     ipam: Ipam<AnyStore>,
+    datastore: Datastore,
     host: String,
     node_labels: BTreeMap<String, String>,
     default_expiry: Duration,
     pending_path: PathBuf,
     /// Serialises allocation and release for this host; guards the pending set.
     lock: Mutex<PendingFile>,
+    /// Requests handed to the allocator and not yet taken into a batch.
+    queued: AtomicUsize,
+    /// Allocation batches run, and the commits they took.
+    batches: AtomicU64,
+    commits: AtomicU64,
+}
+
+/// The agent's IPAM service.
+pub struct IpamService {
+    core: Arc<Core>,
+    queue: mpsc::UnboundedSender<Waiting>,
 }
 
 fn now() -> u64 {
@@ -149,8 +186,18 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Allocation counters (`allocation_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocationStats {
+    /// Batches of queued requests the allocator ran.
+    pub batches: u64,
+    /// Datastore commits those batches took.
+    pub commits: u64,
+}
+
 impl IpamService {
-    /// Opens the datastore and makes sure the configured (or default) pools exist.
+    /// Opens the datastore and makes sure the configured (or default) pools exist. An embedded file is held
+    /// exclusively (one fsync per commit); `weir ipam` reaches it through the agent's socket.
     pub async fn open(
         spec: &str,
         host: &str,
@@ -174,22 +221,240 @@ impl IpamService {
                 .map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
         }
         let store = datastore
-            .open(Duration::from_secs(10))
+            .open_with(Duration::from_secs(10), Sharing::Exclusive)
             .await
             .map_err(|e| open_err(e.to_string()))?;
-        let ipam = Ipam::new(store);
-        let service = Self {
-            ipam,
+        let core = Arc::new(Core {
+            ipam: Ipam::new(store),
+            datastore,
             host: host.to_owned(),
             node_labels,
             default_expiry,
             pending_path: state_dir.join("allocations.json"),
             lock: Mutex::new(load_pending(&state_dir.join("allocations.json"))),
-        };
-        service.ensure_pools(pools, block_sizes).await?;
-        Ok(service)
+            queued: AtomicUsize::new(0),
+            batches: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+        });
+        core.ensure_pools(pools, block_sizes).await?;
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(allocator(Arc::clone(&core), rx));
+        Ok(Self { core, queue })
     }
 
+    /// The IPAM library over the agent's datastore (for `weir ipam` requests made through the agent).
+    pub fn ipam(&self) -> &Ipam<AnyStore> {
+        &self.core.ipam
+    }
+
+    /// Whether `datastore` is the one this agent holds: the same embedded file (paths compared once resolved).
+    pub fn holds(&self, datastore: &Datastore) -> bool {
+        match (&self.core.datastore, datastore) {
+            (Datastore::Embedded(ours), Datastore::Embedded(theirs)) => {
+                let resolve = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+                resolve(ours) == resolve(theirs)
+            }
+            _ => false,
+        }
+    }
+
+    /// How many allocation batches ran and how many commits they took.
+    pub fn allocation_stats(&self) -> AllocationStats {
+        AllocationStats {
+            batches: self.core.batches.load(Ordering::Relaxed),
+            commits: self.core.commits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Handles confirmed by existing endpoints: drop them from the pending set (restart path).
+    pub async fn confirm_all(&self, handles: &BTreeSet<String>) -> Result<(), IpamServiceError> {
+        let mut pending = self.core.lock.lock().await;
+        let before = pending.pending.len();
+        pending.pending.retain(|h, _| !handles.contains(h));
+        if pending.pending.len() != before {
+            persist(&self.core.pending_path, &pending)?;
+        }
+        Ok(())
+    }
+
+    /// Confirms one allocation (its endpoint exists now). Not written to disk: the endpoint
+    /// registry, already durable, is what confirms a handle after a restart (`confirm_all`), so
+    /// the hot path saves a file write.
+    pub async fn confirm(&self, handle: &str) -> Result<(), IpamServiceError> {
+        self.core.lock.lock().await.pending.remove(handle);
+        Ok(())
+    }
+
+    /// Allocates with an expiry. All or nothing: a short result keeps nothing. Requests that arrive while
+    /// another batch runs wait for the next one, which commits them together.
+    pub async fn allocate(
+        &self,
+        req: &AllocateRequest,
+        budget: Duration,
+    ) -> Result<Allocation, IpamServiceError> {
+        validate(req)?;
+        let (reply, answer) = oneshot::channel();
+        self.core.queued.fetch_add(1, Ordering::SeqCst);
+        let waiting = Waiting {
+            req: req.clone(),
+            budget,
+            reply,
+        };
+        if self.queue.send(waiting).is_err() {
+            self.core.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(IpamServiceError::Stopped);
+        }
+        answer.await.map_err(|_| IpamServiceError::Stopped)?
+    }
+
+    /// Releases a handle's addresses (idempotent) and forgets it as pending.
+    pub async fn release_handle(&self, handle: &str) -> Result<Vec<IpAddr>, IpamServiceError> {
+        let mut pending = self.core.lock.lock().await;
+        let released = match self.core.ipam.release_by_handle(handle).await {
+            Ok(ips) => ips,
+            Err(IpamError::HandleNotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        if pending.pending.remove(handle).is_some() {
+            persist(&self.core.pending_path, &pending)?;
+        }
+        Ok(released)
+    }
+
+    /// Releases specific addresses (idempotent): (released, not allocated).
+    pub async fn release_ips(
+        &self,
+        ips: &[IpAddr],
+    ) -> Result<(Vec<IpAddr>, Vec<IpAddr>), IpamServiceError> {
+        let _guard = self.core.lock.lock().await;
+        let checks: Vec<_> = ips
+            .iter()
+            .map(|ip| {
+                (
+                    *ip,
+                    ipam::model::ReleaseCheck {
+                        sequence_number: None,
+                        handle: None,
+                    },
+                )
+            })
+            .collect();
+        let report = self.core.ipam.release_ips(&checks).await?;
+        Ok((
+            report.released.into_iter().map(|(ip, _)| ip).collect(),
+            report.not_allocated,
+        ))
+    }
+
+    /// Releases every pending allocation whose time is up; returns the handles released.
+    pub async fn expire(&self) -> Result<Vec<String>, IpamServiceError> {
+        let mut pending = self.core.lock.lock().await;
+        let now = now();
+        let due: Vec<String> = pending
+            .pending
+            .iter()
+            .filter(|(_, a)| a.expires_at <= now)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for handle in &due {
+            match self.core.ipam.release_by_handle(handle).await {
+                Ok(_) | Err(IpamError::HandleNotFound { .. }) => {
+                    pending.pending.remove(handle);
+                    tracing::info!(%handle, "released an allocation no endpoint confirmed before it expired");
+                }
+                Err(e) => {
+                    tracing::warn!(%handle, error = %e, "cannot release an expired allocation; will retry");
+                }
+            }
+        }
+        if !due.is_empty() {
+            persist(&self.core.pending_path, &pending)?;
+        }
+        Ok(due)
+    }
+
+    /// Addresses held under a handle (empty when none).
+    pub async fn ips_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamServiceError> {
+        match self.core.ipam.ips_by_handle(handle).await {
+            Ok(nets) => Ok(nets.iter().map(IpNetwork::ip).collect()),
+            Err(IpamError::HandleNotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A handle's addresses and whether an endpoint confirmed them (`GET /v1/ipam/handles/{h}`).
+    pub async fn handle(&self, handle: &str) -> Result<HandleStatus, IpamServiceError> {
+        let ips = self.ips_of(handle).await?;
+        let pending = self.core.lock.lock().await.pending.get(handle).cloned();
+        Ok(HandleStatus {
+            handle: handle.to_owned(),
+            confirmed: pending.is_none() && !ips.is_empty(),
+            expires_at: pending.map(|p| p.expires_at),
+            ips,
+        })
+    }
+
+    /// Pools with free addresses.
+    pub async fn pools(&self) -> Result<Vec<PoolStatus>, IpamServiceError> {
+        let util = self.core.ipam.utilization(false).await?;
+        let pools = self.core.ipam.pools().await?;
+        Ok(pools
+            .iter()
+            .map(|p| PoolStatus {
+                name: p.name.clone(),
+                cidr: p.cidr.to_string(),
+                free: util
+                    .iter()
+                    .find(|u| u.pool == p.name)
+                    .map_or(0, |u| u64::try_from(u.available).unwrap_or(u64::MAX)),
+                disabled: p.disabled,
+            })
+            .collect())
+    }
+}
+
+fn validate(req: &AllocateRequest) -> Result<(), IpamServiceError> {
+    if req.handle.is_empty() {
+        return Err(IpamServiceError::Invalid("handle must not be empty".into()));
+    }
+    if req.ips.is_empty() && req.ipv4 == 0 && req.ipv6 == 0 {
+        return Err(IpamServiceError::Invalid(
+            "ask for at least one address: ipv4, ipv6 or ips".into(),
+        ));
+    }
+    if req.ipv4 > 16 || req.ipv6 > 16 || req.ips.len() > 16 {
+        return Err(IpamServiceError::Invalid(
+            "at most 16 addresses per family per request".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The allocator task: takes every request waiting, runs them as one batch under the host lock, and answers
+/// each once its allocation is durable. Ends when the service is dropped.
+async fn allocator(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+    while let Some(first) = rx.recv().await {
+        // Lock, then take the queue: everything that arrived while the last batch ran (or while a release
+        // held the lock) joins this one.
+        let mut pending = core.lock.lock().await;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        core.queued.fetch_sub(batch.len(), Ordering::SeqCst);
+        let answers = core.allocate_batch(&mut pending, &batch).await;
+        drop(pending);
+        for (w, answer) in batch.into_iter().zip(answers) {
+            // A caller that gave up is gone; its allocation, if any, expires unconfirmed.
+            let _ = w.reply.send(answer);
+        }
+    }
+}
+
+impl Core {
     async fn ensure_pools(
         &self,
         pools: &[String],
@@ -236,210 +501,153 @@ impl IpamService {
         Ok(())
     }
 
-    /// Handles confirmed by existing endpoints: drop them from the pending set (restart path).
-    pub async fn confirm_all(&self, handles: &BTreeSet<String>) -> Result<(), IpamServiceError> {
-        let mut pending = self.lock.lock().await;
-        let before = pending.pending.len();
-        pending.pending.retain(|h, _| !handles.contains(h));
-        if pending.pending.len() != before {
-            persist(&self.pending_path, &pending)?;
-        }
-        Ok(())
-    }
-
-    /// Confirms one allocation (its endpoint exists now). Not written to disk: the endpoint
-    /// registry, already durable, is what confirms a handle after a restart (`confirm_all`), so
-    /// the hot path saves a file write.
-    pub async fn confirm(&self, handle: &str) -> Result<(), IpamServiceError> {
-        self.lock.lock().await.pending.remove(handle);
-        Ok(())
-    }
-
-    /// Allocates with an expiry. All or nothing: a short result is released.
-    pub async fn allocate(
+    /// Runs one batch: every allocation in order, as one commit where the datastore's transactions allow it
+    /// (each sees the ones before it, as if serialised), then one write of the pending set.
+    async fn allocate_batch(
         &self,
-        req: &AllocateRequest,
-        budget: Duration,
-    ) -> Result<Allocation, IpamServiceError> {
-        if req.handle.is_empty() {
-            return Err(IpamServiceError::Invalid("handle must not be empty".into()));
-        }
-        if req.ips.is_empty() && req.ipv4 == 0 && req.ipv6 == 0 {
-            return Err(IpamServiceError::Invalid(
-                "ask for at least one address: ipv4, ipv6 or ips".into(),
-            ));
-        }
-        if req.ipv4 > 16 || req.ipv6 > 16 || req.ips.len() > 16 {
-            return Err(IpamServiceError::Invalid(
-                "at most 16 addresses per family per request".into(),
-            ));
-        }
+        pending: &mut PendingFile,
+        batch: &[Waiting],
+    ) -> Vec<Result<Allocation, IpamServiceError>> {
         // Lock, then clock: the budget starts once this host's allocations are ours.
-        let mut pending = self.lock.lock().await;
-        let work = self.allocate_locked(req);
-        let allocation = tokio::time::timeout(budget, work)
-            .await
-            .map_err(|_| IpamServiceError::Timeout(budget.as_secs()))??;
-        pending
-            .pending
-            .insert(allocation.handle.clone(), allocation.clone());
-        if let Err(e) = persist(&self.pending_path, &pending) {
-            pending.pending.remove(&allocation.handle);
-            let _ = self.ipam.release_by_handle(&allocation.handle).await;
-            return Err(e);
-        }
-        Ok(allocation)
-    }
-
-    async fn allocate_locked(&self, req: &AllocateRequest) -> Result<Allocation, IpamServiceError> {
-        let attrs = BTreeMap::from([
-            ("namespace".to_owned(), req.namespace.clone()),
-            ("pod".to_owned(), req.pod.clone()),
-            ("container_id".to_owned(), req.container_id.clone()),
-            ("node".to_owned(), self.host.clone()),
-        ]);
-        let mut ips = Vec::new();
-        if req.ips.is_empty() {
-            let mut args = AssignArgs::new(&self.host, &req.handle, req.ipv4, req.ipv6);
-            args.attrs = attrs;
-            args.pools.clone_from(&req.pools);
-            args.node_labels.clone_from(&self.node_labels);
-            let result = self.ipam.auto_assign(&args).await?;
-            ips = result.ips();
-            if let Some(message) = result.partial_fulfilment(&args) {
-                // A dual-stack half-success releases the family that succeeded.
-                let _ = self.ipam.release_by_handle(&req.handle).await;
-                return Err(IpamServiceError::Exhausted(message));
-            }
-        } else {
-            for ip in &req.ips {
-                match self
-                    .ipam
-                    .assign_ip(*ip, &req.handle, attrs.clone(), &self.host, None)
-                    .await
-                {
-                    Ok(net) => ips.push(net.ip()),
-                    Err(e) => {
-                        let _ = self.ipam.release_by_handle(&req.handle).await;
-                        return Err(e.into());
-                    }
+        let budget = batch.iter().map(|w| w.budget).min().unwrap_or_default();
+        let reqs: Vec<AllocateRequest> = batch.iter().map(|w| w.req.clone()).collect();
+        let leftovers = StdMutex::new(Vec::new());
+        let expiry = self.default_expiry;
+        let (host, labels, left) = (self.host.as_str(), &self.node_labels, &leftovers);
+        let work = async {
+            if self.ipam.store().atomic_txn_limit().is_some() {
+                // A failed job is rolled back inside the overlay, so nothing of it is left to give back.
+                let rolled_back = StdMutex::new(Vec::new());
+                let rolled_back = &rolled_back;
+                let (results, stats) =
+                    ipam::batch::run(&self.ipam, &reqs, |ipam, req| async move {
+                        allocate_on(&ipam, host, labels, expiry, &req, rolled_back).await
+                    })
+                    .await;
+                (results, stats.commits)
+            } else {
+                // No multi-key transactions (Kubernetes): one allocation after another, each its own writes.
+                let mut results = Vec::with_capacity(reqs.len());
+                for req in &reqs {
+                    results.push(allocate_on(&self.ipam, host, labels, expiry, req, left).await);
                 }
+                (results, reqs.len())
             }
-        }
-        let expiry = req
-            .expires_in_secs
-            .map_or(self.default_expiry, Duration::from_secs);
-        Ok(Allocation {
-            handle: req.handle.clone(),
-            ips,
-            expires_at: now() + expiry.as_secs(),
-        })
-    }
-
-    /// Releases a handle's addresses (idempotent) and forgets it as pending.
-    pub async fn release_handle(&self, handle: &str) -> Result<Vec<IpAddr>, IpamServiceError> {
-        let mut pending = self.lock.lock().await;
-        let released = match self.ipam.release_by_handle(handle).await {
-            Ok(ips) => ips,
-            Err(IpamError::HandleNotFound { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
         };
-        if pending.pending.remove(handle).is_some() {
-            persist(&self.pending_path, &pending)?;
+        let mut results = match tokio::time::timeout(budget, work).await {
+            Ok((results, commits)) => {
+                self.batches.fetch_add(1, Ordering::Relaxed);
+                self.commits.fetch_add(commits as u64, Ordering::Relaxed);
+                tracing::debug!(
+                    allocations = reqs.len(),
+                    commits,
+                    "allocation batch committed"
+                );
+                results
+            }
+            Err(_) => reqs
+                .iter()
+                .map(|_| Err(IpamServiceError::Timeout(budget.as_secs())))
+                .collect(),
+        };
+        let leftovers = leftovers
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        for a in results.iter().flatten() {
+            pending.pending.insert(a.handle.clone(), a.clone());
         }
-        Ok(released)
-    }
-
-    /// Releases specific addresses (idempotent): (released, not allocated).
-    pub async fn release_ips(
-        &self,
-        ips: &[IpAddr],
-    ) -> Result<(Vec<IpAddr>, Vec<IpAddr>), IpamServiceError> {
-        let _guard = self.lock.lock().await;
-        let checks: Vec<_> = ips
-            .iter()
-            .map(|ip| {
-                (
-                    *ip,
-                    ipam::model::ReleaseCheck {
-                        sequence_number: None,
-                        handle: None,
-                    },
-                )
-            })
-            .collect();
-        let report = self.ipam.release_ips(&checks).await?;
-        Ok((
-            report.released.into_iter().map(|(ip, _)| ip).collect(),
-            report.not_allocated,
-        ))
-    }
-
-    /// Releases every pending allocation whose time is up; returns the handles released.
-    pub async fn expire(&self) -> Result<Vec<String>, IpamServiceError> {
-        let mut pending = self.lock.lock().await;
-        let now = now();
-        let due: Vec<String> = pending
-            .pending
-            .iter()
-            .filter(|(_, a)| a.expires_at <= now)
-            .map(|(h, _)| h.clone())
-            .collect();
-        for handle in &due {
-            match self.ipam.release_by_handle(handle).await {
-                Ok(_) | Err(IpamError::HandleNotFound { .. }) => {
-                    pending.pending.remove(handle);
-                    tracing::info!(%handle, "released an allocation no endpoint confirmed before it expired");
-                }
-                Err(e) => {
-                    tracing::warn!(%handle, error = %e, "cannot release an expired allocation; will retry");
+        for handle in &leftovers {
+            // A failed allocation whose addresses could not be given back: expiry retries the release.
+            pending.pending.insert(
+                handle.clone(),
+                Allocation {
+                    handle: handle.clone(),
+                    ips: Vec::new(),
+                    expires_at: now(),
+                },
+            );
+        }
+        if let Err(e) = persist(&self.pending_path, pending) {
+            tracing::warn!(error = %e, "cannot record pending allocations; undoing this batch");
+            for a in results.iter_mut() {
+                let Ok(allocation) = a else { continue };
+                let handle = allocation.handle.clone();
+                *a = Err(IpamServiceError::Persist {
+                    path: self.pending_path.clone(),
+                    source: io::Error::other(e.to_string()),
+                });
+                if let Err(release) = self.ipam.release_by_handle(&handle).await {
+                    // Still pending in memory with its expiry: the expiry loop releases it.
+                    tracing::warn!(%handle, error = %release, "cannot release an allocation that could not be recorded; it expires unconfirmed");
+                } else {
+                    pending.pending.remove(&handle);
                 }
             }
         }
-        if !due.is_empty() {
-            persist(&self.pending_path, &pending)?;
+        results
+    }
+}
+
+/// One allocation for `host` on `ipam` (the store, or an overlay of it). A short result is given back; when
+/// that release fails, the handle is put in `leftovers` for the expiry loop.
+async fn allocate_on<S: Store + Clone>(
+    ipam: &Ipam<S>,
+    host: &str,
+    node_labels: &BTreeMap<String, String>,
+    default_expiry: Duration,
+    req: &AllocateRequest,
+    leftovers: &StdMutex<Vec<String>>,
+) -> Result<Allocation, IpamServiceError> {
+    let attrs = BTreeMap::from([
+        ("namespace".to_owned(), req.namespace.clone()),
+        ("pod".to_owned(), req.pod.clone()),
+        ("container_id".to_owned(), req.container_id.clone()),
+        ("node".to_owned(), host.to_owned()),
+    ]);
+    let give_back = || async {
+        if let Err(e) = ipam.release_by_handle(&req.handle).await {
+            tracing::warn!(handle = %req.handle, error = %e, "cannot give back the addresses of a failed allocation; they expire unconfirmed");
+            leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(req.handle.clone());
         }
-        Ok(due)
-    }
-
-    /// Addresses held under a handle (empty when none).
-    pub async fn ips_of(&self, handle: &str) -> Result<Vec<IpAddr>, IpamServiceError> {
-        match self.ipam.ips_by_handle(handle).await {
-            Ok(nets) => Ok(nets.iter().map(IpNetwork::ip).collect()),
-            Err(IpamError::HandleNotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e.into()),
+    };
+    let mut ips = Vec::new();
+    if req.ips.is_empty() {
+        let mut args = AssignArgs::new(host, &req.handle, req.ipv4, req.ipv6);
+        args.attrs = attrs;
+        args.pools.clone_from(&req.pools);
+        args.node_labels.clone_from(node_labels);
+        let result = ipam.auto_assign(&args).await?;
+        ips = result.ips();
+        if let Some(message) = result.partial_fulfilment(&args) {
+            // A dual-stack half-success gives back the family that succeeded.
+            give_back().await;
+            return Err(IpamServiceError::Exhausted(message));
+        }
+    } else {
+        for ip in &req.ips {
+            match ipam
+                .assign_ip(*ip, &req.handle, attrs.clone(), host, None)
+                .await
+            {
+                Ok(net) => ips.push(net.ip()),
+                Err(e) => {
+                    give_back().await;
+                    return Err(e.into());
+                }
+            }
         }
     }
-
-    /// A handle's addresses and whether an endpoint confirmed them (`GET /v1/ipam/handles/{h}`).
-    pub async fn handle(&self, handle: &str) -> Result<HandleStatus, IpamServiceError> {
-        let ips = self.ips_of(handle).await?;
-        let pending = self.lock.lock().await.pending.get(handle).cloned();
-        Ok(HandleStatus {
-            handle: handle.to_owned(),
-            confirmed: pending.is_none() && !ips.is_empty(),
-            expires_at: pending.map(|p| p.expires_at),
-            ips,
-        })
-    }
-
-    /// Pools with free addresses.
-    pub async fn pools(&self) -> Result<Vec<PoolStatus>, IpamServiceError> {
-        let util = self.ipam.utilization(false).await?;
-        let pools = self.ipam.pools().await?;
-        Ok(pools
-            .iter()
-            .map(|p| PoolStatus {
-                name: p.name.clone(),
-                cidr: p.cidr.to_string(),
-                free: util
-                    .iter()
-                    .find(|u| u.pool == p.name)
-                    .map_or(0, |u| u64::try_from(u.available).unwrap_or(u64::MAX)),
-                disabled: p.disabled,
-            })
-            .collect())
-    }
+    let expiry = req
+        .expires_in_secs
+        .map_or(default_expiry, Duration::from_secs);
+    Ok(Allocation {
+        handle: req.handle.clone(),
+        ips,
+        expires_at: now() + expiry.as_secs(),
+    })
 }
 
 fn load_pending(path: &Path) -> PendingFile {

@@ -17,7 +17,11 @@ use std::{
 use ipam::{
     AssignArgs, Ipam,
     model::{IpPool, IpUse, ReleaseCheck},
-    store::{Store, embedded::EmbeddedStore, etcd::EtcdStore},
+    store::{
+        Store,
+        embedded::{EmbeddedStore, Sharing},
+        etcd::EtcdStore,
+    },
     testing::EtcdServer,
 };
 use serde_json::{Map, Value, json};
@@ -250,19 +254,35 @@ async fn main() -> Res<()> {
     let mut out = Map::new();
     let dir = tempfile::tempdir()?;
 
-    // (a) embedded, one host.
+    // (a) embedded, one host: the file held as the agent holds it (exclusive), then shared (as `weir ipam`
+    // processes without an agent share it).
     if part("a") {
-        let store = EmbeddedStore::open(&dir.path().join("bench.redb"), Duration::from_secs(5))?;
-        let ipam = Ipam::new(store);
-        ipam.add_pool(pool("10.0.0.0/12")).await?;
-        let (aps, p50, p99) = churn(&ipam, 8, a_total).await?;
-        out.insert("embedded_allocs_per_s".into(), json!(aps.round()));
-        out.insert("embedded_p50_ms".into(), json!(p50));
-        out.insert("embedded_p99_ms".into(), json!(p99));
-        let (_, sp50, sp99) = churn(&ipam, 1, a_total / 10).await?;
-        out.insert("embedded_seq_p50_ms".into(), json!(sp50));
-        out.insert("embedded_seq_p99_ms".into(), json!(sp99));
-        drop(ipam);
+        for (sharing, tag) in [
+            (Sharing::Exclusive, "embedded"),
+            (Sharing::Shared, "embedded_shared"),
+        ] {
+            let path = dir.path().join(format!("{tag}.redb"));
+            let store = EmbeddedStore::open_with(&path, Duration::from_secs(5), sharing)?;
+            let ipam = Ipam::new(store.clone());
+            ipam.add_pool(pool("10.0.0.0/12")).await?;
+            let before = store.commit_stats();
+            let (aps, p50, p99) = churn(&ipam, 8, a_total).await?;
+            let after = store.commit_stats();
+            let per_commit = (after.writes - before.writes) as f64
+                / (after.commits - before.commits).max(1) as f64;
+            out.insert(format!("{tag}_allocs_per_s"), json!(aps.round()));
+            out.insert(format!("{tag}_p50_ms"), json!(p50));
+            out.insert(format!("{tag}_p99_ms"), json!(p99));
+            out.insert(
+                format!("{tag}_writes_per_commit"),
+                json!((per_commit * 100.0).round() / 100.0),
+            );
+            if sharing == Sharing::Exclusive {
+                let (_, sp50, sp99) = churn(&ipam, 1, a_total / 10).await?;
+                out.insert("embedded_seq_p50_ms".into(), json!(sp50));
+                out.insert("embedded_seq_p99_ms".into(), json!(sp99));
+            }
+        }
     }
 
     // (b) etcd, one host, 8 clients.

@@ -14,9 +14,11 @@
 //! waited for (bounded) and then reported. Routing the CLI through the agent's socket instead comes with the agent.
 
 pub mod allocator;
+pub mod batch;
 pub mod cidr;
 pub mod error;
 pub mod model;
+pub mod ops;
 pub mod store;
 pub mod testing;
 

@@ -167,6 +167,10 @@ impl<S: crate::store::Store> crate::store::Store for Faulty<S> {
         self.inner.backend()
     }
 
+    fn atomic_txn_limit(&self) -> Option<usize> {
+        self.inner.atomic_txn_limit()
+    }
+
     async fn get(
         &self,
         key: &crate::store::Key,

@@ -96,6 +96,12 @@ impl From<IpamServiceError> for ApiError {
             IpamServiceError::Ipam(I::Block { .. }) => {
                 Self::new(StatusCode::CONFLICT, "address-in-use", message)
             }
+            IpamServiceError::Ipam(I::Store(ipam::store::StoreError::Unavailable { .. }))
+            | IpamServiceError::Stopped => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "datastore-unavailable",
+                message,
+            ),
             _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
         }
     }

@@ -21,14 +21,14 @@ use tokio::net::UnixListener;
 use super::{
     error::ApiError,
     types::{
-        AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, ReleaseRequest,
-        ReleaseResponse, Status,
+        AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, IpamOpsRequest,
+        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status,
     },
 };
 use crate::{
     applier::Shared,
     dataplane::conntrack::{self, CtStats, CtView},
-    ipam_service::{AllocateRequest, IpamService},
+    ipam_service::{AllocateRequest, IpamService, IpamServiceError},
     registry::{self, Endpoint},
 };
 
@@ -79,6 +79,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/ipam/allocate", post(allocate))
         .route("/v1/ipam/release", post(release))
         .route("/v1/ipam/handles/{handle}", get(handle))
+        .route("/v1/ipam/ops", post(ipam_ops))
         .route("/v1/bpf/maps", get(bpf_maps))
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .route("/v1/bpf/counters", get(counters))
@@ -109,7 +110,8 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
         )
     };
     let applied = api.shared.applied();
-    let pools = api.ipam.pools().await.unwrap_or_default();
+    // A datastore that cannot be read is the caller's error to see, not an empty pool list.
+    let pools = api.ipam.pools().await?;
     Ok(Json(Status {
         ready: applied.ready,
         node: api.node.clone(),
@@ -363,6 +365,29 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
         bpf_root: api.paths.bpf_root.clone(),
         tc_attach: api.tc_attach,
     }))
+}
+
+/// A `weir ipam` operation, run on the agent's datastore when it is the one the command names.
+async fn ipam_ops(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<ipam::ops::Outcome> {
+    let req: IpamOpsRequest = parse(&body)?;
+    let named: ipam::store::Datastore = req
+        .datastore
+        .parse()
+        .map_err(|e: ipam::store::any::DatastoreParseError| ApiError::invalid(e.to_string()))?;
+    if !api.ipam.holds(&named) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            NOT_THIS_DATASTORE,
+            format!(
+                "this agent does not hold {}: open that datastore directly",
+                req.datastore
+            ),
+        ));
+    }
+    let outcome = ipam::ops::execute(api.ipam.ipam(), req.operation)
+        .await
+        .map_err(IpamServiceError::from)?;
+    Ok(Json(outcome))
 }
 
 async fn handle(

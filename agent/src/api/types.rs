@@ -97,6 +97,20 @@ pub struct DeleteResponse {
     pub bpf_root: PathBuf,
 }
 
+/// `POST /v1/ipam/ops` body: a `weir ipam` operation for the agent to run on its datastore.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpamOpsRequest {
+    /// The datastore the command was given (`embedded:ABSOLUTE-PATH`); the agent runs the operation only
+    /// when it holds that datastore, else it answers [`NOT_THIS_DATASTORE`].
+    pub datastore: String,
+    /// The operation.
+    pub operation: ipam::ops::Operation,
+}
+
+/// The error code of `POST /v1/ipam/ops` when the agent does not hold the datastore named.
+pub const NOT_THIS_DATASTORE: &str = "not-this-datastore";
+
 /// `POST /v1/ipam/release` body.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,17 +1,21 @@
-//! `weir ipam …`: work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
+//! `weir ipam …`: work on an IPAM datastore, as `calicoctl ipam` does (no agent needed). When the datastore is an
+//! embedded file and an agent answers on `--api-socket` holding that file, the command runs inside the agent
+//! (`via_agent`); otherwise it opens the datastore itself.
 
 mod render;
+mod via_agent;
 
-use std::{net::IpAddr, time::Duration};
+use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use ipam::{
-    AssignArgs, Ipam,
+    Ipam,
     allocator::parse_pool_cidr,
     cidr::Family,
-    model::{IpPool, IpUse, ReleaseCheck},
-    store::{AnyStore, Datastore, any::DEFAULT_DATASTORE},
+    model::{IpPool, IpUse},
+    ops::{Operation, Outcome},
+    store::{Datastore, any::DEFAULT_DATASTORE},
 };
 
 /// How long a command waits for an embedded file another process holds exclusively.
@@ -24,6 +28,10 @@ pub struct IpamArgs {
     /// custom resources of the in-cluster config or the kubeconfig).
     #[arg(long, env = "WEIR_DATASTORE", default_value = DEFAULT_DATASTORE, global = true)]
     pub datastore: String,
+    /// The agent's API socket. When an agent answers there and holds the embedded file named by --datastore,
+    /// the command runs inside it (the file is the agent's alone); when none answers, the file is opened here.
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET, global = true)]
+    pub api_socket: PathBuf,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text, global = true)]
     pub output: Output,
@@ -188,18 +196,22 @@ pub struct ShowArgs {
 /// Runs `weir ipam`.
 pub fn run(args: IpamArgs) -> anyhow::Result<()> {
     let datastore: Datastore = args.datastore.parse()?;
+    // Validate what needs no datastore before reaching one.
+    let op = operation(args.command)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    runtime.block_on(async move {
-        // Validate what needs no datastore before opening it.
-        if let IpamCommand::Pool(PoolCommand::Add(a)) = &args.command {
-            build_pool(a)?;
+    let outcome = runtime.block_on(async move {
+        if let Datastore::Embedded(path) = &datastore
+            && let Some(outcome) = via_agent::execute(&args.api_socket, path, &op).await?
+        {
+            return anyhow::Ok(outcome);
         }
         let store = datastore.open(OPEN_WAIT).await?;
-        dispatch(Ipam::new(store), args.command, args.output).await
-    })
+        Ok(ipam::ops::execute(&Ipam::new(store), op).await?)
+    })?;
+    show(&outcome, args.output)
 }
 
 fn build_pool(a: &PoolAddArgs) -> anyhow::Result<IpPool> {
@@ -231,72 +243,100 @@ fn build_pool(a: &PoolAddArgs) -> anyhow::Result<IpPool> {
     })
 }
 
-async fn dispatch(ipam: Ipam<AnyStore>, command: IpamCommand, out: Output) -> anyhow::Result<()> {
-    match command {
-        IpamCommand::Pool(PoolCommand::Add(a)) => {
-            let pool = ipam.add_pool(build_pool(&a)?).await?;
-            render::pools(out, &[pool])
-        }
-        IpamCommand::Pool(PoolCommand::List) => render::pools(out, &ipam.pools().await?),
+/// The operation a command names.
+fn operation(command: IpamCommand) -> anyhow::Result<Operation> {
+    Ok(match command {
+        IpamCommand::Pool(PoolCommand::Add(a)) => Operation::PoolAdd {
+            pool: build_pool(&a)?,
+        },
+        IpamCommand::Pool(PoolCommand::List) => Operation::PoolList,
         IpamCommand::Pool(PoolCommand::Delete { name, force }) => {
-            let pool = ipam.delete_pool(&name, force).await?;
-            render::message(out, &format!("deleted pool {} ({})", pool.name, pool.cidr))
+            Operation::PoolDelete { name, force }
         }
-        IpamCommand::Config(ConfigCommand::Show) => render::config(out, &ipam.config().await?),
+        IpamCommand::Config(ConfigCommand::Show) => Operation::ConfigShow,
         IpamCommand::Config(ConfigCommand::Set {
             strict_affinity,
             max_blocks_per_host,
             cooldown,
             auto_allocate_blocks,
-        }) => {
-            let mut c = ipam.config().await?;
-            c.strict_affinity = strict_affinity.unwrap_or(c.strict_affinity);
-            c.max_blocks_per_host = max_blocks_per_host.unwrap_or(c.max_blocks_per_host);
-            c.ip_cooldown_seconds = cooldown.unwrap_or(c.ip_cooldown_seconds);
-            c.auto_allocate_blocks = auto_allocate_blocks.unwrap_or(c.auto_allocate_blocks);
-            ipam.set_config(c.clone()).await?;
-            render::config(out, &c)
-        }
-        IpamCommand::Allocate(a) => allocate(&ipam, a, out).await,
-        IpamCommand::Release(r) => {
-            if let Some(h) = r.handle {
-                let ips = match ipam.release_by_handle(&h).await {
-                    Ok(ips) => ips,
-                    Err(ipam::IpamError::HandleNotFound { .. }) => Vec::new(),
-                    Err(e) => return Err(e.into()),
-                };
-                return render::released_handle(out, &h, &ips);
-            }
-            let check = ReleaseCheck {
-                sequence_number: r.sequence_number,
-                handle: None,
-            };
-            let ips: Vec<_> = r.ips.iter().map(|ip| (*ip, check.clone())).collect();
-            render::released(out, &ipam.release_ips(&ips).await?)
-        }
-        IpamCommand::Show(s) => match s.ip {
-            Some(ip) => render::address(out, &ipam.address_info(ip).await?),
-            None => {
-                let util = ipam.utilization(false).await?;
-                let blocks = if s.show_blocks {
-                    Some(ipam.block_summaries().await?)
-                } else {
-                    None
-                };
-                render::show(out, &util, blocks.as_deref())
-            }
+        }) => Operation::ConfigSet {
+            strict_affinity,
+            max_blocks_per_host,
+            cooldown,
+            auto_allocate_blocks,
         },
-        IpamCommand::Utilization { show_blocks } => {
-            render::utilization(out, &ipam.utilization(show_blocks).await?)
-        }
-        IpamCommand::Check { repair } => {
-            if repair {
-                for handle in ipam.repair_handles().await? {
-                    eprintln!("repaired handle {handle:?}: its counts now match its blocks");
+        IpamCommand::Allocate(a) => match a.ip {
+            Some(ip) => Operation::AssignIp {
+                host: a.host,
+                handle: a.handle,
+                ip,
+            },
+            None => {
+                let (ipv4, ipv6) = match (a.ipv4, a.ipv6) {
+                    (None, None) => (1, 0),
+                    (v4, v6) => (v4.unwrap_or(0), v6.unwrap_or(0)),
+                };
+                Operation::Allocate {
+                    host: a.host,
+                    handle: a.handle,
+                    ipv4,
+                    ipv6,
+                    pools: a.pools,
                 }
             }
-            let report = ipam.check().await?;
-            render::check(out, &report)?;
+        },
+        IpamCommand::Release(r) => match r.handle {
+            Some(handle) => Operation::ReleaseHandle { handle },
+            None => Operation::ReleaseIps {
+                ips: r.ips,
+                sequence_number: r.sequence_number,
+            },
+        },
+        IpamCommand::Show(s) => match s.ip {
+            Some(ip) => Operation::ShowAddress { ip },
+            None => Operation::Show {
+                show_blocks: s.show_blocks,
+            },
+        },
+        IpamCommand::Utilization { show_blocks } => Operation::Utilization { show_blocks },
+        IpamCommand::Check { repair } => Operation::Check { repair },
+    })
+}
+
+/// Prints an outcome; fails the command where the outcome says it failed.
+fn show(outcome: &Outcome, out: Output) -> anyhow::Result<()> {
+    match outcome {
+        Outcome::Pools { pools } => render::pools(out, pools),
+        Outcome::PoolDeleted { pool } => {
+            render::message(out, &format!("deleted pool {} ({})", pool.name, pool.cidr))
+        }
+        Outcome::Config { config } => render::config(out, config),
+        Outcome::Assigned {
+            handle,
+            result,
+            short,
+        } => {
+            render::assigned(out, handle, result)?;
+            if let Some(short) = short {
+                bail!(
+                    "{short}: add a pool or free addresses; what was assigned stays under handle {handle:?}"
+                );
+            }
+            Ok(())
+        }
+        Outcome::ReleasedHandle { handle, ips } => render::released_handle(out, handle, ips),
+        Outcome::Released { report } => render::released(out, report),
+        Outcome::Address { info } => render::address(out, info),
+        Outcome::Show {
+            utilization,
+            blocks,
+        } => render::show(out, utilization, blocks.as_deref()),
+        Outcome::Utilization { utilization } => render::utilization(out, utilization),
+        Outcome::Checked { repaired, report } => {
+            for handle in repaired {
+                eprintln!("repaired handle {handle:?}: its counts now match its blocks");
+            }
+            render::check(out, report)?;
             if !report.ok() {
                 bail!(
                     "{} broken invariant(s) found: see the problems above",
@@ -306,33 +346,4 @@ async fn dispatch(ipam: Ipam<AnyStore>, command: IpamCommand, out: Output) -> an
             Ok(())
         }
     }
-}
-
-async fn allocate(ipam: &Ipam<AnyStore>, a: AllocateArgs, out: Output) -> anyhow::Result<()> {
-    if let Some(ip) = a.ip {
-        let net = ipam
-            .assign_ip(ip, &a.handle, Default::default(), &a.host, None)
-            .await?;
-        let result = ipam::AssignResult {
-            ipv4: if net.is_ipv4() { vec![net] } else { Vec::new() },
-            ipv6: if net.is_ipv6() { vec![net] } else { Vec::new() },
-            messages: Vec::new(),
-        };
-        return render::assigned(out, &a.handle, &result);
-    }
-    let (v4, v6) = match (a.ipv4, a.ipv6) {
-        (None, None) => (1, 0),
-        (v4, v6) => (v4.unwrap_or(0), v6.unwrap_or(0)),
-    };
-    let mut args = AssignArgs::new(&a.host, &a.handle, v4, v6);
-    args.pools = a.pools;
-    let result = ipam.auto_assign(&args).await?;
-    render::assigned(out, &a.handle, &result)?;
-    if let Some(short) = result.partial_fulfilment(&args) {
-        bail!(
-            "{short}: add a pool or free addresses; what was assigned stays under handle {:?}",
-            a.handle
-        );
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Ipam;
 use super::{decode, encode};
@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// What `check` found. `problems` are broken invariants; `leaks` are addresses or blocks nobody accounts for.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckReport {
     /// Blocks read.
     pub blocks: usize,

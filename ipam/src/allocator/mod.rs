@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipnetwork::IpNetwork;
-use serde::{Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
     IpamError,
@@ -114,7 +114,7 @@ impl AssignArgs {
 }
 
 /// What an auto-assign handed out. Fewer addresses than asked for is not an error: `messages` says why.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssignResult {
     /// IPv4 addresses, with their block's mask.
     pub ipv4: Vec<IpNetwork>,

@@ -6,7 +6,7 @@ use std::{
 };
 
 use ipnetwork::IpNetwork;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Ipam, claim::block_key, decode, encode, pools::pool_for_ip};
 use crate::{
@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// What a release did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseReport {
     /// Released addresses and the handle each held.
     pub released: Vec<(IpAddr, Option<String>)>,

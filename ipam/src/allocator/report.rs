@@ -3,7 +3,7 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnetwork::IpNetwork;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Ipam, claim::block_key, pools::pool_for_ip};
 use crate::{
@@ -17,26 +17,26 @@ use crate::{
 
 /// Capacity, use and reservations of a pool or block. `in_use` and `reserved` may overlap, so
 /// `available = capacity − |in use ∪ reserved ∪ cooling|`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Utilization {
     /// Pool name (or the block's pool).
     pub pool: String,
     /// The pool or block CIDR.
     pub cidr: IpNetwork,
     /// Addresses in the range.
-    #[serde(serialize_with = "big")]
+    #[serde(serialize_with = "big", deserialize_with = "big_de")]
     pub capacity: u128,
     /// Addresses allocated.
-    #[serde(serialize_with = "big")]
+    #[serde(serialize_with = "big", deserialize_with = "big_de")]
     pub in_use: u128,
     /// Addresses reserved.
-    #[serde(serialize_with = "big")]
+    #[serde(serialize_with = "big", deserialize_with = "big_de")]
     pub reserved: u128,
     /// Addresses that could be handed out now or after their cooldown.
-    #[serde(serialize_with = "big")]
+    #[serde(serialize_with = "big", deserialize_with = "big_de")]
     pub available: u128,
     /// Per block (filled when asked for).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocks: Vec<Utilization>,
 }
 
@@ -48,8 +48,22 @@ fn big<S: serde::Serializer>(v: &u128, s: S) -> Result<S::Ok, S::Error> {
     }
 }
 
+/// Reads what [`big`] wrote: a number, or a decimal string.
+fn big_de<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u128, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Big {
+        Number(u64),
+        Text(String),
+    }
+    match Big::deserialize(d)? {
+        Big::Number(n) => Ok(u128::from(n)),
+        Big::Text(t) => t.parse().map_err(serde::de::Error::custom),
+    }
+}
+
 /// One block as `show --show-blocks` lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockSummary {
     /// The block.
     pub cidr: IpNetwork,
@@ -64,7 +78,7 @@ pub struct BlockSummary {
 }
 
 /// What the IPAM knows about one address.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddressInfo {
     /// The address.
     pub ip: IpAddr,

@@ -3,8 +3,11 @@
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use super::{
-    Key, Kind, Op, Store, StoreError, Versioned, Write, embedded::EmbeddedStore, etcd::EtcdStore,
-    kubernetes::KubeStore, memory::MemoryStore,
+    Key, Kind, Op, Store, StoreError, Versioned, Write,
+    embedded::{EmbeddedStore, Sharing},
+    etcd::EtcdStore,
+    kubernetes::KubeStore,
+    memory::MemoryStore,
 };
 
 /// The default datastore: the agent's embedded file.
@@ -68,19 +71,32 @@ impl FromStr for Datastore {
 }
 
 impl Datastore {
-    /// Opens the datastore; an embedded file held exclusively elsewhere is waited for up to `wait`.
+    /// Opens the datastore; an embedded file is shared with other processes ([`Sharing::Shared`]), and one held
+    /// exclusively elsewhere is waited for up to `wait`.
     pub async fn open(&self, wait: Duration) -> Result<AnyStore, StoreError> {
+        self.open_with(wait, Sharing::Shared).await
+    }
+
+    /// Opens the datastore; an embedded file is opened as `sharing` says, and waited for up to `wait` while
+    /// another process holds it in a way that excludes this one.
+    pub async fn open_with(
+        &self,
+        wait: Duration,
+        sharing: Sharing,
+    ) -> Result<AnyStore, StoreError> {
         match self {
             Self::Embedded(p) => {
                 let p = p.clone();
-                let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&p, wait))
-                    .await
-                    .map_err(|e| StoreError::Unavailable {
-                        backend: "embedded",
-                        location: String::new(),
-                        detail: "the open was interrupted".into(),
-                        source: Some(Box::new(e)),
-                    })??;
+                let store = tokio::task::spawn_blocking(move || {
+                    EmbeddedStore::open_with(&p, wait, sharing)
+                })
+                .await
+                .map_err(|e| StoreError::Unavailable {
+                    backend: "embedded",
+                    location: String::new(),
+                    detail: "the open was interrupted".into(),
+                    source: Some(Box::new(e)),
+                })??;
                 Ok(AnyStore::Embedded(store))
             }
             Self::Etcd(urls) => Ok(AnyStore::Etcd(EtcdStore::connect(urls).await?)),
@@ -109,6 +125,15 @@ impl Store for AnyStore {
             Self::Embedded(s) => s.backend(),
             Self::Etcd(s) => s.backend(),
             Self::Kubernetes(s) => s.backend(),
+        }
+    }
+
+    fn atomic_txn_limit(&self) -> Option<usize> {
+        match self {
+            Self::Memory(s) => s.atomic_txn_limit(),
+            Self::Embedded(s) => s.atomic_txn_limit(),
+            Self::Etcd(s) => s.atomic_txn_limit(),
+            Self::Kubernetes(s) => s.atomic_txn_limit(),
         }
     }
 

@@ -10,7 +10,11 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, mpsc},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -171,9 +175,36 @@ where
     }
 }
 
+/// How the file is shared with other processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// redb's multi-process mode: other processes may open the file at once. Each commit is a two-phase commit
+    /// (two fsyncs) and every write transaction takes the file's writer lock.
+    Shared,
+    /// This process alone: one fsync per commit. Other processes wait for the file (or, for `weir ipam`, go
+    /// through the agent that holds it).
+    Exclusive,
+}
+
+/// Commit counters of an [`EmbeddedStore`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Durable commits.
+    pub commits: u64,
+    /// Writes (transactions and read-modify-writes) those commits held.
+    pub writes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    writes: AtomicU64,
+}
+
 struct Inner {
     db: Arc<Database>,
     path: PathBuf,
+    counters: Arc<Counters>,
     tx: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -204,9 +235,15 @@ impl std::fmt::Debug for EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the database at `path`. If another process holds the file exclusively, waits up to
-    /// `wait` for it to be released.
+    /// Opens (or creates) the database at `path`, shared with other processes ([`Sharing::Shared`]). If another
+    /// process holds the file exclusively, waits up to `wait` for it to be released.
     pub fn open(path: &Path, wait: Duration) -> Result<Self, StoreError> {
+        Self::open_with(path, wait, Sharing::Shared)
+    }
+
+    /// Opens (or creates) the database at `path`. If another process holds the file in a way `sharing` cannot
+    /// join, waits up to `wait` for it to be released.
+    pub fn open_with(path: &Path, wait: Duration, sharing: Sharing) -> Result<Self, StoreError> {
         let unavailable =
             |detail: String, source: Option<Box<dyn std::error::Error + Send + Sync>>| {
                 StoreError::Unavailable {
@@ -230,7 +267,10 @@ impl EmbeddedStore {
         let deadline = Instant::now() + wait;
         let db = loop {
             let mut b = Database::builder();
-            b.set_concurrency_mode(ConcurrencyMode::MultiWriter);
+            b.set_concurrency_mode(match sharing {
+                Sharing::Shared => ConcurrencyMode::MultiWriter,
+                Sharing::Exclusive => ConcurrencyMode::ExclusiveWriter,
+            });
             match b.create(path) {
                 Ok(db) => break db,
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
@@ -239,8 +279,8 @@ impl EmbeddedStore {
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                     return Err(unavailable(
                         format!(
-                            "another process holds the file exclusively and did not let go within {}s: stop it, or \
-                             point --datastore at the agent's datastore",
+                            "another process holds the file and did not let go within {}s: when it is a running \
+                             `weir agent`, let `weir ipam` reach it on its socket (--api-socket), or stop it",
                             wait.as_secs()
                         ),
                         None,
@@ -259,18 +299,29 @@ impl EmbeddedStore {
             .map_err(|e| unavailable("cannot initialise the database".into(), Some(Box::new(e))))?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
         let wdb = db.clone();
+        let counters = Arc::new(Counters::default());
+        let wcounters = Arc::clone(&counters);
         let writer = std::thread::Builder::new()
             .name("weir-ipam-redb".into())
-            .spawn(move || writer_loop(&wdb, &rx))
+            .spawn(move || writer_loop(&wdb, &rx, &wcounters))
             .map_err(|e| unavailable("cannot start the writer thread".into(), Some(Box::new(e))))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 db,
                 path: path.to_owned(),
+                counters,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(writer)),
             }),
         })
+    }
+
+    /// How many durable commits this handle made, and how many writes they held.
+    pub fn commit_stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.inner.counters.commits.load(Ordering::Relaxed),
+            writes: self.inner.counters.writes.load(Ordering::Relaxed),
+        }
     }
 
     fn unavailable(
@@ -365,7 +416,7 @@ fn gather(
     batch
 }
 
-fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>) {
+fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>, counters: &Counters) {
     let (mut expect, mut window) = (1usize, Duration::ZERO);
     while let Ok(first) = rx.recv() {
         let mut batch = gather(rx, first, expect, window);
@@ -375,6 +426,11 @@ fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>) {
         window = (started.elapsed() / 2).min(GATHER_MAX);
         match outcome {
             Ok(results) => {
+                counters.commits.fetch_add(1, Ordering::Relaxed);
+                counters.writes.fetch_add(
+                    results.iter().filter(|r| r.is_ok()).count() as u64,
+                    Ordering::Relaxed,
+                );
                 for (job, r) in batch.into_iter().zip(results) {
                     job.finish(r);
                 }

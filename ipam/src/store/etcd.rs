@@ -78,6 +78,9 @@ impl Settings {
 
 const ROOT: &str = "/weir/ipam/v1";
 
+/// etcd's default `--max-txn-ops`: the most operations one txn may hold.
+pub const ETCD_MAX_TXN_OPS: usize = 128;
+
 /// An etcd cluster.
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -322,6 +325,10 @@ fn poisoned() -> etcd_client::Error {
 impl Store for EtcdStore {
     fn backend(&self) -> &'static str {
         "etcd"
+    }
+
+    fn atomic_txn_limit(&self) -> Option<usize> {
+        Some(ETCD_MAX_TXN_OPS)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {

@@ -374,6 +374,11 @@ impl Store for KubeStore {
         "kubernetes"
     }
 
+    fn atomic_txn_limit(&self) -> Option<usize> {
+        // A transaction's writes are made one by one.
+        None
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {
         let obj = self
             .api(key.kind)

@@ -8,6 +8,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
+pub mod overlay;
 
 pub use any::{AnyStore, Datastore};
 
@@ -215,6 +216,12 @@ pub const RMW_RETRIES: usize = 100;
 pub trait Store: Send + Sync + 'static {
     /// A short name for messages (`memory`, `embedded`, `etcd`, `kubernetes`).
     fn backend(&self) -> &'static str;
+
+    /// How many operations one [`Store::txn`] may hold and still apply atomically; `None`: transactions are not
+    /// atomic over several keys (Kubernetes), so several operations cannot be made one (see [`overlay`]).
+    fn atomic_txn_limit(&self) -> Option<usize> {
+        Some(usize::MAX)
+    }
 
     /// Reads one key.
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Versioned>, StoreError>> + Send;

@@ -1,0 +1,42 @@
+//! Running a `weir ipam` operation inside the agent that holds the embedded file (`POST /v1/ipam/ops`).
+//!
+//! The agent holds its embedded file exclusively (one fsync per commit) and group-commits what it is asked, so a
+//! command it runs costs a round trip on its socket instead of opening the file, committing and closing (several
+//! fsyncs). When no agent answers on the socket, or the one that answers holds another datastore, the command
+//! opens the file itself, as it does without an agent.
+
+use std::path::Path;
+
+use hyper::Method;
+use ipam::ops::{Operation, Outcome};
+
+use agent::api::{
+    client::{ClientError, call},
+    types::{IpamOpsRequest, NOT_THIS_DATASTORE},
+};
+
+/// Runs `op` in the agent on `socket` if it holds `file`; `None` when it cannot (no agent answers, or the agent
+/// holds another datastore): then the caller opens the file itself.
+pub(super) async fn execute(
+    socket: &Path,
+    file: &Path,
+    op: &Operation,
+) -> anyhow::Result<Option<Outcome>> {
+    let file = std::path::absolute(file).unwrap_or_else(|_| file.to_owned());
+    let request = IpamOpsRequest {
+        datastore: format!("embedded:{}", file.display()),
+        operation: op.clone(),
+    };
+    match call(socket, Method::POST, "/v1/ipam/ops", Some(&request)).await {
+        Ok(outcome) => Ok(Some(outcome)),
+        // Nothing was sent: nobody listens there (or we may not connect).
+        Err(ClientError::Unreachable { .. }) => Ok(None),
+        // An agent on another datastore, or one from before this API.
+        Err(ClientError::Api { code, .. }) if code == NOT_THIS_DATASTORE || code == "404" => {
+            Ok(None)
+        }
+        // The agent ran the operation and it failed: its message is the datastore's own.
+        Err(ClientError::Api { message, .. }) => Err(anyhow::anyhow!(message)),
+        Err(e) => Err(e.into()),
+    }
+}
