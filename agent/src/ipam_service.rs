@@ -668,3 +668,142 @@ fn persist(path: &Path, file: &PendingFile) -> Result<(), IpamServiceError> {
     let bytes = serde_json::to_vec_pretty(file).map_err(|e| err(io::Error::other(e)))?;
     crate::fsutil::write_atomic(path, &bytes).map_err(err)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use ipam::store::AnyStore;
+
+    use super::*;
+
+    async fn service(dir: &Path) -> IpamService {
+        IpamService::open(
+            &format!("embedded:{}", dir.join("ipam.redb").display()),
+            "n1",
+            BTreeMap::new(),
+            &["10.50.0.0/24".to_owned()],
+            (26, 122),
+            Duration::from_secs(600),
+            dir,
+        )
+        .await
+        .expect("open")
+    }
+
+    fn request(handle: &str) -> AllocateRequest {
+        AllocateRequest {
+            handle: handle.to_owned(),
+            ipv4: 1,
+            ..AllocateRequest::default()
+        }
+    }
+
+    fn commits(svc: &IpamService) -> u64 {
+        match svc.ipam().store() {
+            AnyStore::Embedded(s) => s.commit_stats().commits,
+            other => panic!("not embedded: {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_waiting_for_the_host_lock_share_one_commit_and_are_durable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = Arc::new(service(dir.path()).await);
+        // Hold the host lock (as a release or a running batch would) while 50 requests arrive.
+        let guard = svc.core.lock.lock().await;
+        let mut tasks = Vec::new();
+        for i in 0..50 {
+            let svc = Arc::clone(&svc);
+            let handle = if i == 13 {
+                // One request fails (an unknown pool): it must not take the others down.
+                "bad".to_owned()
+            } else {
+                format!("h{i}")
+            };
+            tasks.push(tokio::spawn(async move {
+                let mut req = request(&handle);
+                if handle == "bad" {
+                    req.pools = vec!["nosuch".into()];
+                }
+                (handle, svc.allocate(&req, Duration::from_secs(30)).await)
+            }));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while svc.core.queued.load(Ordering::SeqCst) < 50 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "requests did not queue"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = (commits(&svc), svc.allocation_stats());
+        drop(guard);
+        let mut allocated = BTreeMap::new();
+        for t in tasks {
+            let (handle, r) = t.await.expect("task");
+            match r {
+                Ok(a) => {
+                    allocated.insert(handle, a.ips);
+                }
+                Err(e) => assert_eq!(handle, "bad", "{handle}: {e}"),
+            }
+        }
+        assert_eq!(allocated.len(), 49);
+        let distinct: BTreeSet<IpAddr> = allocated.values().flatten().copied().collect();
+        assert_eq!(distinct.len(), 49, "no address handed out twice");
+        let after = (commits(&svc), svc.allocation_stats());
+        assert_eq!(after.1.batches - before.1.batches, 1, "one batch");
+        assert_eq!(
+            after.0 - before.0,
+            1,
+            "one datastore commit for 49 allocations"
+        );
+        // Every allocation is pending (recorded once for the batch) and in the datastore after a reopen.
+        let pending: PendingFile =
+            serde_json::from_slice(&fs::read(dir.path().join("allocations.json")).expect("read"))
+                .expect("parse");
+        assert_eq!(pending.pending.len(), 49);
+        drop(svc);
+        let reopened = Datastore::Embedded(dir.path().join("ipam.redb"))
+            .open_with(Duration::from_secs(10), Sharing::Exclusive)
+            .await
+            .expect("reopen");
+        let ipam = Ipam::new(reopened);
+        for (handle, ips) in &allocated {
+            let held: Vec<IpAddr> = ipam
+                .ips_by_handle(handle)
+                .await
+                .expect("handle")
+                .iter()
+                .map(IpNetwork::ip)
+                .collect();
+            assert_eq!(&held, ips, "{handle}");
+        }
+        assert!(matches!(
+            ipam.ips_by_handle("bad").await,
+            Err(IpamError::HandleNotFound { .. })
+        ));
+        assert!(ipam.check().await.expect("check").ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_datastore_is_an_error_not_empty_pools() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        assert_eq!(svc.pools().await.expect("pools").len(), 1);
+        // Corrupt the pool record: reading pools must fail, not look like no pools.
+        match svc.ipam().store() {
+            AnyStore::Embedded(s) => {
+                let key = ipam::store::Key::new(ipam::store::Kind::Pool, "default-ipv4");
+                s.read_modify_write(vec![key], |_| {
+                    (vec![ipam::store::Write::Put(b"not json".to_vec())], ())
+                })
+                .await
+                .expect("write");
+            }
+            other => panic!("not embedded: {other:?}"),
+        }
+        assert!(svc.pools().await.is_err());
+    }
+}
