@@ -125,6 +125,72 @@ async fn etcd_ipam() -> Res<(EtcdServer, Ipam<EtcdStore>)> {
     Ok((server, ipam))
 }
 
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// etcd's `etcd_disk_wal_fsync_duration_seconds` histogram from its `/metrics`: (upper bound s, cumulative count).
+fn wal_fsync(url: &str) -> Res<Vec<(f64, f64)>> {
+    use std::io::Read as _;
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body)?;
+    let mut buckets = Vec::new();
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("etcd_disk_wal_fsync_duration_seconds_bucket{le=\"")
+        else {
+            continue;
+        };
+        let Some((le, count)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse()?
+        };
+        buckets.push((le, count.trim().parse()?));
+    }
+    if buckets.is_empty() {
+        return Err("etcd's /metrics has no etcd_disk_wal_fsync_duration_seconds histogram".into());
+    }
+    Ok(buckets)
+}
+
+/// The `q` quantile (seconds) of the observations between two readings of a histogram, interpolated linearly
+/// inside the bucket as Prometheus' `histogram_quantile` does.
+fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == le)
+                .map_or(0.0, |(_, n)| *n);
+            (*le, n - was)
+        })
+        .collect();
+    let total = delta.last().map_or(0.0, |(_, n)| *n);
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (le, n) in delta {
+        if n >= rank {
+            if le.is_infinite() {
+                return lower;
+            }
+            return lower + (le - lower) * (rank - below) / (n - below).max(f64::MIN_POSITIVE);
+        }
+        (lower, below) = (le, n);
+    }
+    lower
+}
+
 /// Runs `ops` operations of `op` on `threads` threads; returns operations per second.
 fn processes(
     ops: usize,
@@ -285,13 +351,65 @@ async fn main() -> Res<()> {
         }
     }
 
-    // (b) etcd, one host, 8 clients.
+    // (b) etcd, one host, 8 clients; etcd's own WAL fsync latency over the same run, from its /metrics; where
+    // the read-modify-writes spent their time.
     if part("b") {
         let (server, ipam) = etcd_ipam().await?;
+        let (fsync_before, stats_before) = (wal_fsync(server.url())?, ipam.store().stats());
         let (aps, p50, p99) = churn(&ipam, 8, b_total).await?;
+        let (fsync_after, s) = (wal_fsync(server.url())?, ipam.store().stats());
         out.insert("etcd_allocs_per_s".into(), json!(aps.round()));
         out.insert("etcd_p50_ms".into(), json!(p50));
         out.insert("etcd_p99_ms".into(), json!(p99));
+        out.insert(
+            "etcd_wal_fsync_p99_ms".into(),
+            json!(round3(
+                histogram_quantile(&fsync_before, &fsync_after, 0.99) * 1e3
+            )),
+        );
+        out.insert(
+            "etcd_wal_fsync_p50_ms".into(),
+            json!(round3(
+                histogram_quantile(&fsync_before, &fsync_after, 0.5) * 1e3
+            )),
+        );
+        let d = |a: u64, b: u64| (a - b) as f64;
+        let (jobs, rounds) = (
+            d(s.jobs, stats_before.jobs).max(1.0),
+            d(s.rounds, stats_before.rounds).max(1.0),
+        );
+        let reads = d(s.reads, stats_before.reads).max(1.0);
+        let allocs = b_total as f64;
+        for (key, value) in [
+            ("etcd_writes_per_round", jobs / rounds),
+            (
+                "etcd_queue_ms_per_write",
+                d(s.queued_ns, stats_before.queued_ns) / jobs / 1e6,
+            ),
+            (
+                "etcd_read_txn_ms_per_round",
+                d(s.read_ns, stats_before.read_ns) / rounds / 1e6,
+            ),
+            (
+                "etcd_cas_txn_ms_per_round",
+                d(s.cas_ns, stats_before.cas_ns) / rounds / 1e6,
+            ),
+            (
+                "etcd_cas_txns_per_round",
+                d(s.cas_txns, stats_before.cas_txns) / rounds,
+            ),
+            (
+                "etcd_cas_lost_per_round",
+                d(s.lost, stats_before.lost) / rounds,
+            ),
+            ("etcd_reads_per_alloc", reads / allocs),
+            (
+                "etcd_read_ms",
+                d(s.reads_ns, stats_before.reads_ns) / reads / 1e6,
+            ),
+        ] {
+            out.insert(key.into(), json!(round3(value)));
+        }
         drop((ipam, server));
     }
 

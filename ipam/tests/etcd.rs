@@ -279,3 +279,62 @@ async fn settings_cache_reads_own_writes_and_follows_other_writers() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Increments the number stored at `key` (absent: 0) and returns the new value.
+async fn increment(s: &EtcdStore, key: &Key) -> u64 {
+    s.read_modify_write(vec![key.clone()], |cur| {
+        let n: u64 = cur[0]
+            .as_deref()
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .unwrap_or(0);
+        (vec![Write::Put((n + 1).to_string().into_bytes())], n + 1)
+    })
+    .await
+    .expect("increment")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_of_one_process_share_transactions_and_another_processs_writes_are_seen()
+{
+    let Some(etcd) = EtcdServer::start_or_skip() else {
+        return;
+    };
+    let url = [etcd.url().to_owned()];
+    let (a, b) = (
+        EtcdStore::connect(&url).await.expect("connect a"),
+        EtcdStore::connect(&url).await.expect("connect b"),
+    );
+    let key = Key::new(Kind::Block, "counter");
+    // 64 writers in this process and 16 through another connection (another process, as far as etcd and the
+    // committers are concerned), all on one key: no increment may be lost.
+    let mut tasks = Vec::new();
+    for i in 0..80 {
+        let (s, key) = (if i % 5 == 0 { b.clone() } else { a.clone() }, key.clone());
+        tasks.push(tokio::spawn(async move { increment(&s, &key).await }));
+    }
+    let mut seen = BTreeSet::new();
+    for t in tasks {
+        assert!(
+            seen.insert(t.await.expect("task")),
+            "two writers saw the same value"
+        );
+    }
+    assert_eq!(seen.len(), 80);
+    assert_eq!(*seen.last().expect("values"), 80, "no increment lost");
+    let stats = a.stats();
+    assert_eq!(stats.jobs, 64);
+    assert!(
+        stats.rounds < stats.jobs,
+        "writers waiting together share rounds: {stats:?}"
+    );
+    // `a` knows the value it last wrote; a write through `b` makes that stale, and `a` must see it.
+    let lost = a.stats().lost;
+    let at_a = increment(&a, &key).await;
+    let at_b = increment(&b, &key).await;
+    assert_eq!(at_b, at_a + 1);
+    assert_eq!(increment(&a, &key).await, at_b + 1);
+    assert!(
+        a.stats().lost > lost,
+        "the stale value lost its compare-and-swap"
+    );
+}

@@ -12,6 +12,14 @@
 //! once its watch event arrives (normally milliseconds). That widens, by the watch delay, the window Calico also
 //! has between reading pools and writing a block; blocks stay compare-and-swap, so no address is handed out
 //! twice. If a watch fails, reads go to etcd until it is re-established.
+//!
+//! **Group commit.** Read-modify-writes of one process share rounds (`commit`): one read txn and one CAS txn
+//! for every write waiting, so writers of one host do not lose CAS races to each other. [`EtcdStore::stats`]
+//! says where the time went (queue, read txn, CAS txn, lost races).
+
+mod commit;
+
+pub use commit::EtcdStats;
 
 use std::{
     collections::BTreeMap,
@@ -26,9 +34,9 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
     WatchOptions,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Key, Kind, Op, RMW_RETRIES, Revision, Store, StoreError, Versioned, Write, plan_ops};
+use super::{Key, Kind, Op, Revision, Store, StoreError, Versioned, Write};
 
 /// The kinds kept in the settings cache.
 const CACHED: [Kind; 3] = [Kind::Config, Kind::Pool, Kind::Reservation];
@@ -87,6 +95,9 @@ pub struct EtcdStore {
     client: Arc<Client>,
     endpoints: String,
     settings: Arc<Settings>,
+    counters: Arc<commit::Counters>,
+    /// The committer's queue (`None` in the committer's own handle, so the task ends with the last store).
+    commits: Option<mpsc::UnboundedSender<Box<dyn commit::Job>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -120,11 +131,16 @@ impl EtcdStore {
             .await
             .map_err(unavailable)?;
         client.status().await.map_err(unavailable)?;
-        let store = Self {
+        let mut store = Self {
             client: Arc::new(client),
             endpoints: joined,
             settings: Arc::new(Settings::new()),
+            counters: Arc::default(),
+            commits: None,
         };
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(commit::committer(store.clone(), rx));
+        store.commits = Some(queue);
         let (client, settings) = (Arc::clone(&store.client), Arc::downgrade(&store.settings));
         tokio::spawn(async move {
             loop {
@@ -138,6 +154,11 @@ impl EtcdStore {
             }
         });
         Ok(store)
+    }
+
+    /// Where the time of this store's read-modify-writes went (summed since it was connected).
+    pub fn stats(&self) -> EtcdStats {
+        self.counters.snapshot()
     }
 
     /// Records that `ops`, committed at `revision`, wrote cached kinds: the cache serves those kinds again only
@@ -180,6 +201,15 @@ impl EtcdStore {
             source: Some(Box::new(e)),
         }
     }
+}
+
+/// What a conditional txn did.
+enum Cas {
+    /// Every condition held: the writes are committed at this revision (the `mod_revision` of every key the
+    /// txn wrote).
+    Applied(Revision),
+    /// A condition failed: nothing was written; the values of every key of the txn, read in the same txn.
+    Lost(Vec<Option<Versioned>>),
 }
 
 fn rev(r: i64) -> Revision {
@@ -336,10 +366,12 @@ impl Store for EtcdStore {
             return Ok(m.get(&key.name).cloned());
         }
         let mut kv = self.client.kv_client();
+        let t = std::time::Instant::now();
         let resp = kv
             .get(path(key.kind, &key.name), None)
             .await
             .map_err(|e| self.unavailable(e))?;
+        self.counters.read(t);
         Ok(resp.kvs().first().map(|kv| Versioned {
             value: kv.value().to_vec(),
             revision: rev(kv.mod_revision()),
@@ -356,6 +388,7 @@ impl Store for EtcdStore {
         }
         let mut kv = self.client.kv_client();
         let base = path(kind, "");
+        let t = std::time::Instant::now();
         let resp = kv
             .get(
                 format!("{base}{prefix}"),
@@ -363,6 +396,7 @@ impl Store for EtcdStore {
             )
             .await
             .map_err(|e| self.unavailable(e))?;
+        self.counters.read(t);
         let mut out: Vec<(String, Versioned)> = resp
             .kvs()
             .iter()
@@ -386,46 +420,45 @@ impl Store for EtcdStore {
 
     async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
         match self.cas(&ops).await? {
-            None => Ok(()),
-            Some(_) => Err(StoreError::Conflict {
+            Cas::Applied(_) => Ok(()),
+            Cas::Lost(_) => Err(StoreError::Conflict {
                 key: ops.first().map(|o| o.key().to_string()).unwrap_or_default(),
             }),
         }
     }
 
-    async fn read_modify_write<T, F>(&self, keys: Vec<Key>, mut f: F) -> Result<T, StoreError>
+    async fn read_modify_write<T, F>(&self, keys: Vec<Key>, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
     {
-        // Cached kinds are read from the cache like any other read; the compare-and-swap checks them.
-        let mut read = self.read_all(&keys, true).await?;
-        for _ in 0..RMW_RETRIES {
-            let values: Vec<Option<Vec<u8>>> = read
-                .iter()
-                .map(|v| v.as_ref().map(|v| v.value.clone()))
-                .collect();
-            let (writes, out) = f(&values);
-            let ops = plan_ops(&keys, &read, writes);
-            if ops.iter().all(|o| matches!(o, Op::Check { .. })) {
-                return Ok(out);
-            }
-            match self.cas(&ops).await? {
-                None => return Ok(out),
-                // The failure branch read every key linearizably: decide again on that.
-                Some(current) => read = current,
-            }
-        }
-        Err(StoreError::Conflict {
-            key: keys.first().map(ToString::to_string).unwrap_or_default(),
-        })
+        // Cached kinds are read in the round like any other key; the compare-and-swap checks them.
+        let gone = || StoreError::Unavailable {
+            backend: "etcd",
+            location: self.endpoints.clone(),
+            detail: "the committer has stopped".into(),
+            source: None,
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = commit::RmwJob {
+            keys,
+            f,
+            out: None,
+            reply: Some(reply),
+            queued: std::time::Instant::now(),
+        };
+        self.commits
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(Box::new(job))
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 }
 
 impl EtcdStore {
-    /// One conditional txn over `ops`. `None`: applied. `Some(values)`: a condition failed; the values of every
-    /// key of `ops` at that moment, read in the same txn.
-    async fn cas(&self, ops: &[Op]) -> Result<Option<Vec<Option<Versioned>>>, StoreError> {
+    /// One conditional txn over `ops`.
+    async fn cas(&self, ops: &[Op]) -> Result<Cas, StoreError> {
         let or_else: Vec<TxnOp> = ops
             .iter()
             .map(|o| TxnOp::get(path(o.key().kind, &o.key().name), None))
@@ -477,9 +510,9 @@ impl EtcdStore {
                 .header()
                 .map_or(0, etcd_client::ResponseHeader::revision);
             self.note_writes(ops, at);
-            Ok(None)
+            Ok(Cas::Applied(rev(at)))
         } else {
-            Ok(Some(first_values(&resp.op_responses())))
+            Ok(Cas::Lost(first_values(&resp.op_responses())))
         }
     }
 }

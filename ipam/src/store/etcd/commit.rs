@@ -1,0 +1,386 @@
+//! Group commit for etcd: read-modify-writes of one process share transactions.
+//!
+//! Several callers of one host that each read a block and compare-and-swap it race each other: only one CAS of
+//! a round wins, the others re-decide and try again, and the tail latency grows with every round lost. Instead,
+//! a committer task takes every read-modify-write waiting (as many as fit in one txn: [`ETCD_MAX_TXN_OPS`] keys),
+//! reads all their keys in one read-only txn, runs their decisions one after another on those values (each sees
+//! the writes of the ones before it), and writes everything in one conditional txn. A lost CAS (another process
+//! wrote) re-decides every job on the values the failure branch returned. While one round is in flight the
+//! next requests queue and go together in the next round. Keys the committer itself wrote are not read again:
+//! a txn's writes all get its revision, so their value and `mod_revision` are known; if another process wrote
+//! them since, the CAS fails and its failure branch supplies the current values. Every caller still gets its answer only once the
+//! transaction that holds its write has committed.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::atomic::{AtomicU64, Ordering},
+    time::Instant,
+};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Cas, ETCD_MAX_TXN_OPS, EtcdStore};
+use crate::store::{Key, Op, RMW_RETRIES, StoreError, Versioned, Write};
+
+/// A read-modify-write waiting for a round.
+pub(super) trait Job: Send {
+    fn keys(&self) -> &[Key];
+    /// Decides on the current values of [`Job::keys`], in order.
+    fn decide(&mut self, values: &[Option<Vec<u8>>]) -> Vec<Write>;
+    fn finish(self: Box<Self>, result: Result<(), StoreError>);
+    /// When the job was queued.
+    fn queued(&self) -> Instant;
+}
+
+pub(super) struct RmwJob<T, F> {
+    pub(super) keys: Vec<Key>,
+    pub(super) f: F,
+    pub(super) out: Option<T>,
+    pub(super) reply: Option<oneshot::Sender<Result<T, StoreError>>>,
+    pub(super) queued: Instant,
+}
+
+impl<T, F> Job for RmwJob<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&[Option<Vec<u8>>]) -> (Vec<Write>, T) + Send + 'static,
+{
+    fn keys(&self) -> &[Key] {
+        &self.keys
+    }
+
+    fn decide(&mut self, values: &[Option<Vec<u8>>]) -> Vec<Write> {
+        let (writes, out) = (self.f)(values);
+        self.out = Some(out);
+        writes
+    }
+
+    fn finish(mut self: Box<Self>, result: Result<(), StoreError>) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let msg = match (result, self.out.take()) {
+            (Ok(()), Some(out)) => Ok(out),
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => Err(StoreError::Conflict {
+                key: "read-modify-write (never decided)".into(),
+            }),
+        };
+        // A caller that stopped waiting is gone; its write committed or not like everyone else's.
+        let _ = reply.send(msg);
+    }
+
+    fn queued(&self) -> Instant {
+        self.queued
+    }
+}
+
+/// Where the time of etcd read-modify-writes went, summed since the store was connected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EtcdStats {
+    /// Read-modify-writes answered.
+    pub jobs: u64,
+    /// Rounds (one read txn, then one or more CAS txns).
+    pub rounds: u64,
+    /// CAS txns sent.
+    pub cas_txns: u64,
+    /// CAS txns that lost (another writer changed a key): each one is a retry of its round.
+    pub lost: u64,
+    /// Nanoseconds jobs waited in the queue before their round started, summed over jobs.
+    pub queued_ns: u64,
+    /// Nanoseconds spent in read txns, summed over rounds.
+    pub read_ns: u64,
+    /// Nanoseconds spent in CAS txns (retries included), summed over rounds.
+    pub cas_ns: u64,
+    /// Plain reads (`get`, `list`) that went to etcd (not the settings cache), and their nanoseconds.
+    pub reads: u64,
+    /// See `reads`.
+    pub reads_ns: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    jobs: AtomicU64,
+    rounds: AtomicU64,
+    cas_txns: AtomicU64,
+    lost: AtomicU64,
+    queued_ns: AtomicU64,
+    read_ns: AtomicU64,
+    cas_ns: AtomicU64,
+    pub(super) reads: AtomicU64,
+    pub(super) reads_ns: AtomicU64,
+}
+
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> EtcdStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EtcdStats {
+            jobs: g(&self.jobs),
+            rounds: g(&self.rounds),
+            cas_txns: g(&self.cas_txns),
+            lost: g(&self.lost),
+            queued_ns: g(&self.queued_ns),
+            read_ns: g(&self.read_ns),
+            cas_ns: g(&self.cas_ns),
+            reads: g(&self.reads),
+            reads_ns: g(&self.reads_ns),
+        }
+    }
+
+    pub(super) fn read(&self, since: Instant) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.reads_ns.fetch_add(nanos(since), Ordering::Relaxed);
+    }
+}
+
+/// The committer task. `store` must not hold the queue's sender (the task ends when every sender is gone).
+pub(super) async fn committer(store: EtcdStore, mut rx: mpsc::UnboundedReceiver<Box<dyn Job>>) {
+    let mut carry: Option<Box<dyn Job>> = None;
+    let mut known = Known::default();
+    loop {
+        let first = match carry.take() {
+            Some(j) => j,
+            None => match rx.recv().await {
+                Some(j) => j,
+                None => return,
+            },
+        };
+        let mut keys: BTreeSet<Key> = first.keys().iter().cloned().collect();
+        let mut batch = vec![first];
+        while let Ok(j) = rx.try_recv() {
+            let more = j.keys().iter().filter(|k| !keys.contains(*k)).count();
+            if keys.len() + more > ETCD_MAX_TXN_OPS {
+                carry = Some(j);
+                break;
+            }
+            keys.extend(j.keys().iter().cloned());
+            batch.push(j);
+        }
+        let results = round(&store, &mut batch, &mut known).await;
+        for (job, r) in batch.into_iter().zip(results) {
+            job.finish(r);
+        }
+    }
+}
+
+/// Values (with their revisions) of keys as this committer last saw or wrote them.
+#[derive(Default)]
+struct Known(BTreeMap<Key, Option<Versioned>>);
+
+impl Known {
+    /// How many keys are remembered at most (then the memory starts over).
+    const MAX: usize = 16_384;
+
+    fn remember(&mut self, key: &Key, value: Option<Versioned>) {
+        if self.0.len() >= Self::MAX && !self.0.contains_key(key) {
+            self.0.clear();
+        }
+        self.0.insert(key.clone(), value);
+    }
+}
+
+/// One round: one read txn for the keys not known, the decisions in order, one CAS txn (again on a lost race).
+async fn round(
+    store: &EtcdStore,
+    batch: &mut [Box<dyn Job>],
+    known: &mut Known,
+) -> Vec<Result<(), StoreError>> {
+    let c = &store.counters;
+    let started = Instant::now();
+    for job in batch.iter() {
+        c.queued_ns.fetch_add(
+            u64::try_from(started.duration_since(job.queued()).as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+    c.rounds.fetch_add(1, Ordering::Relaxed);
+    c.jobs.fetch_add(batch.len() as u64, Ordering::Relaxed);
+    let mut keys: Vec<Key> = Vec::new();
+    for job in batch.iter() {
+        for k in job.keys() {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    let fail_all = |e: StoreError, n: usize| -> Vec<Result<(), StoreError>> {
+        let what = e.to_string();
+        let mut first = Some(e);
+        (0..n)
+            .map(|_| {
+                Err(first.take().unwrap_or_else(|| StoreError::Unavailable {
+                    backend: "etcd",
+                    location: store.endpoints.clone(),
+                    detail: format!("the transaction this write shared failed: {what}"),
+                    source: None,
+                }))
+            })
+            .collect()
+    };
+    let unknown: Vec<Key> = keys
+        .iter()
+        .filter(|k| !known.0.contains_key(*k))
+        .cloned()
+        .collect();
+    let mut fetched = BTreeMap::new();
+    if !unknown.is_empty() {
+        let t = Instant::now();
+        // The first read is serializable (no consensus round); the CAS catches anything stale.
+        let read = store.read_all(&unknown, true).await;
+        c.read_ns.fetch_add(nanos(t), Ordering::Relaxed);
+        match read {
+            Ok(values) => fetched.extend(unknown.into_iter().zip(values)),
+            Err(e) => return fail_all(e, batch.len()),
+        }
+    }
+    let mut read: Vec<Option<Versioned>> = keys
+        .iter()
+        .map(|k| {
+            fetched
+                .remove(k)
+                .or_else(|| known.0.get(k).cloned())
+                .flatten()
+        })
+        .collect();
+    let t = Instant::now();
+    let outcome = decide_and_commit(store, batch, &keys, &mut read).await;
+    c.cas_ns.fetch_add(nanos(t), Ordering::Relaxed);
+    match outcome {
+        Ok(after) => {
+            for (k, v) in keys.iter().zip(after) {
+                known.remember(k, v);
+            }
+            batch.iter().map(|_| Ok(())).collect()
+        }
+        Err(e) => {
+            for k in &keys {
+                known.0.remove(k);
+            }
+            fail_all(e, batch.len())
+        }
+    }
+}
+
+/// Decides every job on `read` and commits; returns each key's value after the commit.
+async fn decide_and_commit(
+    store: &EtcdStore,
+    batch: &mut [Box<dyn Job>],
+    keys: &[Key],
+    read: &mut Vec<Option<Versioned>>,
+) -> Result<Vec<Option<Versioned>>, StoreError> {
+    let c = &store.counters;
+    for _ in 0..RMW_RETRIES {
+        let mut current: BTreeMap<&Key, Option<Vec<u8>>> = keys
+            .iter()
+            .zip(read.iter())
+            .map(|(k, v)| (k, v.as_ref().map(|v| v.value.clone())))
+            .collect();
+        let mut written: BTreeSet<&Key> = BTreeSet::new();
+        for job in batch.iter_mut() {
+            let values: Vec<Option<Vec<u8>>> = job
+                .keys()
+                .iter()
+                .map(|k| current.get(k).cloned().flatten())
+                .collect();
+            let writes = job.decide(&values);
+            let job_keys = job.keys().to_vec();
+            for (k, w) in job_keys.iter().zip(writes) {
+                // The round's own reference to the key (the job's borrow ends with this loop).
+                let Some(key) = keys.iter().find(|x| *x == k) else {
+                    continue;
+                };
+                match w {
+                    Write::Keep => {}
+                    Write::Put(v) => {
+                        current.insert(key, Some(v));
+                        written.insert(key);
+                    }
+                    Write::Delete => {
+                        if current.get(key).is_some_and(Option::is_some) {
+                            current.insert(key, None);
+                            written.insert(key);
+                        }
+                    }
+                }
+            }
+        }
+        let ops = plan(keys, read, &current, &written);
+        if ops.iter().all(|o| matches!(o, Op::Check { .. })) {
+            return Ok(read.clone());
+        }
+        c.cas_txns.fetch_add(1, Ordering::Relaxed);
+        match store.cas(&ops).await? {
+            Cas::Applied(revision) => {
+                return Ok(keys
+                    .iter()
+                    .zip(read.iter())
+                    .map(|(k, seen)| {
+                        if written.contains(k) {
+                            current
+                                .get(k)
+                                .cloned()
+                                .flatten()
+                                .map(|value| Versioned { value, revision })
+                        } else {
+                            seen.clone()
+                        }
+                    })
+                    .collect());
+            }
+            // The failure branch read every key linearizably: decide again on that.
+            Cas::Lost(now) => {
+                c.lost.fetch_add(1, Ordering::Relaxed);
+                *read = now;
+            }
+        }
+    }
+    Err(StoreError::Conflict {
+        key: keys.first().map(ToString::to_string).unwrap_or_default(),
+    })
+}
+
+/// The round's txn: every key written is created, updated or deleted on the revision read; every other key is
+/// checked at it.
+fn plan(
+    keys: &[Key],
+    read: &[Option<Versioned>],
+    current: &BTreeMap<&Key, Option<Vec<u8>>>,
+    written: &BTreeSet<&Key>,
+) -> Vec<Op> {
+    keys.iter()
+        .zip(read)
+        .map(|(key, seen)| {
+            let revision = seen.as_ref().map(|v| v.revision);
+            let key_owned = key.clone();
+            if !written.contains(key) {
+                return Op::Check {
+                    key: key_owned,
+                    revision,
+                };
+            }
+            match (current.get(key).cloned().flatten(), revision) {
+                (Some(value), None) => Op::Create {
+                    key: key_owned,
+                    value,
+                },
+                (Some(value), Some(revision)) => Op::Update {
+                    key: key_owned,
+                    value,
+                    revision,
+                },
+                (None, Some(revision)) => Op::Delete {
+                    key: key_owned,
+                    revision,
+                },
+                (None, None) => Op::Check {
+                    key: key_owned,
+                    revision: None,
+                },
+            }
+        })
+        .collect()
+}
