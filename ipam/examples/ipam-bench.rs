@@ -2,7 +2,9 @@
 //!
 //! `ipam-bench [--smoke] [--only a|b|c|d] --weir PATH`: (a) embedded store, one host, 8 clients allocate+release, and one client
 //! alone; (b) etcd, one host, 8 clients; (c) 1, 8 and 32 hosts at once on etcd, with duplicates counted;
-//! (d) `weir ipam allocate` + `release` processes against Debian's host-local ADD + DEL.
+//! (d) `weir ipam allocate` + `release` processes against Debian's host-local ADD + DEL: through the agent on
+//! `--agent-socket` (which holds `--agent-datastore`) and, without it, on a file of their own;
+//! (e) 200 allocations at once through the agent's API (`POST /v1/ipam/allocate`), three bursts.
 //! Every write is durable: redb commits with `Durability::Immediate` (group commit), etcd fsyncs as configured.
 
 use std::{
@@ -234,9 +236,9 @@ fn run_ok(cmd: &mut Command, stdin: Option<&[u8]>) -> Res<()> {
     Ok(())
 }
 
-fn cli_vs_host_local(weir: &Path, dir: &Path, ops: usize, threads: usize) -> Res<(f64, f64)> {
-    let ds = format!("embedded:{}", dir.join("cli.redb").display());
-    let (w, d) = (weir.to_owned(), ds.clone());
+/// `weir ipam allocate` + `release` processes on `ds` (through the agent on `socket` when it holds `ds`).
+fn cli_processes(weir: &Path, ds: &str, socket: &str, ops: usize, threads: usize) -> Res<f64> {
+    let (w, d, s) = (weir.to_owned(), ds.to_owned(), socket.to_owned());
     run_ok(
         Command::new(&w).args([
             "ipam",
@@ -247,6 +249,8 @@ fn cli_vs_host_local(weir: &Path, dir: &Path, ops: usize, threads: usize) -> Res
             "10.64.0.0/16",
             "--datastore",
             &d,
+            "--api-socket",
+            &s,
         ]),
         None,
     )?;
@@ -260,17 +264,33 @@ fn cli_vs_host_local(weir: &Path, dir: &Path, ops: usize, threads: usize) -> Res
                 "bench",
                 "--handle",
                 &h,
+                "--pool",
+                "bench",
                 "--datastore",
                 &d,
+                "--api-socket",
+                &s,
             ]),
             None,
         )?;
         run_ok(
-            Command::new(&w).args(["ipam", "release", "--handle", &h, "--datastore", &d]),
+            Command::new(&w).args([
+                "ipam",
+                "release",
+                "--handle",
+                &h,
+                "--datastore",
+                &d,
+                "--api-socket",
+                &s,
+            ]),
             None,
         )
     });
-    let cli = processes(ops, threads, weir_op)?;
+    processes(ops, threads, weir_op)
+}
+
+fn host_local(dir: &Path, ops: usize, threads: usize) -> Res<f64> {
     let data_dir: PathBuf = dir.join("host-local");
     let conf = json!({
         "cniVersion": "0.4.0",
@@ -293,8 +313,65 @@ fn cli_vs_host_local(weir: &Path, dir: &Path, ops: usize, threads: usize) -> Res
         }
         Ok(())
     });
-    let hl = processes(ops, threads, hl_op)?;
-    Ok((cli, hl))
+    processes(ops, threads, hl_op)
+}
+
+/// One HTTP/1.1 request on the agent's socket; returns the status code and body.
+async fn agent_call(socket: &str, method: &str, path: &str, body: &str) -> Res<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut conn = tokio::net::UnixStream::connect(socket).await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await?;
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("the agent's answer has no status line")?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((status, body))
+}
+
+/// `n` allocations sent at once to the agent's API; returns the seconds until the last answer (every one must
+/// succeed, with distinct addresses), then releases them.
+async fn agent_burst(socket: &str, burst: usize, n: usize) -> Res<f64> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let socket = socket.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"handle": format!("burst{burst}-{i}"), "ipv4": 1}).to_string();
+            agent_call(&socket, "POST", "/v1/ipam/allocate", &body).await
+        }));
+    }
+    let mut ips = BTreeSet::new();
+    for t in tasks {
+        let (status, body) = t.await??;
+        if status != 200 {
+            return Err(format!("allocation failed ({status}): {body}").into());
+        }
+        let v: Value = serde_json::from_str(&body)?;
+        ips.insert(v["ips"][0].as_str().unwrap_or_default().to_owned());
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if ips.len() != n {
+        return Err(format!("{n} allocations returned {} distinct addresses", ips.len()).into());
+    }
+    for i in 0..n {
+        let body = json!({"handle": format!("burst{burst}-{i}")}).to_string();
+        let (status, body) = agent_call(socket, "POST", "/v1/ipam/release", &body).await?;
+        if status != 200 {
+            return Err(format!("release failed ({status}): {body}").into());
+        }
+    }
+    Ok(secs)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -311,6 +388,13 @@ async fn main() -> Res<()> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let agent = flag("--agent-socket").zip(flag("--agent-datastore"));
     let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
     let (a_total, b_total, c_per_host, d_ops) = if smoke {
         (400, 80, 4, 16)
@@ -423,10 +507,34 @@ async fn main() -> Res<()> {
         drop((ipam, server));
     }
 
-    // (d) exec to exec.
+    // (e) a node starting many pods at once: allocations through the agent's API.
+    if let Some((socket, _)) = agent.as_ref().filter(|_| part("e")) {
+        let n = if smoke { 20 } else { 200 };
+        agent_burst(socket, 0, 1).await?; // the agent's first block claimed, its datastore warm
+        let mut runs = Vec::new();
+        for burst in 1..=3 {
+            runs.push(agent_burst(socket, burst, n).await?);
+        }
+        runs.sort_by(f64::total_cmp);
+        let median = runs[1];
+        out.insert(
+            "agent_api_allocs_per_s".into(),
+            json!((n as f64 / median).round()),
+        );
+        out.insert("agent_api_200_ms".into(), json!(round3(median * 1e3)));
+    }
+
+    // (d) exec to exec: through the agent, on a file of their own, and host-local.
     if let Some(weir) = weir.filter(|_| part("d")) {
-        let (cli, hl) = cli_vs_host_local(&weir, dir.path(), d_ops, 8)?;
-        out.insert("cli_allocs_per_s".into(), json!(cli.round()));
+        if let Some((socket, datastore)) = &agent {
+            let cli = cli_processes(&weir, &format!("embedded:{datastore}"), socket, d_ops, 8)?;
+            out.insert("cli_allocs_per_s".into(), json!(cli.round()));
+        }
+        let file = format!("embedded:{}", dir.path().join("cli.redb").display());
+        let none = dir.path().join("no-agent.sock").display().to_string();
+        let cli_file = cli_processes(&weir, &file, &none, d_ops, 8)?;
+        out.insert("cli_file_allocs_per_s".into(), json!(cli_file.round()));
+        let hl = host_local(dir.path(), d_ops, 8)?;
         out.insert("hostlocal_allocs_per_s".into(), json!(hl.round()));
     }
     out.insert("smoke".into(), Value::Bool(smoke));

@@ -1,8 +1,15 @@
-//! `cargo xtask bench ipam [--smoke]`: builds `weir` and the `ipam-bench` example in release mode, runs the
-//! example (which measures the embedded store, etcd, and `weir ipam` processes against host-local), prints a
-//! table and writes `target/weir-bench/ipam.json`.
+//! `cargo xtask bench ipam [--smoke]`: builds `weir` and the `ipam-bench` example in release mode, starts a
+//! `weir agent` in a namespace of its own, runs the example (which measures the embedded store, etcd, 200
+//! concurrent allocations through the agent's API, and `weir ipam` processes — through the agent and on a file —
+//! against host-local), prints a table and writes `target/weir-bench/ipam.json`.
 
-use std::{path::Path, process::Command};
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
@@ -13,13 +20,50 @@ const ROWS: &[(&str, &str)] = &[
         "embedded_allocs_per_s",
         "(a) embedded, 8 clients: allocations/s (target >= 5000)",
     ),
+    (
+        "embedded_writes_per_commit",
+        "(a) embedded, 8 clients: writes per durable commit",
+    ),
     ("embedded_p50_ms", "(a) embedded, 8 clients: p50 ms"),
     ("embedded_p99_ms", "(a) embedded, 8 clients: p99 ms"),
+    (
+        "embedded_shared_allocs_per_s",
+        "(a) embedded, file shared (multi-process): allocations/s",
+    ),
     ("embedded_seq_p50_ms", "(a) embedded, 1 client: p50 ms"),
     ("embedded_seq_p99_ms", "(a) embedded, 1 client: p99 ms"),
     ("etcd_allocs_per_s", "(b) etcd, 8 clients: allocations/s"),
     ("etcd_p50_ms", "(b) etcd, 8 clients: p50 ms"),
-    ("etcd_p99_ms", "(b) etcd, 8 clients: p99 ms (target <= 10)"),
+    (
+        "etcd_p99_ms",
+        "(b) etcd, 8 clients: p99 ms (target <= 10, or <= 2x fsync p99 if that > 5)",
+    ),
+    (
+        "etcd_wal_fsync_p99_ms",
+        "(b) etcd's own WAL fsync p99 ms, same run",
+    ),
+    ("etcd_writes_per_round", "(b) etcd: writes per round"),
+    (
+        "etcd_queue_ms_per_write",
+        "(b) etcd: ms a write waits for its round",
+    ),
+    (
+        "etcd_read_txn_ms_per_round",
+        "(b) etcd: read txn ms per round",
+    ),
+    (
+        "etcd_cas_txn_ms_per_round",
+        "(b) etcd: CAS txn ms per round",
+    ),
+    (
+        "etcd_cas_lost_per_round",
+        "(b) etcd: lost CAS (retries) per round",
+    ),
+    (
+        "etcd_reads_per_alloc",
+        "(b) etcd: other reads per allocate+release",
+    ),
+    ("etcd_read_ms", "(b) etcd: ms per other read"),
     ("etcd1_allocs_per_s", "(c) etcd, 1 host: allocations/s"),
     (
         "etcd8_allocs_per_s",
@@ -30,8 +74,20 @@ const ROWS: &[(&str, &str)] = &[
     ("etcd8_duplicates", "(c) duplicates, 8 hosts (must be 0)"),
     ("etcd32_duplicates", "(c) duplicates, 32 hosts (must be 0)"),
     (
+        "agent_api_allocs_per_s",
+        "(e) 200 concurrent allocations via the agent API: per s (target >= embedded / 2)",
+    ),
+    (
+        "agent_api_200_ms",
+        "(e) 200 concurrent allocations via the agent API: ms",
+    ),
+    (
         "cli_allocs_per_s",
-        "(d) weir ipam allocate+release processes/s",
+        "(d) weir ipam allocate+release processes/s, through the agent",
+    ),
+    (
+        "cli_file_allocs_per_s",
+        "(d) weir ipam allocate+release processes/s, on the file (no agent)",
     ),
     (
         "hostlocal_allocs_per_s",
@@ -60,11 +116,29 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     }
     let weir_s = weir.to_string_lossy().into_owned();
     args.extend(["--weir", weir_s.as_str()]);
+    let lab = Lab::new()?;
+    let agent = lab.start_agent(&weir)?;
+    let (socket, datastore) = (
+        lab.dir.join("weir.sock").display().to_string(),
+        lab.dir
+            .join("state")
+            .join("ipam.redb")
+            .display()
+            .to_string(),
+    );
+    args.extend([
+        "--agent-socket",
+        socket.as_str(),
+        "--agent-datastore",
+        datastore.as_str(),
+    ]);
     let out = Command::new("cargo")
         .args(&args)
         .current_dir(workspace)
         .output()
         .context("cannot run cargo")?;
+    drop(agent);
+    drop(lab);
     if !out.status.success() {
         bail!(
             "the ipam benchmark failed:\n{}",
@@ -106,4 +180,96 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A network namespace, a pin root and a directory for the agent, all `wt…`, removed on drop.
+struct Lab {
+    netns: String,
+    dir: PathBuf,
+    pin_root: PathBuf,
+}
+
+impl Lab {
+    fn new() -> Result<Self> {
+        let name = format!("wtbi{:05x}", std::process::id() & 0xf_ffff);
+        let dir = std::env::temp_dir().join(format!("{name}-ipam"));
+        std::fs::create_dir_all(&dir)?;
+        crate::util::run(Path::new("/"), "ip", &["netns", "add", &name])?;
+        let lab = Self {
+            pin_root: PathBuf::from("/sys/fs/bpf").join(&name),
+            dir,
+            netns: name,
+        };
+        crate::util::run(
+            Path::new("/"),
+            "ip",
+            &["netns", "exec", &lab.netns, "ip", "link", "set", "lo", "up"],
+        )?;
+        Ok(lab)
+    }
+
+    /// `weir agent` inside the namespace (nsenter: the network namespace only, so its pins stay visible), with
+    /// the default embedded datastore under its state directory; returns once it reports `started`.
+    fn start_agent(&self, weir: &Path) -> Result<AgentGuard> {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg("--")
+            .arg(weir)
+            .args(["agent", "--node", "wt-bench", "--metrics", "127.0.0.1:0"])
+            .arg("--bpf-root")
+            .arg(&self.pin_root)
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--api-socket")
+            .arg(self.dir.join("weir.sock"))
+            .arg("--policy-dir")
+            .arg(self.dir.join("policies"))
+            .arg("--cni-conf-dir")
+            .arg(self.dir.join("net.d"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start weir agent")?;
+        let stdout = child.stdout.take().context("agent stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut guard = AgentGuard(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
+                && line.contains("\"started\"")
+            {
+                return Ok(guard);
+            }
+            if let Ok(Some(status)) = guard.0.try_wait() {
+                bail!("weir agent exited before starting: {status}");
+            }
+        }
+        bail!("weir agent did not start within 60 s")
+    }
+}
+
+/// The agent, killed on drop (before the lab goes).
+struct AgentGuard(Child);
+
+impl Drop for AgentGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.netns])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.pin_root);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
