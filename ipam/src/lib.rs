@@ -8,10 +8,10 @@
 //! Datastores: [`store::memory`] (tests), [`store::embedded`] (redb, the default), [`store::etcd`],
 //! [`store::kubernetes`] (custom resources in group `ipam.weir.dev`, two compare-and-swap writes on the hot path).
 //!
-//! **Sharing an embedded file.** The embedded store opens redb in its multi-process mode, so several `weir ipam`
-//! processes and an agent may use one file at once: each write transaction holds the file's writer lock and
-//! re-reads inside it, so compare-and-swap holds across processes. A file held by an older, exclusive opener is
-//! waited for (bounded) and then reported. Routing the CLI through the agent's socket instead comes with the agent.
+//! **Sharing an embedded file.** An agent opens its file exclusively (one fsync per commit) and `weir ipam` runs
+//! its [`ops`] inside that agent; without an agent, `weir ipam` processes share a file in redb's multi-process
+//! mode, where each write transaction holds the file's writer lock and re-reads inside it, so compare-and-swap
+//! holds across processes. Serialised operations can share one commit through [`batch`].
 
 pub mod allocator;
 pub mod batch;

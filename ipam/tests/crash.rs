@@ -184,7 +184,7 @@ async fn child_group_commit_loop() {
     for t in 0..8 {
         let ipam = ipam.clone();
         tasks.push(tokio::spawn(async move {
-            for i in 0u64.. {
+            for i in 0..u64::MAX {
                 let handle = format!("t{t}-{i}");
                 if let Ok(r) = ipam
                     .auto_assign(&AssignArgs::new("node0", &handle, 1, 0))
@@ -198,7 +198,7 @@ async fn child_group_commit_loop() {
             }
         }));
     }
-    for round in 0u64.. {
+    for round in 0..u64::MAX {
         let jobs: Vec<String> = (0..8).map(|j| format!("b{round}-{j}")).collect();
         let (results, _) = ipam::batch::run(&ipam, &jobs, |ipam, handle: String| async move {
             let r = ipam

@@ -28,7 +28,7 @@ const ROWS: &[(&str, &str)] = &[
     ("embedded_p99_ms", "(a) embedded, 8 clients: p99 ms"),
     (
         "embedded_shared_allocs_per_s",
-        "(a) embedded, file shared (multi-process): allocations/s",
+        "(a) embedded, shared file (multi-process): allocations/s",
     ),
     ("embedded_seq_p50_ms", "(a) embedded, 1 client: p50 ms"),
     ("embedded_seq_p99_ms", "(a) embedded, 1 client: p99 ms"),
@@ -36,7 +36,7 @@ const ROWS: &[(&str, &str)] = &[
     ("etcd_p50_ms", "(b) etcd, 8 clients: p50 ms"),
     (
         "etcd_p99_ms",
-        "(b) etcd, 8 clients: p99 ms (target <= 10, or <= 2x fsync p99 if that > 5)",
+        "(b) etcd, 8 clients: p99 ms (<= 10, or <= 2x fsync p99 > 5)",
     ),
     (
         "etcd_wal_fsync_p99_ms",
@@ -75,19 +75,16 @@ const ROWS: &[(&str, &str)] = &[
     ("etcd32_duplicates", "(c) duplicates, 32 hosts (must be 0)"),
     (
         "agent_api_allocs_per_s",
-        "(e) 200 concurrent allocations via the agent API: per s (target >= embedded / 2)",
+        "(e) agent API, 200 at once: allocations/s (>= (a) / 2)",
     ),
-    (
-        "agent_api_200_ms",
-        "(e) 200 concurrent allocations via the agent API: ms",
-    ),
+    ("agent_api_200_ms", "(e) agent API, 200 at once: ms"),
     (
         "cli_allocs_per_s",
-        "(d) weir ipam allocate+release processes/s, through the agent",
+        "(d) weir ipam alloc+release processes/s, via the agent",
     ),
     (
         "cli_file_allocs_per_s",
-        "(d) weir ipam allocate+release processes/s, on the file (no agent)",
+        "(d) weir ipam alloc+release processes/s, on a file",
     ),
     (
         "hostlocal_allocs_per_s",
