@@ -5,7 +5,7 @@
 //! fsyncs). When no agent answers on the socket, or the one that answers holds another datastore, the command
 //! opens the file itself, as it does without an agent.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use hyper::Method;
 use ipam::ops::{Operation, Outcome};
@@ -14,6 +14,9 @@ use agent::api::{
     client::{ClientError, call},
     types::{IpamOpsRequest, NOT_THIS_DATASTORE},
 };
+
+/// How long the agent may take to answer (it answers once the operation's commit is durable).
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 /// Runs `op` in the agent on `socket` if it holds `file`; `None` when it cannot (no agent answers, or the agent
 /// holds another datastore): then the caller opens the file itself.
@@ -27,7 +30,20 @@ pub(super) async fn execute(
         datastore: format!("embedded:{}", file.display()),
         operation: op.clone(),
     };
-    match call(socket, Method::POST, "/v1/ipam/ops", Some(&request)).await {
+    let answer = tokio::time::timeout(
+        ANSWER_WITHIN,
+        call(socket, Method::POST, "/v1/ipam/ops", Some(&request)),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "the agent on {} did not answer within {} s; the operation may or may not have been applied: \
+             check with `weir ipam show`",
+            socket.display(),
+            ANSWER_WITHIN.as_secs()
+        )
+    })?;
+    match answer {
         Ok(outcome) => Ok(Some(outcome)),
         // Nothing was sent: nobody listens there (or we may not connect).
         Err(ClientError::Unreachable { .. }) => Ok(None),
