@@ -464,7 +464,11 @@ async fn main() -> Res<()> {
         );
         let reads = d(s.reads, stats_before.reads).max(1.0);
         let allocs = b_total as f64;
+        let p99 = ipam.store().percentiles(0.99);
         for (key, value) in [
+            ("etcd_write_p99_ms", p99.write_ms),
+            ("etcd_read_txn_p99_ms", p99.read_txn_ms),
+            ("etcd_cas_txn_p99_ms", p99.cas_txn_ms),
             ("etcd_writes_per_round", jobs / rounds),
             (
                 "etcd_queue_ms_per_write",

@@ -19,7 +19,7 @@
 
 mod commit;
 
-pub use commit::EtcdStats;
+pub use commit::{EtcdPercentiles, EtcdStats};
 
 use std::{
     collections::BTreeMap,
@@ -159,6 +159,11 @@ impl EtcdStore {
     /// Where the time of this store's read-modify-writes went (summed since it was connected).
     pub fn stats(&self) -> EtcdStats {
         self.counters.snapshot()
+    }
+
+    /// The `q` quantile of this store's read-modify-write, read txn and CAS txn durations since it was connected.
+    pub fn percentiles(&self, q: f64) -> EtcdPercentiles {
+        self.counters.percentiles(q)
     }
 
     /// Records that `ops`, committed at `revision`, wrote cached kinds: the cache serves those kinds again only

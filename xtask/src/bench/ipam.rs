@@ -42,6 +42,12 @@ const ROWS: &[(&str, &str)] = &[
         "etcd_wal_fsync_p99_ms",
         "(b) etcd's own WAL fsync p99 ms, same run",
     ),
+    (
+        "etcd_write_p99_ms",
+        "(b) etcd: p99 ms of one write (queue + read + CAS)",
+    ),
+    ("etcd_read_txn_p99_ms", "(b) etcd: read txn p99 ms"),
+    ("etcd_cas_txn_p99_ms", "(b) etcd: CAS txn p99 ms"),
     ("etcd_writes_per_round", "(b) etcd: writes per round"),
     (
         "etcd_queue_ms_per_write",

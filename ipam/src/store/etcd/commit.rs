@@ -13,7 +13,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Instant,
 };
 
@@ -109,6 +112,45 @@ pub(super) struct Counters {
     cas_ns: AtomicU64,
     pub(super) reads: AtomicU64,
     pub(super) reads_ns: AtomicU64,
+    samples: Mutex<Samples>,
+}
+
+/// Durations in microseconds, for percentiles: per job (queued to answered), per read txn, per round's CAS.
+#[derive(Default)]
+struct Samples {
+    job: Vec<u32>,
+    read: Vec<u32>,
+    cas: Vec<u32>,
+}
+
+/// Samples kept per kind at most (later ones are not recorded).
+const MAX_SAMPLES: usize = 200_000;
+
+fn sample(v: &mut Vec<u32>, since: Instant) {
+    if v.len() < MAX_SAMPLES {
+        v.push(u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX));
+    }
+}
+
+/// Percentiles (milliseconds) of etcd read-modify-writes since the store was connected.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EtcdPercentiles {
+    /// A read-modify-write from its call to its answer (queue, read txn and CAS txn).
+    pub write_ms: f64,
+    /// One read txn.
+    pub read_txn_ms: f64,
+    /// One round's CAS txns (retries included).
+    pub cas_txn_ms: f64,
+}
+
+fn percentile(v: &[u32], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = v.to_vec();
+    sorted.sort_unstable();
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    f64::from(sorted[i.min(sorted.len() - 1)]) / 1000.0
 }
 
 fn nanos(since: Instant) -> u64 {
@@ -129,6 +171,19 @@ impl Counters {
             reads: g(&self.reads),
             reads_ns: g(&self.reads_ns),
         }
+    }
+
+    pub(super) fn percentiles(&self, q: f64) -> EtcdPercentiles {
+        let s = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        EtcdPercentiles {
+            write_ms: percentile(&s.job, q),
+            read_txn_ms: percentile(&s.read, q),
+            cas_txn_ms: percentile(&s.cas, q),
+        }
+    }
+
+    fn samples(&self) -> std::sync::MutexGuard<'_, Samples> {
+        self.samples.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn read(&self, since: Instant) {
@@ -162,6 +217,7 @@ pub(super) async fn committer(store: EtcdStore, mut rx: mpsc::UnboundedReceiver<
         }
         let results = round(&store, &mut batch, &mut known).await;
         for (job, r) in batch.into_iter().zip(results) {
+            sample(&mut store.counters.samples().job, job.queued());
             job.finish(r);
         }
     }
@@ -232,6 +288,7 @@ async fn round(
         // The first read is serializable (no consensus round); the CAS catches anything stale.
         let read = store.read_all(&unknown, true).await;
         c.read_ns.fetch_add(nanos(t), Ordering::Relaxed);
+        sample(&mut c.samples().read, t);
         match read {
             Ok(values) => fetched.extend(unknown.into_iter().zip(values)),
             Err(e) => return fail_all(e, batch.len()),
@@ -249,6 +306,7 @@ async fn round(
     let t = Instant::now();
     let outcome = decide_and_commit(store, batch, &keys, &mut read).await;
     c.cas_ns.fetch_add(nanos(t), Ordering::Relaxed);
+    sample(&mut c.samples().cas, t);
     match outcome {
         Ok(after) => {
             for (k, v) in keys.iter().zip(after) {
