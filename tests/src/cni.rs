@@ -137,7 +137,7 @@ impl CniNode {
     }
 
     /// Addresses in use in the node's datastore, as `weir ipam utilization -o json` reads them
-    /// from the embedded file (beside the running agent, as an operator would).
+    /// (through the running agent, which holds the embedded file, as an operator would).
     #[must_use]
     pub fn addresses_in_use(&self) -> u64 {
         let out = Command::new(bin::weir())
@@ -146,6 +146,8 @@ impl CniNode {
                 "embedded:{}",
                 self.dirs.path("state/ipam.redb").display()
             ))
+            .arg("--api-socket")
+            .arg(self.socket())
             .output()
             .expect("weir ipam utilization");
         let pools: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
