@@ -201,12 +201,12 @@ impl Family for V4 {
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {
+        let exact = Aligned(addr.to_ne_bytes());
         // SAFETY: read-only to programs; the agent replaces entries whole.
-        let bytes = Aligned(addr.to_ne_bytes());
-        if let Some(info) = unsafe { IDENT4.get(&bytes.0) } {
+        if let Some(info) = unsafe { IDENT4.get(&exact.0) } {
             return info.identity;
         }
-        let key = Aligned(Key::new(32, bytes.0));
+        let key = Aligned(Key::new(32, exact.0));
         IPCACHE4.get(&key.0).map_or(WORLD, |info| info.identity)
     }
 }

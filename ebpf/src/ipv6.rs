@@ -277,12 +277,12 @@ impl Family for V6 {
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {
+        let exact = Aligned(bytes(addr));
         // SAFETY: read-only to programs; the agent replaces entries whole.
-        let bytes = Aligned(bytes(addr));
-        if let Some(info) = unsafe { IDENT6.get(&bytes.0) } {
+        if let Some(info) = unsafe { IDENT6.get(&exact.0) } {
             return info.identity;
         }
-        let key = TrieKey::new(bytes.0);
+        let key = TrieKey::new(exact.0);
         IPCACHE6.get(&key.key).map_or(WORLD, |info| info.identity)
     }
 }
