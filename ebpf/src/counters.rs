@@ -75,24 +75,29 @@ fn emit(reason: Reason, seen: &Seen, pkt: &Packet) {
     entry.submit(0);
 }
 
-/// Copies the largest of 128/64/32/16/0 bytes the packet holds; returns how many.
+/// Copies the largest of 128/64/32/16/0 bytes the packet holds; returns how many. Straight from
+/// the packet into the event (no copy on the stack).
 #[inline(always)]
 fn capture(pkt: &Packet, head: &mut [u8; CAPTURE_BYTES]) -> u32 {
     *head = [0; CAPTURE_BYTES];
-    if let Some(b) = pkt.load::<128>(0) {
-        *head = b;
+    if let Some(p) = pkt.ptr::<[u8; 128]>(0) {
+        // SAFETY: bounds checked by `ptr`.
+        *head = unsafe { *p };
         return 128;
     }
-    if let Some(b) = pkt.load::<64>(0) {
-        head[..64].copy_from_slice(&b);
+    if let Some(p) = pkt.ptr::<[u8; 64]>(0) {
+        // SAFETY: as above.
+        head[..64].copy_from_slice(unsafe { &*p });
         return 64;
     }
-    if let Some(b) = pkt.load::<32>(0) {
-        head[..32].copy_from_slice(&b);
+    if let Some(p) = pkt.ptr::<[u8; 32]>(0) {
+        // SAFETY: as above.
+        head[..32].copy_from_slice(unsafe { &*p });
         return 32;
     }
-    if let Some(b) = pkt.load::<16>(0) {
-        head[..16].copy_from_slice(&b);
+    if let Some(p) = pkt.ptr::<[u8; 16]>(0) {
+        // SAFETY: as above.
+        head[..16].copy_from_slice(unsafe { &*p });
         return 16;
     }
     0

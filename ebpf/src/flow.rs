@@ -5,7 +5,7 @@
 //! `from_endpoint` of the opener and `to_endpoint` of the destination check the original
 //! direction's bit of their side, and the reply direction's bit of the other side's role.
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use maps_schema::{
     EndpointInfo,
     conntrack::{
@@ -19,14 +19,14 @@ use maps_schema::{
 };
 
 use crate::{
-    maps::{CT_EVENTS, Ct},
+    maps::{CT_CLOCK, CT_EVENTS, Ct},
     parse::{Class, IPPROTO_TCP, Parsed, Reason, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Tuple},
     policy::evaluate,
 };
 
 /// What differs between IPv4 and IPv6: addresses, conntrack keys, maps.
 pub(crate) trait Family {
-    type Addr: Copy;
+    type Addr: Copy + Default;
     type Key;
     /// True when `addr` is one of the endpoint's own addresses.
     fn owns(ep: &EndpointInfo, addr: &Self::Addr) -> bool;
@@ -69,9 +69,9 @@ pub(crate) fn decide<F: Family>(ep: &EndpointInfo, direction: u32, p: &Parsed<F:
     let policy = || evaluate(ep, direction, || F::identity(&peer), t.proto, p.policy_port);
     match p.class {
         Class::Flow => stateful::<F>(direction, p, policy),
-        Class::Related(inner) => {
+        Class::Related => {
             // The error travels against the quoted packet: look it up as that packet's reply.
-            let (key, src_is_b) = F::ct_key(&inner.reversed());
+            let (key, src_is_b) = F::ct_key(&p.inner.reversed());
             if let Some(entry) = F::ct_get(&key) {
                 // SAFETY: a valid map value pointer for this program run.
                 let flags = unsafe { (*entry).flags };
@@ -94,8 +94,7 @@ fn stateful<F: Family>(
     policy: impl FnOnce() -> Reason,
 ) -> Reason {
     let (key, src_is_b) = F::ct_key(&p.tuple);
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = now_ns();
     let tcp = p.tuple.proto == IPPROTO_TCP;
     let Some(entry) = F::ct_get(&key) else {
         let reason = policy();
@@ -148,14 +147,37 @@ fn stateful<F: Family>(
         }
         flags |= tcp_state(p.tcp_flags, original);
     }
-    if flags != old || now != last {
+    // Stamps only move forward: CPUs whose cached clock differs by a tick do not take turns
+    // rewriting the entry.
+    if flags != old || now > last {
         // SAFETY: as above.
         unsafe {
             (*entry).flags = flags;
-            (*entry).last_seen_ns = now;
+            (*entry).last_seen_ns = now.max(last);
         }
     }
     reason
+}
+
+/// Now on the conntrack clock (`maps_schema::conntrack::CLOCK`), read through this CPU's
+/// [`CT_CLOCK`] slot: `jiffies` is one load (the verifier inlines the helper), and the clock helper
+/// runs only on a CPU's first packet of a tick.
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: helpers without arguments.
+    let jiffies = unsafe { bpf_jiffies64() };
+    let Some(cache) = CT_CLOCK.get_ptr_mut(0) else {
+        // SAFETY: as above.
+        return unsafe { bpf_ktime_get_coarse_ns() };
+    };
+    // SAFETY: this CPU's slot; nothing else touches it while the program runs.
+    unsafe {
+        if (*cache).jiffies != jiffies {
+            (*cache).now_ns = bpf_ktime_get_coarse_ns();
+            (*cache).jiffies = jiffies;
+        }
+        (*cache).now_ns
+    }
 }
 
 /// Conntrack TCP state bits a packet with `tcp_flags` sets.

@@ -12,12 +12,13 @@ use crate::{
     l4::transport,
     maps::{CT4, Ct, IDENT4, IPCACHE4},
     parse::{
-        Class, ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
-        echo_ports, ports,
+        Aligned, Class, ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason,
+        Tuple, echo_ports, icmp_header, ports, word,
     },
 };
 
-pub(crate) type Addr = [u8; 4];
+/// An address as loaded: its network-order bytes in a native integer (compared as a word).
+pub(crate) type Addr = u32;
 
 /// ICMP types.
 const ICMP_ECHO_REPLY: u8 = 0;
@@ -26,20 +27,36 @@ const ICMP_ECHO: u8 = 8;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
-/// The IPv4 base header at `off`: (protocol, source, destination, header length).
+/// The IPv4 base header at `off`: (protocol, source, destination, header length, fragment
+/// field in host byte order). Fields come from four wide loads of the bounds-checked header.
 #[inline(always)]
 fn header(pkt: &Packet, off: usize) -> Result<(u8, Addr, Addr, usize, u16), Reason> {
-    let h = pkt.load::<20>(off).ok_or(DROP_MALFORMED)?;
-    let ihl = usize::from(h[0] & 0x0f);
-    if h[0] >> 4 != 4 || ihl < 5 {
+    let h: *const [u8; 20] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
+    // SAFETY: bounds checked by `ptr` (20 bytes).
+    let (version_ihl, frag, proto, addrs) = unsafe {
+        (
+            word::<_, u8>(h, 0),
+            word::<_, u16>(h, 6),
+            word::<_, u8>(h, 9),
+            word::<_, u64>(h, 12),
+        )
+    };
+    let ihl = usize::from(version_ihl & 0x0f);
+    if version_ihl >> 4 != 4 || ihl < 5 {
         return Err(DROP_INVALID_HEADER);
     }
     let hlen = ihl * 4;
-    pkt.ptr::<u8>(off + hlen - 1).ok_or(DROP_MALFORMED)?;
-    let frag = u16::from_be_bytes([h[6], h[7]]);
-    let src = [h[12], h[13], h[14], h[15]];
-    let dst = [h[16], h[17], h[18], h[19]];
-    Ok((h[9], src, dst, hlen, frag))
+    // Options: the rest of the header must be there too.
+    if ihl > 5 {
+        pkt.ptr::<u8>(off + hlen - 1).ok_or(DROP_MALFORMED)?;
+    }
+    Ok((
+        proto,
+        addrs as u32,
+        (addrs >> 32) as u32,
+        hlen,
+        u16::from_be(frag),
+    ))
 }
 
 /// Parses an IPv4 packet (after the Ethernet header).
@@ -67,6 +84,7 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
         policy_port: 0,
         tcp_flags: 0,
         class: Class::Flow,
+        inner: Tuple::zero(),
         note,
     };
     if proto == IPPROTO_ICMP {
@@ -84,17 +102,17 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
 /// ICMP: echo is a flow keyed by its identifier, errors are related to the flow they quote.
 #[inline(always)]
 fn icmp(pkt: &Packet, off: usize, parsed: &mut Parsed<Addr>) -> Result<(), Reason> {
-    let h = pkt.load::<8>(off).ok_or(DROP_MALFORMED)?;
-    let ty = h[0];
+    let (ty, id) = icmp_header(pkt, off).ok_or(DROP_MALFORMED)?;
     parsed.policy_port = u16::from(ty);
     match ty {
         ICMP_ECHO | ICMP_ECHO_REPLY => {
-            let (sport, dport) = echo_ports(ty == ICMP_ECHO, [h[4], h[5]]);
+            let (sport, dport) = echo_ports(ty == ICMP_ECHO, id);
             parsed.tuple.sport = sport;
             parsed.tuple.dport = dport;
         }
         ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM => {
-            parsed.class = Class::Related(inner(pkt, off + 8)?);
+            parsed.inner = inner(pkt, off + 8)?;
+            parsed.class = Class::Related;
         }
         _ => parsed.class = Class::Stateless,
     }
@@ -109,8 +127,8 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     let (sport, dport) = match proto {
         IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMP => {
-            let h = pkt.load::<8>(l4).ok_or(DROP_MALFORMED)?;
-            echo_ports(h[0] == ICMP_ECHO, [h[4], h[5]])
+            let (ty, id) = icmp_header(pkt, l4).ok_or(DROP_MALFORMED)?;
+            echo_ports(ty == ICMP_ECHO, id)
         }
         _ => (0, 0),
     };
@@ -123,56 +141,72 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     })
 }
 
+/// A [`Ct4Key`] as the two little-endian words it is made of.
+#[repr(C, align(8))]
+pub(crate) struct Key4([u64; 2]);
+const _: () = assert!(core::mem::size_of::<Key4>() == core::mem::size_of::<Ct4Key>());
+
+impl Key4 {
+    #[inline(always)]
+    fn as_key(&self) -> &Ct4Key {
+        // SAFETY: same size, stricter alignment, and `Ct4Key` (integers and padding bytes, all
+        // zero here) is valid for any bit pattern.
+        unsafe { &*core::ptr::from_ref(self).cast::<Ct4Key>() }
+    }
+}
+
 /// IPv4's maps.
 pub(crate) struct V4;
 
 impl Family for V4 {
     type Addr = Addr;
-    type Key = Ct4Key;
+    type Key = Key4;
 
     #[inline(always)]
     fn owns(ep: &EndpointInfo, addr: &Addr) -> bool {
-        ep.owns_v4(*addr)
+        let own = |i: usize| u32::from_ne_bytes(ep.ipv4[i]);
+        *addr != 0 && (own(0) == *addr || own(1) == *addr)
     }
 
+    /// Built as two words in registers (`Ct4Key`'s layout on a little-endian target): no
+    /// byte stores, no zeroing call for the padding.
     #[inline(always)]
-    fn ct_key(t: &Tuple<Addr>) -> (Ct4Key, bool) {
-        let src_is_b = (u32::from_be_bytes(t.src), t.sport) > (u32::from_be_bytes(t.dst), t.dport);
+    fn ct_key(t: &Tuple<Addr>) -> (Key4, bool) {
+        let (src, dst) = (t.src, t.dst);
+        let rank = |addr: u32, port: u16| (u64::from(u32::from_be(addr)) << 16) | u64::from(port);
+        let src_is_b = rank(src, t.sport) > rank(dst, t.dport);
         let (a, pa, b, pb) = if src_is_b {
-            (t.dst, t.dport, t.src, t.sport)
+            (dst, t.dport, src, t.sport)
         } else {
-            (t.src, t.sport, t.dst, t.dport)
+            (src, t.sport, dst, t.dport)
         };
-        let key = Ct4Key {
-            addr_a: a,
-            addr_b: b,
-            port_a: pa,
-            port_b: pb,
-            protocol: t.proto,
-            _pad: [0; 3],
-        };
+        let key = Key4([
+            u64::from(a) | (u64::from(b) << 32),
+            u64::from(pa) | (u64::from(pb) << 16) | (u64::from(t.proto) << 32),
+        ]);
         (key, src_is_b)
     }
 
     #[inline(always)]
-    fn ct_get(key: &Ct4Key) -> Option<*mut Ct> {
-        CT4.get_ptr_mut(key)
+    fn ct_get(key: &Key4) -> Option<*mut Ct> {
+        CT4.get_ptr_mut(key.as_key())
     }
 
     #[inline(always)]
-    fn ct_insert(key: &Ct4Key, entry: &Ct) -> Result<(), i32> {
-        CT4.insert(key, entry, 0)
+    fn ct_insert(key: &Key4, entry: &Ct) -> Result<(), i32> {
+        CT4.insert(key.as_key(), entry, 0)
     }
 
     const CREATED: u32 = maps_schema::conntrack::EVENT_CREATED4;
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {
+        let exact = Aligned(addr.to_ne_bytes());
         // SAFETY: read-only to programs; the agent replaces entries whole.
-        if let Some(info) = unsafe { IDENT4.get(addr) } {
+        if let Some(info) = unsafe { IDENT4.get(&exact.0) } {
             return info.identity;
         }
-        let key = Key::new(32, *addr);
-        IPCACHE4.get(&key).map_or(WORLD, |info| info.identity)
+        let key = Aligned(Key::new(32, exact.0));
+        IPCACHE4.get(&key.0).map_or(WORLD, |info| info.identity)
     }
 }

@@ -15,12 +15,13 @@ use crate::{
     l4::transport,
     maps::{CT6, Ct, IDENT6, IPCACHE6},
     parse::{
-        Class, ETH_HLEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, Tuple,
-        echo_ports, ports,
+        Aligned, Class, ETH_HLEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason,
+        Tuple, echo_ports, icmp_header, ports, word,
     },
 };
 
-pub(crate) type Addr = [u8; 16];
+/// An address as loaded: its network-order bytes in two native words (compared as words).
+pub(crate) type Addr = [u64; 2];
 
 const IPV6_HLEN: usize = 40;
 /// Extension headers.
@@ -41,20 +42,24 @@ const ICMPV6_ROUTER_SOLICIT: u8 = 133;
 const ICMPV6_REDIRECT: u8 = 137;
 const ICMPV6_MLD2_REPORT: u8 = 143;
 
-/// The IPv6 base header at `off`: (next header, source, destination).
+/// The IPv6 base header at `off`: (next header, source, destination), from wide loads of the
+/// bounds-checked header.
 #[inline(always)]
 fn header(pkt: &Packet, off: usize) -> Result<(u8, Addr, Addr), Reason> {
     let h: *const [u8; IPV6_HLEN] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
-    // SAFETY: bounds checked by `ptr`.
-    let h = unsafe { &*h };
-    if h[0] >> 4 != 6 {
+    // SAFETY: bounds checked by `ptr` (40 bytes).
+    let (version, nexthdr, src, dst) = unsafe {
+        (
+            word::<_, u8>(h, 0),
+            word::<_, u8>(h, 6),
+            word::<_, Addr>(h, 8),
+            word::<_, Addr>(h, 24),
+        )
+    };
+    if version >> 4 != 6 {
         return Err(DROP_INVALID_HEADER);
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&h[8..24]);
-    dst.copy_from_slice(&h[24..40]);
-    Ok((h[6], src, dst))
+    Ok((nexthdr, src, dst))
 }
 
 /// Walks up to `MAX_IPV6_EXT_HEADERS` extension headers: (upper-layer protocol, its offset, any seen).
@@ -111,6 +116,7 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
         policy_port: 0,
         tcp_flags: 0,
         class: Class::Flow,
+        inner: Tuple::zero(),
         note: if seen {
             Some(NOTE_IPV6_EXT_HEADERS)
         } else {
@@ -132,17 +138,17 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
 /// ICMPv6: neighbour/router discovery and MLD pass, echo is a flow, errors are related.
 #[inline(always)]
 fn icmp(pkt: &Packet, off: usize, parsed: &mut Parsed<Addr>) -> Result<(), Reason> {
-    let h = pkt.load::<8>(off).ok_or(DROP_MALFORMED)?;
-    let ty = h[0];
+    let (ty, id) = icmp_header(pkt, off).ok_or(DROP_MALFORMED)?;
     parsed.policy_port = u16::from(ty);
     match ty {
         ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY => {
-            let (sport, dport) = echo_ports(ty == ICMPV6_ECHO_REQUEST, [h[4], h[5]]);
+            let (sport, dport) = echo_ports(ty == ICMPV6_ECHO_REQUEST, id);
             parsed.tuple.sport = sport;
             parsed.tuple.dport = dport;
         }
         ICMPV6_DEST_UNREACH..=ICMPV6_PARAM_PROB => {
-            parsed.class = Class::Related(inner(pkt, off + 8)?);
+            parsed.inner = inner(pkt, off + 8)?;
+            parsed.class = Class::Related;
         }
         ICMPV6_MLD_QUERY..=ICMPV6_MLD_DONE
         | ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT
@@ -161,8 +167,8 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     let (sport, dport) = match proto {
         IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMPV6 => {
-            let h = pkt.load::<8>(l4).ok_or(DROP_MALFORMED)?;
-            echo_ports(h[0] == ICMPV6_ECHO_REQUEST, [h[4], h[5]])
+            let (ty, id) = icmp_header(pkt, l4).ok_or(DROP_MALFORMED)?;
+            echo_ports(ty == ICMPV6_ECHO_REQUEST, id)
         }
         _ => (0, 0),
     };
@@ -175,14 +181,46 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     })
 }
 
-/// An order on (address, port) for key normalisation (any total order will do).
+/// A full-length IPv6 trie key on the stack. The key is packed (a `u32` prefix length, then the
+/// address): placed 4 bytes into an 8-aligned slot, its address bytes are 8-aligned, so wide
+/// stores into them are aligned (the verifier refuses misaligned stack access).
+#[repr(C, align(8))]
+pub(crate) struct TrieKey {
+    _skip: u32,
+    pub(crate) key: Key<[u8; 16]>,
+}
+
+impl TrieKey {
+    #[inline(always)]
+    pub(crate) fn new(addr: [u8; 16]) -> Self {
+        Self {
+            _skip: 0,
+            key: Key::new(128, addr),
+        }
+    }
+}
+
+/// The address's bytes (network order), as map keys hold them.
 #[inline(always)]
-fn rank(addr: &Addr, port: u16) -> (u64, u64, u16) {
-    let mut hi = [0u8; 8];
-    let mut lo = [0u8; 8];
-    hi.copy_from_slice(&addr[..8]);
-    lo.copy_from_slice(&addr[8..]);
-    (u64::from_ne_bytes(hi), u64::from_ne_bytes(lo), port)
+fn bytes(addr: &Addr) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&addr[0].to_ne_bytes());
+    out[8..].copy_from_slice(&addr[1].to_ne_bytes());
+    out
+}
+
+/// A [`Ct6Key`] as the five little-endian words it is made of.
+#[repr(C, align(8))]
+pub(crate) struct Key6([u64; 5]);
+const _: () = assert!(core::mem::size_of::<Key6>() == core::mem::size_of::<Ct6Key>());
+
+impl Key6 {
+    #[inline(always)]
+    fn as_key(&self) -> &Ct6Key {
+        // SAFETY: same size, stricter alignment, and `Ct6Key` (integers and padding bytes, all
+        // zero here) is valid for any bit pattern.
+        unsafe { &*core::ptr::from_ref(self).cast::<Ct6Key>() }
+    }
 }
 
 /// IPv6's maps.
@@ -190,51 +228,61 @@ pub(crate) struct V6;
 
 impl Family for V6 {
     type Addr = Addr;
-    type Key = Ct6Key;
+    type Key = Key6;
 
     #[inline(always)]
     fn owns(ep: &EndpointInfo, addr: &Addr) -> bool {
-        ep.owns_v6(addr)
+        let own = |i: usize| {
+            let p = core::ptr::from_ref(&ep.ipv6[i]);
+            // SAFETY: 16 readable bytes of the entry; any bit pattern is a valid `u64`.
+            let w: Addr = unsafe { [word(p, 0), word(p, 8)] };
+            w == *addr
+        };
+        *addr != [0; 2] && (own(0) || own(1))
     }
 
+    /// Normalised by an order on (address words, port) — any total order will do, but it is the
+    /// one every release used, so entries written before an upgrade keep matching. Built as
+    /// words, with no zeroing call for the padding.
     #[inline(always)]
-    fn ct_key(t: &Tuple<Addr>) -> (Ct6Key, bool) {
-        let src_is_b = rank(&t.src, t.sport) > rank(&t.dst, t.dport);
+    fn ct_key(t: &Tuple<Addr>) -> (Key6, bool) {
+        let (src, dst) = (t.src, t.dst);
+        let src_is_b = (src[0], src[1], t.sport) > (dst[0], dst[1], t.dport);
         let (a, pa, b, pb) = if src_is_b {
-            (t.dst, t.dport, t.src, t.sport)
+            (dst, t.dport, src, t.sport)
         } else {
-            (t.src, t.sport, t.dst, t.dport)
+            (src, t.sport, dst, t.dport)
         };
-        let key = Ct6Key {
-            addr_a: a,
-            addr_b: b,
-            port_a: pa,
-            port_b: pb,
-            protocol: t.proto,
-            _pad: [0; 3],
-        };
+        let key = Key6([
+            a[0],
+            a[1],
+            b[0],
+            b[1],
+            u64::from(pa) | (u64::from(pb) << 16) | (u64::from(t.proto) << 32),
+        ]);
         (key, src_is_b)
     }
 
     #[inline(always)]
-    fn ct_get(key: &Ct6Key) -> Option<*mut Ct> {
-        CT6.get_ptr_mut(key)
+    fn ct_get(key: &Key6) -> Option<*mut Ct> {
+        CT6.get_ptr_mut(key.as_key())
     }
 
     #[inline(always)]
-    fn ct_insert(key: &Ct6Key, entry: &Ct) -> Result<(), i32> {
-        CT6.insert(key, entry, 0)
+    fn ct_insert(key: &Key6, entry: &Ct) -> Result<(), i32> {
+        CT6.insert(key.as_key(), entry, 0)
     }
 
     const CREATED: u32 = maps_schema::conntrack::EVENT_CREATED6;
 
     #[inline(always)]
     fn identity(addr: &Addr) -> u32 {
+        let exact = Aligned(bytes(addr));
         // SAFETY: read-only to programs; the agent replaces entries whole.
-        if let Some(info) = unsafe { IDENT6.get(addr) } {
+        if let Some(info) = unsafe { IDENT6.get(&exact.0) } {
             return info.identity;
         }
-        let key = Key::new(128, *addr);
-        IPCACHE6.get(&key).map_or(WORLD, |info| info.identity)
+        let key = TrieKey::new(exact.0);
+        IPCACHE6.get(&key.key).map_or(WORLD, |info| info.identity)
     }
 }

@@ -2,7 +2,9 @@
 
 use maps_schema::reason::{DROP_INVALID_HEADER, DROP_INVALID_TCP_FLAGS, DROP_MALFORMED};
 
-use crate::parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, tcp_flags_invalid};
+use crate::parse::{
+    IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, split_ports, tcp_flags_invalid, word,
+};
 
 /// Ports and TCP flags of an upper-layer header.
 #[derive(Clone, Copy)]
@@ -17,28 +19,35 @@ pub(crate) struct Transport {
 pub(crate) fn transport(pkt: &Packet, off: usize, proto: u8) -> Result<Transport, Reason> {
     match proto {
         IPPROTO_TCP => {
-            let h = pkt.load::<20>(off).ok_or(DROP_MALFORMED)?;
-            let doff = usize::from(h[12] >> 4);
+            let h: *const [u8; 20] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
+            // SAFETY: bounds checked by `ptr` (20 bytes).
+            let (ports, offset_flags) = unsafe { (word::<_, u32>(h, 0), word::<_, u16>(h, 12)) };
+            let doff = usize::from((offset_flags as u8) >> 4);
             if doff < 5 {
                 return Err(DROP_INVALID_HEADER);
             }
             // The options must be there too.
-            pkt.ptr::<u8>(off + doff * 4 - 1).ok_or(DROP_MALFORMED)?;
-            let flags = h[13];
+            if doff > 5 {
+                pkt.ptr::<u8>(off + doff * 4 - 1).ok_or(DROP_MALFORMED)?;
+            }
+            let flags = (offset_flags >> 8) as u8;
             if tcp_flags_invalid(flags) {
                 return Err(DROP_INVALID_TCP_FLAGS);
             }
+            let (sport, dport) = split_ports(ports);
             Ok(Transport {
-                sport: u16::from_be_bytes([h[0], h[1]]),
-                dport: u16::from_be_bytes([h[2], h[3]]),
+                sport,
+                dport,
                 tcp_flags: flags,
             })
         }
         IPPROTO_UDP => {
-            let h = pkt.load::<8>(off).ok_or(DROP_MALFORMED)?;
+            let h: *const [u8; 8] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
+            // SAFETY: bounds checked by `ptr` (8 bytes).
+            let (sport, dport) = split_ports(unsafe { word(h, 0) });
             Ok(Transport {
-                sport: u16::from_be_bytes([h[0], h[1]]),
-                dport: u16::from_be_bytes([h[2], h[3]]),
+                sport,
+                dport,
                 tcp_flags: 0,
             })
         }

@@ -2,6 +2,10 @@
 #![no_std]
 #![no_main]
 
+// Conntrack keys are built as little-endian words and packet fields read as loaded (`parse::word`).
+#[cfg(target_endian = "big")]
+compile_error!("weir's programs are built for bpfel only");
+
 mod counters;
 mod endpoint;
 mod entry;

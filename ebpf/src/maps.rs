@@ -6,10 +6,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use maps_schema::{
-    CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, PolicyKey, PolicyValue,
-    PrefilterEntry,
+    ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, PolicyKey,
+    PolicyValue, PrefilterEntry,
     maps::{
-        BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_EVENTS_MAX, CT_MAX,
+        BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_CLOCK_MAX, CT_EVENTS_MAX, CT_MAX,
         DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
     },
 };
@@ -93,6 +93,10 @@ pub(crate) static COUNTERS: PerCpuArray<CounterValue, { COUNTERS_MAX as usize }>
 /// Conntrack entries created, per family and CPU (the agent derives LRU evictions from them).
 #[btf_map(name = "ct_events_v1", pin_by_name)]
 pub(crate) static CT_EVENTS: PerCpuArray<u64, { CT_EVENTS_MAX as usize }> = PerCpuArray::new();
+
+/// The conntrack clock as each CPU last read it (`flow::now_ns`).
+#[btf_map(name = "ct_clock_v1", pin_by_name)]
+pub(crate) static CT_CLOCK: PerCpuArray<ClockCache, { CT_CLOCK_MAX as usize }> = PerCpuArray::new();
 
 /// Sampled drop events.
 #[btf_map(name = "drop_events_v1", pin_by_name)]

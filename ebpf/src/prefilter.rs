@@ -6,8 +6,9 @@ use maps_schema::reason::{DIR_PREFILTER, DROP_PREFILTER_DENY, PASS};
 
 use crate::{
     counters::{Seen, Verdict, account},
+    ipv6::TrieKey,
     maps::{PREFILTER4, PREFILTER6},
-    parse::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, Packet, Reason},
+    parse::{Aligned, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, Packet, Reason},
 };
 
 #[inline(always)]
@@ -32,10 +33,10 @@ fn reason(pkt: &Packet) -> Reason {
     let denied = match pkt.ethertype() {
         Some(ETH_P_IP) => pkt
             .load::<4>(ETH_HLEN + 12)
-            .is_some_and(|src| PREFILTER4.get(&Key::new(32, src)).is_some()),
+            .is_some_and(|src| PREFILTER4.get(&Aligned(Key::new(32, src)).0).is_some()),
         Some(ETH_P_IPV6) => pkt
             .load::<16>(ETH_HLEN + 8)
-            .is_some_and(|src| PREFILTER6.get(&Key::new(128, src)).is_some()),
+            .is_some_and(|src| PREFILTER6.get(&TrieKey::new(src).key).is_some()),
         _ => false,
     };
     if denied { DROP_PREFILTER_DENY } else { PASS }

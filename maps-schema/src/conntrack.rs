@@ -43,7 +43,27 @@ pub const TIMEOUT_OTHER_SECS: u64 = 60;
 pub const TIMEOUT_ICMP_SECS: u64 = 10;
 
 /// The clock of `last_seen_ns`: `bpf_ktime_get_coarse_ns`, i.e. `CLOCK_MONOTONIC_COARSE` in user space.
+/// The programs read it at most once per tick and CPU (through [`ClockCache`]), so a stamp lags
+/// that clock by at most [`CLOCK_LAG_TICKS`] kernel ticks (8 ms at `HZ=250`) — far below every
+/// timeout and the migration's one-second margin.
 pub const CLOCK: &str = "CLOCK_MONOTONIC_COARSE";
+/// How many kernel ticks a `last_seen_ns` stamp may lag [`CLOCK`]: the coarse clock's own tick,
+/// plus one when a CPU reads it between the tick's `jiffies` update and its timekeeping update.
+pub const CLOCK_LAG_TICKS: u64 = 2;
+
+/// `ct_clock` value (one slot per CPU, written by the programs only): the coarse clock as this CPU
+/// last read it, and the `jiffies` it read it at. A packet costs one inlined `jiffies` load and
+/// this slot; the clock helper runs only when `jiffies` moved on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockCache {
+    /// `jiffies` when [`Self::now_ns`] was read.
+    pub jiffies: u64,
+    /// [`CLOCK`] nanoseconds then.
+    pub now_ns: u64,
+}
+assert_size!(ClockCache, 16);
+user_pod!(ClockCache);
 
 /// IPv4 conntrack key (addresses in network byte order, ports in host byte order; an ICMP echo
 /// request is `(identifier, 0)` and its reply `(0, identifier)`, so they share one flow).

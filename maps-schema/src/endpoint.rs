@@ -29,19 +29,3 @@ pub struct EndpointInfo {
 }
 assert_size!(EndpointInfo, 56);
 user_pod!(EndpointInfo);
-
-impl EndpointInfo {
-    /// True when `addr` (network byte order) is one of the endpoint's IPv4 addresses.
-    #[inline(always)]
-    #[must_use]
-    pub fn owns_v4(&self, addr: [u8; 4]) -> bool {
-        addr != [0; 4] && (self.ipv4[0] == addr || self.ipv4[1] == addr)
-    }
-
-    /// True when `addr` (network byte order) is one of the endpoint's IPv6 addresses.
-    #[inline(always)]
-    #[must_use]
-    pub fn owns_v6(&self, addr: &[u8; 16]) -> bool {
-        *addr != [0; 16] && (self.ipv6[0] == *addr || self.ipv6[1] == *addr)
-    }
-}

@@ -20,7 +20,7 @@ pub mod prefilter;
 pub mod programs;
 pub mod reason;
 
-pub use conntrack::{Ct4Key, Ct6Key, CtEntry, CtEntryV1};
+pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1};
 pub use counters::{CounterKey, CounterValue};
 pub use endpoint::EndpointInfo;
 pub use events::DropEvent;

@@ -64,6 +64,12 @@ pub const CT_EVENTS: &str = "ct_events_v1";
 /// Slots in [`CT_EVENTS`].
 pub const CT_EVENTS_MAX: u32 = 2;
 
+/// Per-CPU [`crate::ClockCache`] (slot 0): the conntrack clock as each CPU last read it, written by
+/// the programs only (scratch state: never migrated, an empty one is correct).
+pub const CT_CLOCK: &str = "ct_clock_v1";
+/// Slots in [`CT_CLOCK`].
+pub const CT_CLOCK_MAX: u32 = 1;
+
 /// Ring buffer of sampled [`crate::DropEvent`]s. Written by the programs, read by the agent.
 pub const DROP_EVENTS: &str = "drop_events_v1";
 /// Size of [`DROP_EVENTS`] in bytes (a power of two, a multiple of the page size).
@@ -83,6 +89,7 @@ pub const ALL: &[&str] = &[
     PREFILTER6,
     COUNTERS,
     CT_EVENTS,
+    CT_CLOCK,
     DROP_EVENTS,
 ];
 

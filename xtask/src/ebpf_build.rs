@@ -11,11 +11,17 @@ use std::{
 pub const TARGET: &str = "bpfel-unknown-none";
 
 /// Rust flags of every eBPF build: BTF for maps and programs (bpf-linker emits it with `--btf`)
-/// and full debug info, as DESIGN asks.
+/// and full debug info, as DESIGN asks. Code generation (bpf-linker does it): BPF ISA v3 (32-bit
+/// ALU and jumps, kernel 5.1+; tcx already needs 6.6) and misaligned access, which the verifier
+/// allows for packet and map-value pointers on x86-64 and arm64 (efficient unaligned access), so a
+/// packet's `u32`/`u64` field is one load instead of byte loads and shifts. Stack accesses must
+/// stay aligned (the verifier demands it): the programs keep stack values 8-aligned.
 pub const RUSTFLAGS: &[&str] = &[
     "-Cdebuginfo=2",
     "-Clink-arg=--btf",
     "--cfg=bpf_target_arch=\"x86_64\"",
+    "-Ctarget-cpu=v3",
+    "-Clink-arg=--cpu-features=+allows-misaligned-mem-access",
 ];
 
 /// One build of the eBPF crate.

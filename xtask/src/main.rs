@@ -51,6 +51,9 @@ enum Task {
         /// A quick run with tiny counts, so benchmarks never rot.
         #[arg(long)]
         smoke: bool,
+        /// Only one part of a benchmark (datapath: `testrun` or `traffic`).
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -83,13 +86,13 @@ fn main() -> Result<()> {
             util::step("setup", || setup::run(&ws, true))?;
             util::step("lint", || lint::run(&ws))?;
             util::step("test", || test::run(&ws))?;
-            util::step("bench --smoke", || bench::run(&ws, "all", true))?;
+            util::step("bench --smoke", || bench::run(&ws, "all", true, None))?;
             println!(
                 "xtask ci: all steps passed in {:.0} s",
                 started.elapsed().as_secs_f64()
             );
             Ok(())
         }
-        Task::Bench { name, smoke } => bench::run(&ws, &name, smoke),
+        Task::Bench { name, smoke, only } => bench::run(&ws, &name, smoke, only.as_deref()),
     }
 }

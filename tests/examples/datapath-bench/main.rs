@@ -6,7 +6,8 @@
 //! - `traffic`: the added per-packet cost of weir, iptables-nft and iptables-legacy (flat
 //!   per-endpoint chains) on real UDP traffic between namespaces, over no filtering.
 //!
-//! Usage (root): `datapath-bench --object PATH --out PATH [--smoke]`. Writes one flat JSON object.
+//! Usage (root): `datapath-bench --object PATH --out PATH [--smoke] [--only testrun|traffic]`.
+//! Writes one flat JSON object.
 
 mod testrun;
 mod traffic;
@@ -68,13 +69,18 @@ pub fn main() -> Result<()> {
     let mut object = None;
     let mut out = None;
     let mut smoke = false;
+    let mut only = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--object" => object = args.next().map(PathBuf::from),
             "--out" => out = args.next().map(PathBuf::from),
             "--smoke" => smoke = true,
-            other => bail!("unknown argument {other:?}; usage: --object PATH --out PATH [--smoke]"),
+            "--only" => only = args.next(),
+            other => bail!(
+                "unknown argument {other:?}; usage: --object PATH --out PATH [--smoke] \
+                 [--only testrun|traffic]"
+            ),
         }
     }
     let object = object.context("--object PATH is required")?;
@@ -90,9 +96,19 @@ pub fn main() -> Result<()> {
     let buf =
         unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len()) };
     buf.copy_from_slice(&bytes);
+    let (testrun, traffic) = match only.as_deref() {
+        None => (true, true),
+        Some("testrun") => (true, false),
+        Some("traffic") => (false, true),
+        Some(other) => bail!("--only {other:?}: choose `testrun` or `traffic`"),
+    };
     let mut figures = BTreeMap::new();
-    testrun::run(buf, sizes, &mut figures)?;
-    traffic::run(buf, sizes, &mut figures)?;
+    if testrun {
+        testrun::run(buf, sizes, &mut figures)?;
+    }
+    if traffic {
+        traffic::run(buf, sizes, &mut figures)?;
+    }
     figures.insert("smoke".to_owned(), serde_json::json!(smoke));
     std::fs::write(&out, serde_json::to_string_pretty(&figures)?)
         .with_context(|| format!("writing {}", out.display()))?;

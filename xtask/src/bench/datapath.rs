@@ -1,4 +1,4 @@
-//! `cargo xtask bench datapath [--smoke]`: builds the `bench` variant of the eBPF object (with the
+//! `cargo xtask bench datapath [--smoke] [--only testrun|traffic]`: builds the `bench` variant of the eBPF object (with the
 //! empty `wt_empty` tc program, the floor), runs the `datapath-bench` example of the tests crate
 //! (root: it loads programs and builds namespaces), prints a table and writes
 //! `target/weir-bench/datapath.json`.
@@ -46,6 +46,11 @@ const ROWS: &[(&str, &str)] = &[
 ];
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
+    run_part(workspace, smoke, None)
+}
+
+/// The benchmark, or only one of its parts (`testrun`, `traffic`; the other part's rows print `-`).
+pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Result<()> {
     let build = EbpfBuild {
         workspace,
         release: true,
@@ -77,6 +82,9 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     ]);
     if smoke {
         args.push("--smoke");
+    }
+    if let Some(part) = only {
+        args.extend(["--only", part]);
     }
     let status = Command::new("cargo")
         .args(&args)

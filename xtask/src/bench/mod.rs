@@ -1,4 +1,4 @@
-//! `cargo xtask bench NAME [--smoke]`: every benchmark prints a table and writes
+//! `cargo xtask bench NAME [--smoke] [--only PART]`: every benchmark prints a table and writes
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
 mod agent;
@@ -24,7 +24,13 @@ const BENCHES: &[(&str, Bench)] = &[
     ("cri", cri::run),
 ];
 
-pub(crate) fn run(ws: &Path, name: &str, smoke: bool) -> Result<()> {
+pub(crate) fn run(ws: &Path, name: &str, smoke: bool, only: Option<&str>) -> Result<()> {
+    if let Some(part) = only {
+        if name != "datapath" {
+            bail!("--only selects a part of the datapath benchmark; {name:?} has no parts");
+        }
+        return datapath::run_part(ws, smoke, Some(part));
+    }
     if name == "all" {
         for (bench, run) in BENCHES {
             crate::util::step(
