@@ -260,9 +260,12 @@ fn exec(
 }
 
 fn wait_status(plugin: &Path, node: &str, conf: &Value) -> Result<()> {
+    // STATUS is a CNI 1.1.0 verb: ask it at 1.1.0 whatever version the measured calls use.
+    let mut conf = conf.clone();
+    conf["cniVersion"] = json!("1.1.0");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if exec(plugin, node, "STATUS", "wt-status", "none", conf).is_ok() {
+        if exec(plugin, node, "STATUS", "wt-status", "none", &conf).is_ok() {
             return Ok(());
         }
         if Instant::now() > deadline {
