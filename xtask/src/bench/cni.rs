@@ -5,10 +5,9 @@
 //! Prints a table and writes `target/weir-bench/cni.json`.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -318,7 +317,7 @@ impl Lab {
         Ok(name)
     }
 
-    fn start_agent(&self, weir: &Path, node: &str) -> Result<AgentGuard> {
+    fn start_agent(&self, weir: &Path, node: &str) -> Result<super::agent_proc::AgentGuard> {
         crate::util::run(
             Path::new("/"),
             "ip",
@@ -331,56 +330,7 @@ impl Lab {
                 "net.ipv4.ip_forward=1",
             ],
         )?;
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{node}"))
-            .arg("--")
-            .arg(weir)
-            .args(["agent", "--node", "wt-bench", "--metrics", "127.0.0.1:0"])
-            .arg("--bpf-root")
-            .arg(&self.pin_root)
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .arg("--api-socket")
-            .arg(self.dir.join("weir.sock"))
-            .arg("--policy-dir")
-            .arg(self.dir.join("policies"))
-            .arg("--cni-conf-dir")
-            .arg(self.dir.join("net.d"))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start weir agent")?;
-        let stdout = child.stdout.take().context("agent stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
-                && line.contains("\"started\"")
-            {
-                return Ok(AgentGuard(child));
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                bail!("weir agent exited before starting: {status}");
-            }
-        }
-        let _ = child.kill();
-        bail!("weir agent did not start within 60 s")
-    }
-}
-
-/// The agent, killed on drop (before the lab's pin root goes).
-struct AgentGuard(Child);
-
-impl Drop for AgentGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        super::agent_proc::start(weir, node, &self.dir, &self.pin_root)
     }
 }
 

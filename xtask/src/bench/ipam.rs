@@ -4,11 +4,8 @@
 //! against host-local), prints a table and writes `target/weir-bench/ipam.json`.
 
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
+    process::Command,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -213,57 +210,8 @@ impl Lab {
 
     /// `weir agent` inside the namespace (nsenter: the network namespace only, so its pins stay visible), with
     /// the default embedded datastore under its state directory; returns once it reports `started`.
-    fn start_agent(&self, weir: &Path) -> Result<AgentGuard> {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.netns))
-            .arg("--")
-            .arg(weir)
-            .args(["agent", "--node", "wt-bench", "--metrics", "127.0.0.1:0"])
-            .arg("--bpf-root")
-            .arg(&self.pin_root)
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .arg("--api-socket")
-            .arg(self.dir.join("weir.sock"))
-            .arg("--policy-dir")
-            .arg(self.dir.join("policies"))
-            .arg("--cni-conf-dir")
-            .arg(self.dir.join("net.d"))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start weir agent")?;
-        let stdout = child.stdout.take().context("agent stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut guard = AgentGuard(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
-                && line.contains("\"started\"")
-            {
-                return Ok(guard);
-            }
-            if let Ok(Some(status)) = guard.0.try_wait() {
-                bail!("weir agent exited before starting: {status}");
-            }
-        }
-        bail!("weir agent did not start within 60 s")
-    }
-}
-
-/// The agent, killed on drop (before the lab goes).
-struct AgentGuard(Child);
-
-impl Drop for AgentGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    fn start_agent(&self, weir: &Path) -> Result<super::agent_proc::AgentGuard> {
+        super::agent_proc::start(weir, &self.netns, &self.dir, &self.pin_root)
     }
 }
 

@@ -2,6 +2,7 @@
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
 mod agent;
+mod agent_proc;
 mod attach;
 mod cni;
 mod cri;
