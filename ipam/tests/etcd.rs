@@ -215,8 +215,20 @@ async fn settings_cache_reads_own_writes_and_follows_other_writers() {
         return;
     };
     let url = vec![server.url().to_owned()];
-    let a = Ipam::new(EtcdStore::connect(&url).await.expect("connect a"));
-    let b = Ipam::new(EtcdStore::connect(&url).await.expect("connect b"));
+    let (store_a, store_b) = (
+        EtcdStore::connect(&url).await.expect("connect a"),
+        EtcdStore::connect(&url).await.expect("connect b"),
+    );
+    // Both caches synced first (their own signal, not a sleep), so the reads below are cache reads.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(store_a.settings_cache_live() && store_b.settings_cache_live()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the settings caches did not sync within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (a, b) = (Ipam::new(store_a), Ipam::new(store_b));
     let pool = |name: &str, cidr: &str| ipam::model::IpPool {
         name: name.into(),
         cidr: cidr.parse().expect("cidr"),
@@ -226,8 +238,6 @@ async fn settings_cache_reads_own_writes_and_follows_other_writers() {
         allowed_uses: vec![ipam::model::IpUse::Workload],
         disabled: false,
     };
-    // Let both caches sync first, so the reads below are cache reads.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     for i in 0..5 {
         a.add_pool(pool(&format!("p{i}"), &format!("10.{i}.0.0/16")))
             .await

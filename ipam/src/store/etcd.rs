@@ -156,6 +156,13 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// Whether the settings cache is synced and watched, so config, pool and reservation reads are
+    /// served from memory (false until the first sync after connecting, and while a watch is down).
+    #[must_use]
+    pub fn settings_cache_live(&self) -> bool {
+        self.settings.cache.read().is_ok_and(|c| c.live)
+    }
+
     /// Where the time of this store's read-modify-writes went (summed since it was connected).
     pub fn stats(&self) -> EtcdStats {
         self.counters.snapshot()
