@@ -91,6 +91,16 @@ pub enum AttachError {
     },
 }
 
+/// The link pinned at `link_pin`, as the typed link of its program kind (for `attach_to_link`).
+fn open_pinned<L: TryFrom<FdLink, Error = LinkError>>(link_pin: &Path) -> Result<L, AttachError> {
+    let err = |source| AttachError::Link {
+        path: link_pin.to_owned(),
+        source,
+    };
+    let pinned = PinnedLink::from_pin(link_pin).map_err(err)?;
+    L::try_from(FdLink::from(pinned)).map_err(err)
+}
+
 fn ifname_cstr(ifname: &str) -> Result<std::ffi::CString, AttachError> {
     if ifname.is_empty() || ifname.len() > 15 {
         return Err(AttachError::BadInterface {
@@ -119,16 +129,7 @@ pub fn attach_tc(
         source: Box::new(source),
     };
     if link_pin.exists() {
-        let pinned = PinnedLink::from_pin(link_pin).map_err(|source| AttachError::Link {
-            path: link_pin.to_owned(),
-            source,
-        })?;
-        let link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(|source| {
-            AttachError::Link {
-                path: link_pin.to_owned(),
-                source,
-            }
-        })?;
+        let link: SchedClassifierLink = open_pinned(link_pin)?;
         let id = program.attach_to_link(link).map_err(attach_err)?;
         // The pin keeps the link alive; forget our handle so dropping it does not detach.
         std::mem::forget(program.take_link(id).map_err(attach_err)?);
@@ -190,14 +191,7 @@ pub fn attach_xdp(
         source: Box::new(source),
     };
     if link_pin.exists() {
-        let pinned = PinnedLink::from_pin(link_pin).map_err(|source| AttachError::Link {
-            path: link_pin.to_owned(),
-            source,
-        })?;
-        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|source| AttachError::Link {
-            path: link_pin.to_owned(),
-            source,
-        })?;
+        let link: XdpLink = open_pinned(link_pin)?;
         let id = program.attach_to_link(link).map_err(attach_err)?;
         std::mem::forget(program.take_link(id).map_err(attach_err)?);
         return Ok(AttachMode::Replaced);
