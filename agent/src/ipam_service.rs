@@ -43,11 +43,23 @@ pub enum IpamServiceError {
     #[error(transparent)]
     Ipam(#[from] IpamError),
     /// Fewer addresses than asked for: nothing was kept.
-    #[error("{0}")]
-    Exhausted(String),
+    #[error("{shortfall}")]
+    Exhausted {
+        /// The handle the allocation was for.
+        handle: String,
+        /// What was assigned of what was asked, and why (the IPAM library's account, naming
+        /// the pools).
+        shortfall: String,
+    },
     /// The request is invalid.
     #[error("{0}")]
-    Invalid(String),
+    Invalid(&'static str),
+    /// A `--pool` flag is not a CIDR.
+    #[error("--pool {cidr:?} is not a CIDR such as 10.244.0.0/16")]
+    PoolFlag {
+        /// The flag's value.
+        cidr: String,
+    },
     /// Persisting pending allocations failed.
     #[error("cannot write {path}: {source}")]
     Persist {
@@ -57,13 +69,34 @@ pub enum IpamServiceError {
         #[source]
         source: io::Error,
     },
-    /// The datastore spec or file could not be opened.
-    #[error("cannot open the IPAM datastore {spec}: {detail}")]
+    /// The datastore spec does not parse.
+    #[error("cannot open the IPAM datastore {spec}: {source}")]
+    Spec {
+        /// The spec.
+        spec: String,
+        /// Why.
+        #[source]
+        source: ipam::store::any::DatastoreParseError,
+    },
+    /// The embedded datastore's directory cannot be created.
+    #[error("cannot open the IPAM datastore {spec}: cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The spec.
+        spec: String,
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The datastore cannot be opened.
+    #[error("cannot open the IPAM datastore {spec}: {source}")]
     Open {
         /// The spec.
         spec: String,
         /// Why.
-        detail: String,
+        #[source]
+        source: ipam::store::StoreError,
     },
     /// The request waited too long for the per-host lock and the datastore.
     #[error("the allocation did not complete within {0} s; retry")]
@@ -73,74 +106,9 @@ pub enum IpamServiceError {
     Stopped,
 }
 
-/// An allocation request (see `docs/agent-api.md`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllocateRequest {
-    /// Owner handle.
-    pub handle: String,
-    /// IPv4 addresses wanted.
-    #[serde(default)]
-    pub ipv4: u32,
-    /// IPv6 addresses wanted.
-    #[serde(default)]
-    pub ipv6: u32,
-    /// Restrict to these pools.
-    #[serde(default)]
-    pub pools: Vec<String>,
-    /// Exact addresses wanted (instead of counts).
-    #[serde(default)]
-    pub ips: Vec<IpAddr>,
-    /// Pod namespace.
-    #[serde(default)]
-    pub namespace: String,
-    /// Pod name.
-    #[serde(default)]
-    pub pod: String,
-    /// Container id.
-    #[serde(default)]
-    pub container_id: String,
-    /// Seconds until an unconfirmed allocation is released.
-    #[serde(default)]
-    pub expires_in_secs: Option<u64>,
-}
-
-/// An allocation's answer.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Allocation {
-    /// The handle.
-    pub handle: String,
-    /// The addresses.
-    pub ips: Vec<IpAddr>,
-    /// Unix seconds after which it is released unless confirmed.
-    pub expires_at: u64,
-}
-
-/// A handle as `GET /v1/ipam/handles/{handle}` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HandleStatus {
-    /// The handle.
-    pub handle: String,
-    /// Its addresses (empty: it holds none).
-    pub ips: Vec<IpAddr>,
-    /// True once an endpoint confirmed the allocation (it no longer expires).
-    pub confirmed: bool,
-    /// When an unconfirmed allocation is released.
-    pub expires_at: Option<u64>,
-}
-
-/// A pool as `GET /v1/status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PoolStatus {
-    /// Name.
-    pub name: String,
-    /// CIDR.
-    pub cidr: String,
-    /// Free addresses.
-    pub free: u64,
-    /// Disabled pools hand out nothing.
-    pub disabled: bool,
-}
+/// The API's allocation request, allocation (also what `allocations.json` records), handle and
+/// pool views: the contract crate's types.
+pub use weir_api::{AllocateRequest, Allocation, HandleStatus, PoolStatus};
 
 #[derive(Default, Serialize, Deserialize)]
 struct PendingFile {
@@ -207,23 +175,26 @@ impl IpamService {
         default_expiry: Duration,
         state_dir: &Path,
     ) -> Result<Self, IpamServiceError> {
-        let open_err = |detail: String| IpamServiceError::Open {
+        let datastore: Datastore = spec.parse().map_err(|source| IpamServiceError::Spec {
             spec: spec.to_owned(),
-            detail,
-        };
-        let datastore: Datastore = spec
-            .parse()
-            .map_err(|e: ipam::store::any::DatastoreParseError| open_err(e.to_string()))?;
+            source,
+        })?;
         if let Datastore::Embedded(path) = &datastore
             && let Some(dir) = path.parent()
         {
-            fs::create_dir_all(dir)
-                .map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
+            fs::create_dir_all(dir).map_err(|source| IpamServiceError::CreateDir {
+                spec: spec.to_owned(),
+                dir: dir.to_owned(),
+                source,
+            })?;
         }
         let store = datastore
             .open_with(Duration::from_secs(10), Sharing::Exclusive)
             .await
-            .map_err(|e| open_err(e.to_string()))?;
+            .map_err(|source| IpamServiceError::Open {
+                spec: spec.to_owned(),
+                source,
+            })?;
         let core = Arc::new(Core {
             ipam: Ipam::new(store),
             datastore,
@@ -415,16 +386,16 @@ impl IpamService {
 
 fn validate(req: &AllocateRequest) -> Result<(), IpamServiceError> {
     if req.handle.is_empty() {
-        return Err(IpamServiceError::Invalid("handle must not be empty".into()));
+        return Err(IpamServiceError::Invalid("handle must not be empty"));
     }
     if req.ips.is_empty() && req.ipv4 == 0 && req.ipv6 == 0 {
         return Err(IpamServiceError::Invalid(
-            "ask for at least one address: ipv4, ipv6 or ips".into(),
+            "ask for at least one address: ipv4, ipv6 or ips",
         ));
     }
     if req.ipv4 > 16 || req.ipv6 > 16 || req.ips.len() > 16 {
         return Err(IpamServiceError::Invalid(
-            "at most 16 addresses per family per request".into(),
+            "at most 16 addresses per family per request",
         ));
     }
     Ok(())
@@ -463,11 +434,9 @@ impl Core {
         let existing = self.ipam.pools().await?;
         let mut wanted: Vec<(String, IpNetwork, u8)> = Vec::new();
         for cidr in pools {
-            let net: IpNetwork = cidr.parse().map_err(|_| {
-                IpamServiceError::Invalid(format!(
-                    "--pool {cidr:?} is not a CIDR such as 10.244.0.0/16"
-                ))
-            })?;
+            let net: IpNetwork = cidr
+                .parse()
+                .map_err(|_| IpamServiceError::PoolFlag { cidr: cidr.clone() })?;
             let (name, size) = if net.is_ipv4() {
                 ("default-ipv4", v4)
             } else {
@@ -599,8 +568,11 @@ async fn allocate_on<S: Store + Clone>(
     leftovers: &StdMutex<Vec<String>>,
 ) -> Result<Allocation, IpamServiceError> {
     let attrs = BTreeMap::from([
-        ("namespace".to_owned(), req.namespace.clone()),
-        ("pod".to_owned(), req.pod.clone()),
+        (
+            "namespace".to_owned(),
+            req.namespace.clone().unwrap_or_default(),
+        ),
+        ("pod".to_owned(), req.pod.clone().unwrap_or_default()),
         ("container_id".to_owned(), req.container_id.clone()),
         ("node".to_owned(), host.to_owned()),
     ]);
@@ -624,7 +596,10 @@ async fn allocate_on<S: Store + Clone>(
         if let Some(message) = result.partial_fulfilment(&args) {
             // A dual-stack half-success gives back the family that succeeded.
             give_back().await;
-            return Err(IpamServiceError::Exhausted(message));
+            return Err(IpamServiceError::Exhausted {
+                handle: req.handle.clone(),
+                shortfall: message,
+            });
         }
     } else {
         for ip in &req.ips {

@@ -24,6 +24,8 @@ pub mod paths;
 pub mod policy;
 pub mod programs;
 pub mod registry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as

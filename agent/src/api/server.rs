@@ -22,7 +22,7 @@ use super::{
     error::ApiError,
     types::{
         AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, IpamOpsRequest,
-        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status,
+        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status, StatusDetail,
     },
 };
 use crate::{
@@ -118,13 +118,15 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
         bpf_root: api.paths.bpf_root.clone(),
         endpoints: summary.endpoints,
         pools,
-        state: summary,
-        applied,
-        dataplane,
-        conntrack: *api
-            .ct
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        detail: StatusDetail {
+            state: summary,
+            applied,
+            dataplane,
+            conntrack: *api
+                .ct
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        },
     }))
 }
 
@@ -363,7 +365,7 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
     Ok(Json(AllocateResponse {
         allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
         bpf_root: api.paths.bpf_root.clone(),
-        tc_attach: api.tc_attach,
+        tc_attach: Some(api.tc_attach),
     }))
 }
 

@@ -18,7 +18,8 @@ use std::{
     time::Instant,
 };
 
-use aya::{Pod, maps::MapData};
+use aya::maps::MapData;
+use bytemuck::Pod;
 use maps_schema::{
     Ct4Key, Ct6Key,
     conntrack::{LAYOUT, OLDEST_LAYOUT, value_size},

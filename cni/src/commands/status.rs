@@ -9,7 +9,7 @@ use crate::{
 
 pub(super) async fn status(config: &Config, client: &AgentClient) -> Result<(), CommandError> {
     let status = client
-        .status()
+        .status::<serde_json::Map<String, serde_json::Value>>()
         .await
         .map_err(|e| CommandError::NotAvailable(format!("weir-cni cannot serve ADD: {e}")))?;
     if !status.ready {
