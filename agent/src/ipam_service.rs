@@ -60,6 +60,15 @@ pub enum IpamServiceError {
         /// The flag's value.
         cidr: String,
     },
+    /// The pending allocations cannot be read.
+    #[error("cannot read the pending allocations {}: {source}; fix its permissions or move it aside", path.display())]
+    LoadPending {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// Persisting pending allocations failed.
     #[error("cannot write {path}: {source}")]
     Persist {
@@ -202,7 +211,7 @@ impl IpamService {
             node_labels,
             default_expiry,
             pending_path: state_dir.join("allocations.json"),
-            lock: Mutex::new(load_pending(&state_dir.join("allocations.json"))),
+            lock: Mutex::new(load_pending(&state_dir.join("allocations.json"))?),
             queued: AtomicUsize::new(0),
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
@@ -625,13 +634,21 @@ async fn allocate_on<S: Store + Clone>(
     })
 }
 
-fn load_pending(path: &Path) -> PendingFile {
+/// The pending allocations recorded at `path` (none when the file does not exist). A file that
+/// cannot be read is an error: starting without it would never release what it records.
+fn load_pending(path: &Path) -> Result<PendingFile, IpamServiceError> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(path = %path.display(), error = %e, "pending allocations unreadable; treating none as pending");
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            // Its allocations stay in the datastore under their handles, unconfirmed: `weir ipam
+            // show` lists them and `weir ipam release --handle` (or a CNI DEL) frees them.
+            tracing::warn!(path = %path.display(), error = %e, "pending allocations do not parse; they will not expire on their own: release them by handle (weir ipam show lists them)");
             PendingFile::default()
+        })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PendingFile::default()),
+        Err(source) => Err(IpamServiceError::LoadPending {
+            path: path.to_owned(),
+            source,
         }),
-        Err(_) => PendingFile::default(),
     }
 }
 
@@ -760,6 +777,135 @@ mod tests {
             Err(IpamError::HandleNotFound { .. })
         ));
         assert!(ipam.check().await.expect("check").ok());
+    }
+
+    async fn held(svc: &IpamService, handle: &str) -> Vec<IpAddr> {
+        svc.ips_of(handle).await.expect("ips_of")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dual_stack_half_success_gives_back_the_family_that_succeeded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // An IPv6 pool of one /126 block, filled first: the IPv6 half cannot succeed.
+        let svc = IpamService::open(
+            &format!("embedded:{}", dir.path().join("ipam.redb").display()),
+            "n1",
+            BTreeMap::new(),
+            &["10.50.0.0/24".to_owned(), "fd00:50::/126".to_owned()],
+            (26, 126),
+            Duration::from_secs(600),
+            dir.path(),
+        )
+        .await
+        .expect("open");
+        let mut filler = request("filler");
+        (filler.ipv4, filler.ipv6) = (0, 4);
+        let filled = svc
+            .allocate(&filler, Duration::from_secs(30))
+            .await
+            .expect("fill the IPv6 pool");
+        assert_eq!(filled.ips.len(), 4);
+        let mut req = request("half");
+        req.ipv6 = 1;
+        let err = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect_err("no IPv6 pool");
+        assert!(
+            matches!(&err, IpamServiceError::Exhausted { handle, .. } if handle == "half"),
+            "{err:?}"
+        );
+        assert!(
+            held(&svc, "half").await.is_empty(),
+            "the IPv4 address was given back"
+        );
+        assert!(svc.ipam().check().await.expect("check").ok());
+        // Positive control: the same request for IPv4 alone is served.
+        let ok = svc
+            .allocate(&request("half"), Duration::from_secs(30))
+            .await
+            .expect("IPv4 alone");
+        assert_eq!(held(&svc, "half").await, ok.ips);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_allocation_that_cannot_be_recorded_is_given_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        // Positive control: recorded and held.
+        let first = svc
+            .allocate(&request("ok"), Duration::from_secs(30))
+            .await
+            .expect("recorded");
+        assert_eq!(held(&svc, "ok").await, first.ips);
+        // The pending file can no longer be replaced (a directory stands at its path).
+        let pending = dir.path().join("allocations.json");
+        fs::remove_file(&pending).expect("remove");
+        fs::create_dir_all(pending.join("blocker")).expect("dir");
+        let err = svc
+            .allocate(&request("lost"), Duration::from_secs(30))
+            .await
+            .expect_err("cannot be recorded");
+        assert!(matches!(err, IpamServiceError::Persist { .. }), "{err:?}");
+        assert!(
+            held(&svc, "lost").await.is_empty(),
+            "an allocation nobody could expire is not kept"
+        );
+        assert!(!svc.core.lock.lock().await.pending.contains_key("lost"));
+        assert_eq!(
+            held(&svc, "ok").await,
+            first.ips,
+            "the earlier one is untouched"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unconfirmed_allocation_is_released_when_it_expires_and_a_confirmed_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        let mut req = request("unconfirmed");
+        req.expires_in_secs = Some(0);
+        let a = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect("a");
+        let mut req = request("confirmed");
+        req.expires_in_secs = Some(0);
+        let b = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect("b");
+        svc.confirm("confirmed").await.expect("confirm");
+        assert_eq!(held(&svc, "unconfirmed").await, a.ips);
+        let released = svc.expire().await.expect("expire");
+        assert_eq!(released, vec!["unconfirmed".to_owned()]);
+        assert!(held(&svc, "unconfirmed").await.is_empty());
+        assert_eq!(held(&svc, "confirmed").await, b.ips);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_pending_file_refuses_to_start_rather_than_forget_allocations() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(service(dir.path()).await);
+        // Positive control: a missing file is an empty pending set.
+        drop(service(dir.path()).await);
+        fs::create_dir_all(dir.path().join("allocations.json")).expect("dir");
+        let err = IpamService::open(
+            &format!("embedded:{}", dir.path().join("ipam.redb").display()),
+            "n1",
+            BTreeMap::new(),
+            &[],
+            (26, 122),
+            Duration::from_secs(600),
+            dir.path(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(
+            matches!(err, IpamServiceError::LoadPending { .. }),
+            "{err:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
