@@ -18,6 +18,7 @@ pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
 pub mod migrate;
+pub mod monitor;
 pub mod node;
 pub mod node_setup;
 pub mod paths;

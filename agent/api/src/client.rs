@@ -5,13 +5,17 @@
 //! distinct errors ([`ClientError::is_unavailable`]: weir-cni's "try again later").
 
 use std::{
+    ops::ControlFlow,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use http_body_util::{BodyExt as _, Full};
 pub use hyper::Method;
-use hyper::{Request, StatusCode, body::Bytes};
+use hyper::{
+    Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+};
 use hyper_util::rt::TokioIo;
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::net::UnixStream;
@@ -300,23 +304,65 @@ impl Client {
                 source,
             });
         }
-        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => (
-                format!("http-{}", status.as_u16()),
-                String::from_utf8_lossy(&bytes)
-                    .trim()
-                    .chars()
-                    .take(BODY_EXCERPT)
-                    .collect(),
-            ),
-        };
-        Err(ClientError::Api {
+        Err(error_answer(status, &bytes, what))
+    }
+
+    /// `GET path` answered by a stream of JSON lines (`GET /v1/monitor`): `ready` is called once
+    /// the agent has answered (what it streams from then on reaches `each`), then every line,
+    /// decoded as `T`, goes to `each` until it returns [`ControlFlow::Break`] or the agent ends
+    /// the stream. The answer must start within the client's timeout; the stream has none.
+    pub async fn stream_lines<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        what: &'static str,
+        ready: impl FnOnce(),
+        mut each: impl FnMut(T) -> ControlFlow<()>,
+    ) -> Result<(), ClientError> {
+        let secs = self.timeout.as_secs();
+        let (response, driver) =
+            tokio::time::timeout(self.timeout, self.send(Method::GET, path, None, what))
+                .await
+                .map_err(|_| ClientError::Timeout {
+                    socket: self.socket.clone(),
+                    what,
+                    secs,
+                })??;
+        let _driver = AbortOnDrop(driver);
+        let status = response.status();
+        let mut body = response.into_body();
+        let transport = |source| ClientError::Transport {
+            socket: self.socket.clone(),
             what,
-            status: status.as_u16(),
-            code,
-            message,
-        })
+            source,
+        };
+        if !status.is_success() {
+            let bytes = body.collect().await.map_err(transport)?.to_bytes();
+            return Err(error_answer(status, &bytes, what));
+        }
+        ready();
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(transport)?.into_data() else {
+                continue;
+            };
+            pending.extend_from_slice(&data);
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let item =
+                    serde_json::from_slice(&line).map_err(|source| ClientError::BadResponse {
+                        what,
+                        status: status.as_u16(),
+                        source,
+                    })?;
+                if each(item).is_break() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn exchange(
@@ -326,6 +372,31 @@ impl Client {
         body: Option<Vec<u8>>,
         what: &'static str,
     ) -> Result<(StatusCode, Bytes), ClientError> {
+        let (response, driver) = self.send(method, path, body, what).await?;
+        let _driver = AbortOnDrop(driver);
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|source| ClientError::Transport {
+                socket: self.socket.clone(),
+                what,
+                source,
+            })?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    /// Connects, sends the request and waits for the answer's head; the task driving the
+    /// connection must live as long as the body is read.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        what: &'static str,
+    ) -> Result<(Response<Incoming>, tokio::task::JoinHandle<()>), ClientError> {
         let unreachable = |source| ClientError::Unreachable {
             socket: self.socket.clone(),
             source,
@@ -342,6 +413,7 @@ impl Client {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(transport)?;
+        // Ends by itself when the connection fails; the caller aborts it once done.
         let driver = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "agent connection ended");
@@ -358,15 +430,37 @@ impl Client {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|source| ClientError::Request { what, source })?;
         let response = sender.send_request(request).await.map_err(transport)?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(transport)?
-            .to_bytes();
-        driver.abort();
-        Ok((status, bytes))
+        Ok((response, driver))
+    }
+}
+
+/// Aborts the connection task when the request is done with (or abandoned).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The error of a non-success answer: the agent's error object, or the raw body.
+fn error_answer(status: StatusCode, bytes: &[u8], what: &'static str) -> ClientError {
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(body) => (body.error.code, body.error.message),
+        Err(_) => (
+            format!("http-{}", status.as_u16()),
+            String::from_utf8_lossy(bytes)
+                .trim()
+                .chars()
+                .take(BODY_EXCERPT)
+                .collect(),
+        ),
+    };
+    ClientError::Api {
+        what,
+        status: status.as_u16(),
+        code,
+        message,
     }
 }
 

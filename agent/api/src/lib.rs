@@ -10,6 +10,7 @@
 //! - `ipam`: `POST /v1/ipam/allocate|release|ops`, `GET /v1/ipam/handles/{handle}`.
 //! - `status`: `GET /v1/status` (the part every client reads, and the agent's detail).
 //! - `mechanism`: how the endpoint programs attach (`filter` or `tcx`).
+//! - `monitor`: `GET /v1/monitor`, the drop events stream.
 //! - `error`: the error object and its codes.
 //! - `client`: the client over the unix socket.
 
@@ -19,6 +20,7 @@ pub mod endpoint;
 pub mod error;
 pub mod ipam;
 pub mod mechanism;
+pub mod monitor;
 pub mod status;
 
 #[cfg(feature = "client")]
@@ -30,4 +32,5 @@ pub use ipam::{
     ReleaseResponse,
 };
 pub use mechanism::{Mechanism, UnknownMechanism};
+pub use monitor::DropEventView;
 pub use status::{PoolStatus, Status};

@@ -84,6 +84,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
+        .route("/v1/monitor", get(monitor))
         .with_state(api)
 }
 
@@ -183,6 +184,11 @@ async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(list))
+}
+
+async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response, ApiError> {
+    crate::monitor::response(&api.paths)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }
 
 async fn policy_trace(
