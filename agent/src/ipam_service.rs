@@ -577,11 +577,8 @@ async fn allocate_on<S: Store + Clone>(
     leftovers: &StdMutex<Vec<String>>,
 ) -> Result<Allocation, IpamServiceError> {
     let attrs = BTreeMap::from([
-        (
-            "namespace".to_owned(),
-            req.namespace.clone().unwrap_or_default(),
-        ),
-        ("pod".to_owned(), req.pod.clone().unwrap_or_default()),
+        ("namespace".to_owned(), req.namespace.clone()),
+        ("pod".to_owned(), req.pod.clone()),
         ("container_id".to_owned(), req.container_id.clone()),
         ("node".to_owned(), host.to_owned()),
     ]);

@@ -28,12 +28,12 @@ pub struct AllocateRequest {
     /// Exact addresses wanted (instead of counts).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ips: Vec<IpAddr>,
-    /// Pod namespace, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// Pod name, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
+    /// Pod namespace (empty: none known), as in [`crate::EndpointRequest`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Pod name (empty: none known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
     /// Container id.
     #[serde(default)]
     pub container_id: String,
@@ -131,4 +131,49 @@ pub struct IpamOpsRequest<O> {
     pub datastore: String,
     /// The operation.
     pub operation: O,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_bodies_parse_and_unknown_parts_stay_off_the_wire() {
+        let req: AllocateRequest = serde_json::from_str(
+            r#"{"handle": "weir-net.3f9a", "ipv4": 1, "ipv6": 0, "pools": ["default-ipv4"],
+                "namespace": "default", "pod": "web-0", "container_id": "3f9a",
+                "expires_in_secs": 600}"#,
+        )
+        .expect("documented request");
+        assert_eq!(
+            (req.namespace.as_str(), req.pod.as_str()),
+            ("default", "web-0")
+        );
+        // What a CNI call without Kubernetes arguments sends: no namespace, pod, pools or ips.
+        let bare = AllocateRequest {
+            handle: "n.c".into(),
+            ipv4: 1,
+            container_id: "c".into(),
+            ..AllocateRequest::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&bare).expect("json"),
+            serde_json::json!({"handle": "n.c", "ipv4": 1, "ipv6": 0, "container_id": "c"})
+        );
+        assert!(
+            serde_json::from_str::<AllocateRequest>(r#"{"handle": "h", "size": 1}"#).is_err(),
+            "an unknown field is refused"
+        );
+        let answer: AllocateResponse = serde_json::from_str(
+            r#"{"handle": "h", "ips": ["10.244.0.9"], "expires_at": 1767000000,
+                "bpf_root": "/sys/fs/bpf/weir", "tc_attach": "filter"}"#,
+        )
+        .expect("documented answer");
+        assert_eq!(answer.agent_pin_root(), Some(Path::new("/sys/fs/bpf/weir")));
+        assert_eq!(answer.tc_attach, Some(Mechanism::Filter));
+        // An agent that says neither.
+        let older: AllocateResponse =
+            serde_json::from_str(r#"{"handle": "h", "ips": [], "expires_at": 0}"#).expect("older");
+        assert_eq!((older.agent_pin_root(), older.tc_attach), (None, None));
+    }
 }

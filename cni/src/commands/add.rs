@@ -75,8 +75,8 @@ pub(super) async fn add(
         ipv6: u32::from(requested.is_empty() && config.families.ipv6),
         pools: config.pools.clone(),
         ips: requested.clone(),
-        namespace: env.args.pod_namespace().map(str::to_owned),
-        pod: env.args.pod_name().map(str::to_owned),
+        namespace: env.args.pod_namespace().unwrap_or_default().to_owned(),
+        pod: env.args.pod_name().unwrap_or_default().to_owned(),
         container_id: att.container_id.to_owned(),
         expires_in_secs: config.allocation_expiry_secs,
     };
