@@ -304,8 +304,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
     {
-        let (paths, stats, stop) = (paths.clone(), Arc::clone(&ct_stats), Arc::clone(&stop));
-        let ops = Arc::clone(&ct_ops);
+        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
+        let upkeep = conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats));
+        let mut io = conntrack::PinnedCt::new(&paths, ct_layout);
+        let stop = Arc::clone(&stop);
         let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
         std::thread::Builder::new()
             .name("weir-ct-sweep".into())
@@ -313,12 +315,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let mut next = std::time::Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {
-                        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
-                        let _op = ops.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        let mut local = *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        match conntrack::sweep(&paths, ct_layout, &timeouts, &mut local) {
-                            Ok(()) => *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = local,
-                            Err(e) => tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval"),
+                        if let Err(e) = upkeep.sweep(&mut io, &timeouts) {
+                            tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval");
                         }
                         next = std::time::Instant::now() + interval;
                     }
