@@ -18,7 +18,7 @@ use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
     applier::{MAX_FAILURES, Shared},
-    attach::{self, AttachError, AttachMode},
+    attach::{AttachError, AttachMode},
     config::Config,
     dataplane::{
         attachments::AttachDriver,
@@ -27,6 +27,7 @@ use crate::{
         kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
         plane::Dataplane,
+        prefilter::{Prefilter, PrefilterError},
         tc_links::TcLinks,
     },
     ipam_service::{IpamService, IpamServiceError},
@@ -60,6 +61,9 @@ pub enum DaemonError {
     /// A pinned map could not be opened.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// The prefilter could not be set up.
+    #[error(transparent)]
+    Prefilter(#[from] PrefilterError),
     /// The persisted state could not be restored.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -131,21 +135,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     crate::bpffs::ensure_pin_dir(&paths.maps_dir())?;
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
-    let mut programs = Programs::load(&paths, &object, &pending.sizes)?;
+    let programs = Programs::load(&paths, &object, &pending.sizes)?;
     let program_report = programs.report.programs.clone();
-    let mut prefilter = Vec::new();
-    for ifname in &config.prefilter_interfaces {
-        let name = maps_schema::programs::XDP_PREFILTER;
-        let pin = paths.link_pin(ifname, name);
-        let current = programs.xdp_prefilter.info().map(|i| i.id()).ok();
-        if attach::pinned_link_program(&pin).is_some_and(|id| Some(id) == current) {
-            prefilter.push((ifname.clone(), AttachMode::Unchanged));
-            continue;
-        }
-        let mode = attach::attach_xdp(&mut programs.xdp_prefilter, name, ifname, &pin)?;
-        tracing::info!(ifname, ?mode, "attached xdp_prefilter");
-        prefilter.push((ifname.clone(), mode));
-    }
+    // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
+    let (prefilter_driver, prefilter) = Prefilter::start(
+        &paths,
+        &config.prefilter_interfaces,
+        &config.prefilter_deny,
+        config.prefilter_deny_file.clone(),
+    )?;
 
     let maps = |name: &str| paths.map_pin(name);
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
@@ -325,6 +323,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             })
             .map_err(io_err("start the conntrack sweep thread"))?;
     }
+    let _prefilter = prefilter_driver
+        .spawn(Arc::clone(&stop))
+        .map_err(io_err("start the prefilter thread"))?;
     let api = Arc::new(Api {
         shared: Arc::clone(&shared),
         ipam: Arc::clone(&ipam),

@@ -13,6 +13,7 @@ pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
 pub mod plane;
+pub mod prefilter;
 pub mod retry;
 pub mod tc_links;
 

@@ -125,7 +125,7 @@ pub struct ApplyError {
 }
 
 impl ApplyError {
-    fn from_pending(pending: Vec<Pending>) -> Result<(), Self> {
+    pub(crate) fn from_pending(pending: Vec<Pending>) -> Result<(), Self> {
         let pending: Vec<Pending> = pending.into_iter().filter(|p| !p.is_clean()).collect();
         if pending.is_empty() {
             Ok(())
