@@ -102,6 +102,7 @@ pub struct PrefilterDriver {
     deny4: MapDriver<Prefix<[u8; 4]>, PrefilterEntry>,
     deny6: MapDriver<Prefix<[u8; 16]>, PrefilterEntry>,
     modes: BTreeMap<String, AttachMode>,
+    hold_deny: bool,
 }
 
 impl PrefilterDriver {
@@ -120,6 +121,7 @@ impl PrefilterDriver {
             deny4: MapDriver::new(deny4),
             deny6: MapDriver::new(deny6),
             modes: BTreeMap::new(),
+            hold_deny: false,
         }
     }
 
@@ -164,9 +166,17 @@ impl PrefilterDriver {
         self.deny4.len() + self.deny6.len()
     }
 
+    /// While set, the deny maps are left as the kernel holds them (no deny set is known yet:
+    /// the deny file was refused at start).
+    pub fn hold_deny(&mut self, hold: bool) {
+        self.hold_deny = hold;
+    }
+
     /// True when an apply has work to do.
     pub fn is_dirty(&self) -> bool {
-        self.resync || !self.dirty.is_empty() || self.deny4.is_dirty() || self.deny6.is_dirty()
+        self.resync
+            || !self.dirty.is_empty()
+            || (!self.hold_deny && (self.deny4.is_dirty() || self.deny6.is_dirty()))
     }
 
     /// The next apply reads the maps and the link pins back in full.
@@ -185,10 +195,11 @@ impl PrefilterDriver {
     /// then attachments to the named interfaces, then removal of links on other interfaces.
     pub fn apply(&mut self) -> Result<(), ApplyError> {
         let now = Instant::now();
-        let mut left = vec![
-            self.deny4.apply_due(now, &|_, _| true),
-            self.deny6.apply_due(now, &|_, _| true),
-        ];
+        let mut left = Vec::new();
+        if !self.hold_deny {
+            left.push(self.deny4.apply_due(now, &|_, _| true));
+            left.push(self.deny6.apply_due(now, &|_, _| true));
+        }
         left.push(self.apply_links(now));
         ApplyError::from_pending(left)
     }
@@ -270,9 +281,6 @@ pub enum PrefilterError {
     /// The program or a deny map could not be opened.
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    /// The deny file is unusable at start (later, a bad file keeps the last good set).
-    #[error(transparent)]
-    DenyFile(#[from] DenyFileError),
     /// The first apply failed (e.g. an interface that does not exist).
     #[error("cannot set up the XDP prefilter: {0}; check --prefilter-interfaces")]
     Apply(#[from] ApplyError),
@@ -323,14 +331,21 @@ impl Prefilter {
             file,
             seen: None,
         };
-        let from_file = match &this.file {
+        match &this.file {
             Some(path) => {
                 this.seen = fingerprint(path);
-                read_deny_file(path)?
+                match read_deny_file(path) {
+                    Ok(set) => this.set(&set),
+                    Err(e) => {
+                        // The last good set is what the pinned maps hold: left as it is until
+                        // the file is fixed.
+                        tracing::error!(error = %e, "prefilter deny file refused; the deny maps keep what they hold until it is fixed");
+                        this.driver.hold_deny(true);
+                    }
+                }
             }
-            None => Vec::new(),
-        };
-        this.set(&from_file);
+            None => this.set(&[]),
+        }
         this.driver.apply()?;
         let modes = this.driver.modes();
         Ok((this, modes))
@@ -354,6 +369,7 @@ impl Prefilter {
         self.seen = now;
         match read_deny_file(&path) {
             Ok(set) => {
+                self.driver.hold_deny(false);
                 self.set(&set);
                 tracing::info!(path = %path.display(), cidrs = self.driver.deny_len(), "prefilter deny file reloaded");
             }
@@ -601,6 +617,38 @@ mod tests {
         upgraded.apply().expect("apply");
         assert_eq!(upgraded.modes()[0].1, AttachMode::Replaced);
         assert_eq!(k.xdp().pins["eth1"], 6);
+    }
+
+    #[test]
+    fn a_deny_file_refused_at_start_leaves_the_maps_as_they_are_until_it_is_fixed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("deny");
+        fs::write(&path, "bogus\n").expect("write");
+        let k = FakeKernel::default();
+        let (d, deny4) = driver(&k);
+        let last_good = Prefix {
+            len: 24,
+            data: [10, 246, 0, 0],
+        };
+        deny4.preload(&[(last_good, PrefilterEntry { rule_id: RULE_FILE })]);
+        let (mut p, _) = Prefilter::start_with(d, &[], &[], Some(path.clone())).expect("starts");
+        assert_eq!(deny4.contents().len(), 1, "the pinned set is kept");
+        assert_eq!(deny4.mutations(), 0);
+        fs::write(&path, "10.1.0.0/16\n").expect("write");
+        p.seen = None;
+        p.reload();
+        p.driver.apply().expect("apply");
+        assert_eq!(
+            deny4.contents(),
+            vec![(
+                Prefix {
+                    len: 16,
+                    data: [10, 1, 0, 0]
+                },
+                PrefilterEntry { rule_id: RULE_FILE }
+            )],
+            "a good file replaces it"
+        );
     }
 
     #[test]
