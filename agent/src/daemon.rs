@@ -26,6 +26,7 @@ use crate::{
         endpoints::EndpointsManager,
         kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
+        pins,
         plane::Dataplane,
         prefilter::{Prefilter, PrefilterError},
         tc_links::TcLinks,
@@ -290,11 +291,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             .map_err(|e| io_err("finish the conntrack migration")(std::io::Error::other(e)))??;
         migration.steps.extend(finished.steps);
     }
-    for stale in loader::stale_pins(&paths, &object) {
-        tracing::info!(pin = %stale.display(), "removing a map pin of another layout version");
-        if let Err(e) = std::fs::remove_file(&stale) {
-            tracing::warn!(error = %e, pin = %stale.display(), "cannot remove a stale map pin");
+    match pins::sweep_stale(&mut pins::BpffsPins::new(&paths), |present| {
+        loader::stale_map_pins(&object, present)
+    }) {
+        Ok((removed, failed)) => {
+            for name in removed {
+                tracing::info!(pin = %name, "removed a map pin of another layout version");
+            }
+            for e in failed {
+                tracing::warn!(error = %e, "cannot remove a stale map pin");
+            }
         }
+        Err(e) => tracing::warn!(error = %e, "cannot list the map pins"),
     }
 
     node_setup::enable_forwarding()?;

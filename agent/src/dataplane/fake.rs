@@ -19,7 +19,7 @@ use maps_schema::{
     conntrack::{Ct4Key, Ct6Key},
 };
 
-use super::kernel::{Attacher, CtIo, Hook, KernelError, MapIo, XdpIo};
+use super::kernel::{Attacher, CountersIo, CtIo, Hook, KernelError, MapIo, PinIo, SysctlIo, XdpIo};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -206,6 +206,10 @@ pub(crate) struct FakeKernel {
     pub(crate) tc: Arc<Mutex<TcState>>,
     pub(crate) xdp: Arc<Mutex<XdpState>>,
     pub(crate) ct: Arc<Mutex<CtState>>,
+    counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    sysctls: Arc<Mutex<BTreeMap<String, String>>>,
+    pins: Arc<Mutex<BTreeSet<String>>>,
+    pins_failing: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl FakeKernel {
@@ -233,6 +237,26 @@ impl FakeKernel {
 
     pub(crate) fn ct(&self) -> MutexGuard<'_, CtState> {
         lock(&self.ct)
+    }
+
+    /// Counter slots: index → (packets, bytes).
+    pub(crate) fn counters(&self) -> MutexGuard<'_, HashMap<u32, (u64, u64)>> {
+        lock(&self.counters)
+    }
+
+    /// `/proc/sys` as written: path → value.
+    pub(crate) fn sysctls(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
+        lock(&self.sysctls)
+    }
+
+    /// Map pin names.
+    pub(crate) fn pins(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        lock(&self.pins)
+    }
+
+    /// Map pins whose removal fails.
+    pub(crate) fn pins_failing(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        lock(&self.pins_failing)
     }
 
     fn tc_write(&self, ifname: &str) -> Result<MutexGuard<'_, TcState>, KernelError> {
@@ -410,5 +434,37 @@ impl CtIo for FakeKernel {
     }
     fn created(&self) -> Option<[u64; 2]> {
         Some(self.ct().created)
+    }
+}
+
+impl CountersIo for FakeKernel {
+    fn slot(&self, index: u32) -> Result<(u64, u64), KernelError> {
+        Ok(self.counters().get(&index).copied().unwrap_or_default())
+    }
+}
+
+impl SysctlIo for FakeKernel {
+    fn get(&self, path: &str) -> Option<String> {
+        self.sysctls().get(path).cloned()
+    }
+    fn set(&mut self, path: &str, value: &str) -> Result<(), std::io::Error> {
+        if self.dropping() {
+            return Err(std::io::Error::other("fault injected by the fake kernel"));
+        }
+        self.sysctls().insert(path.to_owned(), value.to_owned());
+        Ok(())
+    }
+}
+
+impl PinIo for FakeKernel {
+    fn map_pins(&self) -> Result<Vec<String>, KernelError> {
+        Ok(self.pins().iter().cloned().collect())
+    }
+    fn remove_map_pin(&mut self, name: &str) -> Result<(), KernelError> {
+        if self.dropping() || self.pins_failing().contains(name) {
+            return Err(injected(name));
+        }
+        self.pins().remove(name);
+        Ok(())
     }
 }

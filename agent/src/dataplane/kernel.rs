@@ -7,6 +7,9 @@
 //! - [`XdpIo`]: the XDP prefilter on named interfaces (`prefilter::PinnedXdp`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`conntrack::PinnedCt`: batch lookups and deletes).
+//! - [`CountersIo`]: the per-CPU verdict counters (`counters::PinnedCounters`).
+//! - [`SysctlIo`]: `/proc/sys` (`node_setup::ProcSysctl`).
+//! - [`PinIo`]: the map pins under the pin root (`pins::BpffsPins`), for stale-pin removal.
 
 use std::{hash::Hash, path::Path};
 
@@ -157,6 +160,28 @@ pub trait CtIo: Send {
     fn capacity(&self) -> (u64, u64);
     /// Entries the programs created (IPv4, IPv6) since the counter's pin was made; `None` without it.
     fn created(&self) -> Option<[u64; 2]>;
+}
+
+/// The verdict counters: one slot per (reason, direction), summed over CPUs.
+pub trait CountersIo: Send {
+    /// (packets, bytes) of slot `index`.
+    fn slot(&self, index: u32) -> Result<(u64, u64), KernelError>;
+}
+
+/// Kernel settings under `/proc/sys`.
+pub trait SysctlIo: Send {
+    /// The current value (trimmed), `None` when the file cannot be read.
+    fn get(&self, path: &str) -> Option<String>;
+    /// Writes `value`.
+    fn set(&mut self, path: &str, value: &str) -> Result<(), std::io::Error>;
+}
+
+/// The map pins of the pin root.
+pub trait PinIo: Send {
+    /// File names in the maps directory.
+    fn map_pins(&self) -> Result<Vec<String>, KernelError>;
+    /// Removes one (a missing one is not an error).
+    fn remove_map_pin(&mut self, name: &str) -> Result<(), KernelError>;
 }
 
 /// One BPF map as drivers see it.

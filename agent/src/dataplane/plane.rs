@@ -472,10 +472,10 @@ mod tests {
         assert!(!dp.is_dirty());
         // Converged: another apply writes nothing.
         let before =
-            kernel.endpoints.mutations() + kernel.policy.mutations() + kernel.k.tc().ops as u64;
+            kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops);
         dp.apply().expect("clean");
         assert_eq!(
-            kernel.endpoints.mutations() + kernel.policy.mutations() + kernel.k.tc().ops as u64,
+            kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops),
             before
         );
     }
