@@ -177,6 +177,8 @@ pub(crate) struct XdpState {
     pub(crate) pins: BTreeMap<String, u32>,
     pub(crate) current: u32,
     pub(crate) interfaces: BTreeSet<String>,
+    /// Pins whose link lost its interface (deleted and recreated under the same name).
+    pub(crate) defunct: BTreeSet<String>,
 }
 
 /// The conntrack side.
@@ -364,6 +366,10 @@ impl XdpIo for FakeKernel {
     fn pinned_program(&self, ifname: &str) -> Option<u32> {
         self.xdp().pins.get(ifname).copied()
     }
+    fn pin_is_live(&self, ifname: &str) -> bool {
+        let s = self.xdp();
+        s.pins.contains_key(ifname) && s.interfaces.contains(ifname) && !s.defunct.contains(ifname)
+    }
     fn current(&self) -> u32 {
         self.xdp().current
     }
@@ -383,6 +389,7 @@ impl XdpIo for FakeKernel {
             });
         }
         let id = s.current;
+        s.defunct.remove(ifname);
         Ok(match s.pins.insert(ifname.to_owned(), id) {
             Some(_) => AttachMode::Replaced,
             None => AttachMode::NewLink,

@@ -136,6 +136,9 @@ pub trait XdpIo: Send {
     fn pinned(&self) -> Result<Vec<String>, KernelError>;
     /// The program the pinned link of `ifname` runs, if its pin opens.
     fn pinned_program(&self, ifname: &str) -> Option<u32>;
+    /// True when the pinned link of `ifname` runs on the interface of that name now (not on one
+    /// that was deleted and recreated under the same name).
+    fn pin_is_live(&self, ifname: &str) -> bool;
     /// The id of the prefilter program this agent loaded.
     fn current(&self) -> u32;
     /// True while interface `ifname` exists.

@@ -258,11 +258,15 @@ impl PrefilterDriver {
             return Ok(());
         }
         let current = self.xdp.current();
-        if self.xdp.pinned_program(ifname) == Some(current) {
+        if self.xdp.pinned_program(ifname) == Some(current) && self.xdp.pin_is_live(ifname) {
             self.modes
                 .entry(ifname.to_owned())
                 .or_insert(AttachMode::Unchanged);
             return Ok(());
+        }
+        if self.xdp.pinned_program(ifname).is_some() && !self.xdp.pin_is_live(ifname) {
+            // The interface was recreated under this name: the pin holds a defunct link.
+            self.xdp.unpin(ifname)?;
         }
         let mode = self.xdp.attach(ifname)?;
         tracing::info!(ifname, ?mode, "attached xdp_prefilter");
@@ -472,6 +476,17 @@ impl XdpIo for PinnedXdp {
         attach::pinned_link_program(&self.paths.link_pin(ifname, XDP_PREFILTER))
     }
 
+    fn pin_is_live(&self, ifname: &str) -> bool {
+        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
+        match (
+            super::batch::xdp_link_ifindex(&pin),
+            nix::net::if_::if_nametoindex(ifname),
+        ) {
+            (Ok(on), Ok(now)) => on == now,
+            _ => false,
+        }
+    }
+
     fn current(&self) -> u32 {
         self.program.info().map(|i| i.id()).unwrap_or_default()
     }
@@ -610,6 +625,16 @@ mod tests {
             again.modes(),
             vec![("eth1".to_owned(), AttachMode::Unchanged)]
         );
+        // eth1 recreated under the same name: its pin holds a defunct link, replaced by a new one.
+        k.xdp().defunct.insert("eth1".into());
+        let (mut recreated, _) = driver(&k);
+        recreated.set_interfaces(["eth1".to_owned()]);
+        recreated.apply().expect("apply");
+        assert_eq!(
+            recreated.modes(),
+            vec![("eth1".to_owned(), AttachMode::NewLink)]
+        );
+        assert!(!k.xdp().defunct.contains("eth1"));
         // A new program replaces through the pin.
         k.xdp().current = 6;
         let (mut upgraded, _) = driver(&k);
