@@ -2,7 +2,8 @@
 //! traffic on the named interface while another source passes (and traffic passed before the
 //! deny); a bad file keeps the last good set; a restart that no longer names the interface
 //! detaches its XDP link and removes its pin (checked with `ip`, `bpftool net` and `bpftool link`
-//! from outside), while the interface still named keeps its link.
+//! from outside), while the interface still named keeps its link; a named interface recreated
+//! while the agent was away gets the prefilter again at the next start.
 
 use std::{
     net::{Ipv4Addr, UdpSocket},
@@ -220,5 +221,26 @@ fn a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_i
         received_from(&sender, DENIED, &rx, Duration::from_secs(10)) > 0,
         "without the prefilter on it, the interface passes the once-denied source"
     );
+    assert!(agent.terminate().success());
+
+    // The named interface deleted and recreated under the same name while the agent is away: its
+    // pin holds a defunct link, so the next start attaches anew instead of calling it unchanged.
+    let (kept_a, kept_b) = (kept.a.clone(), kept.b.clone());
+    drop(kept);
+    let recreated = VethPair::named(&node, &kept_a, &sender, &kept_b);
+    assert_eq!(xdp_prog_id(&node, &recreated.a), None, "a new interface");
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--prefilter-interfaces", &kept_only],
+    );
+    assert_eq!(
+        xdp_prog_id(&node, &recreated.a),
+        Some(prog),
+        "the recreated interface runs the prefilter again"
+    );
+    assert_eq!(agent.started["prefilter"][0][1], "new-link");
+    assert_eq!(xdp_links_running(prog), 1, "the defunct link is gone");
     assert!(agent.terminate().success());
 }
