@@ -314,8 +314,7 @@ mod tests {
         d.link_up("weira", 10, true);
         d.apply(false).expect("apply");
         // weira dies with its pod; the watcher has not said so yet; a stale pin is left.
-        f.tc().ifindex.remove("weira");
-        f.tc().attached.clear();
+        f.remove_link("weira");
         d.link_up("weira", 10, true);
         d.request_resync();
         d.apply(false).expect("a vanished link is no error");

@@ -241,6 +241,38 @@ impl FakeKernel {
         lock(&self.ct)
     }
 
+    /// A workload link appears (what the link watcher would report: `link_events`).
+    pub(crate) fn add_link(&self, ifname: &str, ifindex: u32) {
+        self.tc().ifindex.insert(ifname.to_owned(), ifindex);
+    }
+
+    /// A link disappears (with its attachments, as the kernel does).
+    pub(crate) fn remove_link(&self, ifname: &str) {
+        let mut s = self.tc();
+        if let Some(ifindex) = s.ifindex.remove(ifname) {
+            s.attached.retain(|(i, _, _)| *i != ifindex);
+        }
+    }
+
+    /// The link watcher's initial dump over this kernel's links: one `Up` per workload link
+    /// (all up), then `Synced` — the same events `linkwatch::watch` sends.
+    pub(crate) fn link_events(&self) -> Vec<crate::linkwatch::LinkEvent> {
+        use crate::linkwatch::LinkEvent;
+        let mut out: Vec<LinkEvent> = self
+            .tc()
+            .ifindex
+            .iter()
+            .filter(|(name, _)| name.starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX))
+            .map(|(ifname, ifindex)| LinkEvent::Up {
+                ifname: ifname.clone(),
+                ifindex: *ifindex,
+                up: true,
+            })
+            .collect();
+        out.push(LinkEvent::Synced);
+        out
+    }
+
     /// Counter slots: index → (packets, bytes).
     pub(crate) fn counters(&self) -> MutexGuard<'_, HashMap<u32, (u64, u64)>> {
         lock(&self.counters)

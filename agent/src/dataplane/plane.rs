@@ -275,11 +275,20 @@ mod tests {
 
     /// Endpoint `i` (id `i`) on link `weir{i}` (index 10 + i), with its identity and one policy entry.
     fn add_endpoint(kernel: &Kernel, dp: &mut Dataplane, i: u32) -> EndpointInfo {
-        let ifindex = 10 + i;
-        kernel.k.tc().ifindex.insert(ifname(i), ifindex);
-        dp.attachments.link_up(&ifname(i), ifindex, true);
-        dp.endpoints_manager
-            .link_up(&mut dp.endpoints, &ifname(i), ifindex);
+        kernel.k.add_link(&ifname(i), 10 + i);
+        // The links as the link watcher reports them from this kernel.
+        for event in kernel.k.link_events() {
+            if let crate::linkwatch::LinkEvent::Up {
+                ifname,
+                ifindex,
+                up,
+            } = event
+            {
+                dp.attachments.link_up(&ifname, ifindex, up);
+                dp.endpoints_manager
+                    .link_up(&mut dp.endpoints, &ifname, ifindex);
+            }
+        }
         let endpoint = Endpoint {
             id: i,
             container_id: format!("c{i}"),
