@@ -1,6 +1,6 @@
 //! An agent in the test's own process (feature `testing`): the real API router, IPAM service
 //! (embedded datastore in a temporary directory), node and apply loop, over the fake kernel
-//! (`dataplane::fake` maps, no attachments) — so clients such as weir-cni are tested against the
+//! (`dataplane::fake::FakeKernel`) — so clients such as weir-cni are tested against the
 //! API as the agent serves it, not a hand-written imitation. Test code only.
 //!
 //! Kept to wiring: the parts are the daemon's own; only the kernel is fake, and the link watcher
@@ -17,19 +17,14 @@ use std::{
     time::Duration,
 };
 
-use aya::programs::TcAttachType;
 use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
 
 use crate::{
     api::server::{self, Api},
     applier::Shared,
     dataplane::{
-        attachments::{AttachDriver, Attacher, Hook},
-        endpoints::EndpointsManager,
-        fake::FakeMap,
-        kernel::KernelError,
-        map_driver::MapDriver,
-        plane::Dataplane,
+        attachments::AttachDriver, endpoints::EndpointsManager, fake::FakeKernel,
+        map_driver::MapDriver, plane::Dataplane,
     },
     ipam_service::IpamService,
     linkwatch::LinkEvent,
@@ -64,6 +59,7 @@ pub enum TestAgentError {
 
 /// A running in-process agent; stops its apply thread when dropped.
 pub struct TestAgent {
+    kernel: FakeKernel,
     dir: tempfile::TempDir,
     socket: PathBuf,
     shared: Arc<Shared>,
@@ -93,7 +89,13 @@ impl TestAgent {
             cni_conf_dir: dir.path().join("net.d"),
         };
         std::fs::create_dir_all(&paths.state_dir).map_err(TestAgentError::Dir)?;
-        let node = Node::open(&paths, fake_dataplane(), Default::default(), Vec::new())?;
+        let kernel = FakeKernel::default();
+        let node = Node::open(
+            &paths,
+            fake_dataplane(&kernel),
+            Default::default(),
+            Vec::new(),
+        )?;
         let shared = Shared::new(node);
         let stop = Arc::new(AtomicBool::new(false));
         let applier = {
@@ -130,6 +132,7 @@ impl TestAgent {
             tokio::spawn(async move { server::serve(&socket, api).await })
         };
         let agent = Self {
+            kernel,
             dir,
             socket,
             shared,
@@ -137,8 +140,11 @@ impl TestAgent {
             applier: Some(applier),
             server,
         };
-        // The link dump is complete (there are no links): the first apply makes it ready.
-        let generation = agent.event(&LinkEvent::Synced);
+        // The link dump over the fake kernel (no links yet): the first apply makes it ready.
+        let mut generation = 0;
+        for event in agent.kernel.link_events() {
+            generation = agent.event(&event);
+        }
         agent
             .shared
             .wait_applied(generation, Duration::from_secs(20))
@@ -160,9 +166,10 @@ impl TestAgent {
         self.dir.path().join("bpf")
     }
 
-    /// What the link watcher reports when weir-cni has created a workload veth (still down, as
-    /// weir-cni leaves it until its programs are attached): the agent now knows its ifindex.
+    /// weir-cni created a workload veth (still down, as weir-cni leaves it until its programs
+    /// are attached): the fake kernel has the link, and the link watcher reports it.
     pub fn link_created(&self, ifname: &str, ifindex: u32) {
+        self.kernel.add_link(ifname, ifindex);
         self.event(&LinkEvent::Up {
             ifname: ifname.to_owned(),
             ifindex,
@@ -203,77 +210,16 @@ impl Drop for TestAgent {
     }
 }
 
-/// Every map driver over a fake map, and an attachment driver that has nothing to attach to
-/// (links reported down are left alone, as the daemon's driver leaves them).
-fn fake_dataplane() -> Dataplane {
+/// Every driver over the one fake kernel.
+fn fake_dataplane(kernel: &FakeKernel) -> Dataplane {
     Dataplane {
-        attachments: AttachDriver::new(Box::new(NoAttachments)),
-        endpoints: MapDriver::new(Box::new(FakeMap::new(ENDPOINTS))),
+        attachments: AttachDriver::new(Box::new(kernel.clone())),
+        endpoints: MapDriver::new(Box::new(kernel.map(ENDPOINTS))),
         endpoints_manager: EndpointsManager::new(),
-        ident4: MapDriver::new(Box::new(FakeMap::new(IDENT4))),
-        ident6: MapDriver::new(Box::new(FakeMap::new(IDENT6))),
-        ipcache4: MapDriver::new(Box::new(FakeMap::new(IPCACHE4))),
-        ipcache6: MapDriver::new(Box::new(FakeMap::new(IPCACHE6))),
-        policy: MapDriver::new(Box::new(FakeMap::new(POLICY))),
-    }
-}
-
-/// A tc side with no pins and no attachments; attaching succeeds and changes nothing.
-struct NoAttachments;
-
-impl Attacher for NoAttachments {
-    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
-        Ok(Vec::new())
-    }
-    fn has_pin(&self, _ifname: &str, _program: &str) -> bool {
-        false
-    }
-    fn hook(
-        &mut self,
-        _ifname: &str,
-        _ifindex: u32,
-        _program: &str,
-        _hook: TcAttachType,
-    ) -> Result<Hook, KernelError> {
-        Ok(Hook {
-            ours: None,
-            leftovers: false,
-        })
-    }
-    fn current(&self, _program: &str) -> u32 {
-        0
-    }
-    fn link_exists(&self, _ifname: &str, _ifindex: u32) -> bool {
-        true
-    }
-    fn attach(
-        &mut self,
-        _ifname: &str,
-        _ifindex: u32,
-        _program: &str,
-        _hook: TcAttachType,
-    ) -> Result<(), KernelError> {
-        Ok(())
-    }
-    fn update(
-        &mut self,
-        _ifname: &str,
-        _ifindex: u32,
-        _program: &str,
-        _hook: TcAttachType,
-    ) -> Result<(), KernelError> {
-        Ok(())
-    }
-    fn sweep(
-        &mut self,
-        _ifname: &str,
-        _ifindex: u32,
-        _program: &str,
-        _hook: TcAttachType,
-    ) -> Result<u64, KernelError> {
-        Ok(0)
-    }
-    fn unpin(&mut self, _ifname: &str, _program: &str) -> Result<(), KernelError> {
-        Ok(())
+        ident4: MapDriver::new(Box::new(kernel.map(IDENT4))),
+        ident6: MapDriver::new(Box::new(kernel.map(IDENT6))),
+        ipcache4: MapDriver::new(Box::new(kernel.map(IPCACHE4))),
+        ipcache6: MapDriver::new(Box::new(kernel.map(IPCACHE6))),
+        policy: MapDriver::new(Box::new(kernel.map(POLICY))),
     }
 }

@@ -30,6 +30,11 @@ fn batch_count(attr: &bpf_attr) -> usize {
 }
 
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
+    bpf_rc(cmd, attr).map(drop)
+}
+
+/// The syscall; its non-negative result (a new fd for `BPF_OBJ_GET`).
+fn bpf_rc(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, fully initialised `bpf_attr` for `cmd`, and every pointer inside
     // it points at a buffer large enough for the count it states.
     let rc = unsafe {
@@ -43,7 +48,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(rc)
     }
 }
 
@@ -232,4 +237,29 @@ pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<
 /// How many entries a hash map holds (keys only, `CHUNK` at a time).
 pub fn count<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<usize> {
     lookup_all::<K, V>(fd).map(|all| all.len())
+}
+
+/// The interface index the XDP link pinned at `pin` runs on (`BPF_OBJ_GET`, then
+/// `BPF_OBJ_GET_INFO_BY_FD`); 0 once its interface is gone (the link is then defunct).
+pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
+    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = new_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    // `path` outlives the call.
+    let rc = bpf_rc(bpf_cmd::BPF_OBJ_GET, &mut attr)?;
+    let raw = i32::try_from(rc).map_err(|_| io::Error::other("bpf() returned no fd"))?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `bpf_link_info` is a C struct of integers and a union of integer structs: all-zero
+    // is valid.
+    let mut info: aya_obj::generated::bpf_link_info = unsafe { std::mem::zeroed() };
+    let mut attr = new_attr();
+    attr.info.bpf_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+    attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_link_info>()).unwrap_or(0);
+    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    // SAFETY: for an XDP link the kernel fills the `xdp` member of the union.
+    Ok(unsafe { info.__bindgen_anon_1.xdp.ifindex })
 }

@@ -13,12 +13,18 @@ pub mod ct_layout;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
+pub mod pins;
 pub mod plane;
+pub mod prefilter;
+pub mod retry;
 pub mod tc_links;
 
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(
     not(test),
-    expect(dead_code, reason = "the `testing` feature uses the fake maps only")
+    expect(
+        dead_code,
+        reason = "the `testing` feature uses part of the fake kernel"
+    )
 )]
 pub(crate) mod fake;
