@@ -13,9 +13,11 @@ pub mod daemon;
 pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
+pub mod install_cni;
 pub mod ipam_service;
 pub mod linkwatch;
 pub mod loader;
+pub mod logging;
 pub mod metrics;
 pub mod migrate;
 pub mod node;
@@ -25,6 +27,7 @@ pub mod policy;
 pub mod programs;
 pub mod registry;
 pub mod trace;
+pub mod uninstall;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).

@@ -10,7 +10,9 @@ use crate::paths::{CNI_CONFLIST, Paths};
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// A sysctl could not be written.
-    #[error("cannot set {path} to {value}: {source}; run the agent as root")]
+    #[error(
+        "cannot set {path} to {value}: {source}; run the agent as root (in a container, mount the host's /proc/sys/net and pass --proc-sys-net)"
+    )]
     Sysctl {
         /// The sysctl file.
         path: String,
@@ -31,26 +33,31 @@ pub enum SetupError {
     },
 }
 
-fn sysctl(path: String, value: &'static str) -> Result<(), SetupError> {
+fn sysctl(path: PathBuf, value: &'static str) -> Result<(), SetupError> {
     if fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
         return Ok(());
     }
     fs::write(&path, value).map_err(|source| SetupError::Sysctl {
-        path,
+        path: path.display().to_string(),
         value,
         source,
     })
 }
 
 /// Forwarding on for both families (in the agent's network namespace).
-pub fn enable_forwarding() -> Result<(), SetupError> {
-    sysctl("/proc/sys/net/ipv4/ip_forward".into(), "1")?;
-    sysctl("/proc/sys/net/ipv6/conf/all/forwarding".into(), "1")
+pub fn enable_forwarding(paths: &Paths) -> Result<(), SetupError> {
+    sysctl(paths.proc_sys_net.join("ipv4/ip_forward"), "1")?;
+    sysctl(paths.proc_sys_net.join("ipv6/conf/all/forwarding"), "1")
 }
 
 /// `rp_filter` off on a workload link (anti-spoofing is `from_endpoint`'s job).
-pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
-    sysctl(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "0")
+pub fn workload_link_sysctls(paths: &Paths, ifname: &str) -> Result<(), SetupError> {
+    sysctl(
+        paths
+            .proc_sys_net
+            .join(format!("ipv4/conf/{ifname}/rp_filter")),
+        "0",
+    )
 }
 
 /// The CNI versions weir-cni speaks, oldest first (the conflist may name either).
