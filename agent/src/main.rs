@@ -55,6 +55,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Policy(args) => cli::agent_client::policy(args),
         Command::LogLevel(args) => cli::log_level::run(&args),
         Command::InstallCni(args) => cli::install::install_cni(&args),
+        Command::MountBpffs => cli::install::mount_bpffs(),
         Command::Uninstall(args) => cli::install::uninstall(&args),
     }
 }

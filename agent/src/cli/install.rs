@@ -1,4 +1,4 @@
-//! `weir install-cni` (the DaemonSet's init step) and `weir uninstall` (a clean removal from a
+//! `weir install-cni` and `weir mount-bpffs` (the DaemonSet's init steps) and `weir uninstall` (a clean removal from a
 //! node, as `cilium-dbg cleanup`). Both run on the node, without the agent.
 
 use std::path::PathBuf;
@@ -31,6 +31,14 @@ pub fn install_cni(args: &InstallCniArgs) -> Result<()> {
         installed.display(),
         source.display()
     );
+    Ok(())
+}
+
+/// Mounts bpffs at `/sys/fs/bpf` when it is not mounted (the DaemonSet's privileged init step,
+/// whose mount propagates to the host so that the pins outlive every container).
+pub fn mount_bpffs() -> Result<()> {
+    agent::bpffs::ensure_mounted(std::path::Path::new(paths::BPFFS_MOUNT))?;
+    println!("bpffs is mounted at {}", paths::BPFFS_MOUNT);
     Ok(())
 }
 

@@ -40,6 +40,8 @@ pub enum Command {
     LogLevel(log_level::LogLevelArgs),
     /// Copy weir-cni into the node's CNI bin directory atomically (the DaemonSet's init step).
     InstallCni(install::InstallCniArgs),
+    /// Mount bpffs at /sys/fs/bpf if it is not mounted (the DaemonSet's privileged init step).
+    MountBpffs,
     /// Remove weir from this node: the conflist, every attachment, the pin root (agent stopped).
     Uninstall(install::UninstallArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
