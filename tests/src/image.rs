@@ -186,7 +186,7 @@ pub fn run<'a>(
             cri.run_inside(&format!("mkdir -p '{}'", host.path));
         }
     }
-    let id = names::unique(&container.name);
+    let id = format!("{}-{}", names::unique("ctr"), container.name);
     let log = cri.path().join(format!("{id}.log"));
     let mut args: Vec<String> = vec!["-n".into(), CTR_NAMESPACE.into(), "run".into()];
     match mode {

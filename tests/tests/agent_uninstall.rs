@@ -94,9 +94,12 @@ fn uninstall_detaches_every_program_and_removes_pins_and_conflist() {
     let mut node = CniNode::start(&["--pool", "10.244.0.0/16", "--tc-attach", "tcx"]);
     let tcx_pod = Pod::new();
     node.add(&tcx_pod, &node.conf(&json!({})));
+    // A "host interface" of the node: one end of a veth pair inside the node namespace.
     let host_if = names::unique("pf");
-    node.ns
-        .exec(&["ip", "link", "add", &host_if, "type", "dummy"]);
+    let peer = names::unique("pq");
+    node.ns.exec(&[
+        "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
+    ]);
     node.ns.exec(&["ip", "link", "set", &host_if, "up"]);
     node.restart_agent_with(&[
         "--pool",

@@ -39,21 +39,40 @@ const CONNECT: Duration = Duration::from_millis(800);
 const WAIT: Duration = Duration::from_secs(90);
 const NODE: &str = "wt-node";
 
-const POLICY: &str = r"apiVersion: networking.k8s.io/v1
+/// Standalone-mode policy (pods' labels come from their namespaces here): the server's namespace
+/// admits TCP 8080 only from namespaces labelled `team: wt-allowed`.
+const POLICY: &str = r"apiVersion: v1
+kind: Namespace
+metadata:
+  name: wt-srv
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: wt-cli
+  labels:
+    team: wt-allowed
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: wt-oth
+  labels:
+    team: wt-denied
+---
+apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
   name: wt-server-ingress
-  namespace: wt-deploy
+  namespace: wt-srv
 spec:
-  podSelector:
-    matchLabels:
-      app: wt-server
+  podSelector: {}
   policyTypes: [Ingress]
   ingress:
     - from:
-        - podSelector:
+        - namespaceSelector:
             matchLabels:
-              role: wt-client
+              team: wt-allowed
       ports:
         - protocol: TCP
           port: 8080
@@ -65,12 +84,8 @@ struct Pod {
     net: PodNet,
 }
 
-fn run_pod(cri: &Cri, name: &str, labels: &[(&str, &str)]) -> Pod {
-    let mut spec = PodSpec::new("wt-deploy", name);
-    spec.labels = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
+fn run_pod(cri: &Cri, namespace: &str, name: &str) -> Pod {
+    let spec = PodSpec::new(namespace, name);
     let id = cri
         .run_pod(&spec)
         .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", tail(&cri.log(), 20)));
@@ -266,10 +281,9 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         "weir log-level debug: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    eventually(
-        "a debug line in the agent's log",
-        || first.log().contains(r#""level":"DEBUG""#),
-        || diagnostics(&first),
+    assert!(
+        !first.log().contains(r#""level":"DEBUG""#),
+        "no debug line before the change"
     );
 
     // Policy and pods.
@@ -282,9 +296,19 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         },
         || diagnostics(&first),
     );
-    let server = run_pod(&cri, "wt-server", &[("app", "wt-server")]);
-    let client = run_pod(&cri, "wt-client", &[("role", "wt-client")]);
-    let other = run_pod(&cri, "wt-other", &[("role", "wt-other")]);
+    let server = run_pod(&cri, "wt-srv", "wt-server");
+    let client = run_pod(&cri, "wt-cli", "wt-client");
+    let other = run_pod(&cri, "wt-oth", "wt-other");
+    // The allocations for the pods were logged at the level set at run time.
+    eventually(
+        "a debug line in the agent's log",
+        || {
+            first
+                .log()
+                .contains(r#""message":"allocation batch committed""#)
+        },
+        || diagnostics(&first),
+    );
     let _listener = PodListener::start(&server.net, PORT);
     let target: SocketAddr = SocketAddr::new(server.ip.parse().expect("address"), PORT);
     let reach = |pod: &Pod| pod.net.connects(&[target], CONNECT)[0];
@@ -325,7 +349,7 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
     assert_eq!(again["endpoints"], 3, "the three endpoints restored");
     assert!(reach(&client), "after the restart, allowed traffic flows");
     assert!(!reach(&other), "after the restart, the policy holds");
-    let late = run_pod(&cri, "wt-late", &[("role", "wt-client")]);
+    let late = run_pod(&cri, "wt-cli", "wt-late");
     eventually(
         "a pod created after the restart reaching the server",
         || reach(&late),
