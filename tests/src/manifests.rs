@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::bin;
 
 /// The capabilities the agent container adds (justified in the manifest and docs/install.md).
-pub const AGENT_CAPABILITIES: &[&str] = &["BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"];
+pub const AGENT_CAPABILITIES: &[&str] = &["BPF", "NET_ADMIN", "SYS_ADMIN"];
 
 /// The manifest file.
 #[must_use]

@@ -3,7 +3,7 @@
 //! `deploy/weir.yaml` run under it with their command, environment, hostPath mounts (and
 //! propagation) and security context as written (`tests::image` turns each into `ctr run`): the
 //! privileged `mount-bpffs` step, `install-cni` (which puts weir-cni where containerd's CNI looks),
-//! then the agent with host networking and its four named capabilities. Pods created through the
+//! then the agent with host networking and its three named capabilities. Pods created through the
 //! CRI get their addresses and their policy from that containerised agent; stopping the agent
 //! container leaves traffic and policy in force (the pins live on the host's bpffs), and a new
 //! agent container reuses the pinned programs.
@@ -247,6 +247,12 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         || diagnostics(&first),
     );
     assert_eq!(get(&node, "/healthz"), Some(200));
+    // /readyz answers a moment before the start report is printed.
+    eventually(
+        "the start report",
+        || started(&first.log()).is_some(),
+        || diagnostics(&first),
+    );
     let report = started(&first.log()).expect("the start report");
     // Named capabilities only, not privileged.
     let pid = first.pid().expect("the agent's process");
@@ -333,6 +339,11 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
     eventually(
         "the new agent container's /readyz answering 200",
         || get(&node, "/readyz") == Some(200),
+        || diagnostics(&second),
+    );
+    eventually(
+        "the second start report",
+        || started(&second.log()).is_some(),
         || diagnostics(&second),
     );
     let again = started(&second.log()).expect("the second start report");
