@@ -291,6 +291,13 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         !first.log().contains(r#""level":"DEBUG""#),
         "no debug line before the change"
     );
+    let bad = first.exec(&["/weir", "log-level", "info,=["]);
+    assert!(
+        !bad.status.success()
+            && String::from_utf8_lossy(&bad.stderr).contains("invalid log filter"),
+        "a filter that does not parse is refused: {}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 
     // Policy and pods.
     std::fs::write(cri.inside("/etc/weir/policies/wt-server.yaml"), POLICY).expect("policy file");
