@@ -4,9 +4,10 @@ mod cli;
 
 use std::process::ExitCode;
 
-use crate::cli::{Cli, Command};
 use anyhow::Context as _;
 use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
