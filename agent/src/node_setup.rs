@@ -4,7 +4,10 @@
 
 use std::{fs, io, path::PathBuf};
 
-use crate::paths::{CNI_CONFLIST, Paths};
+use crate::{
+    dataplane::kernel::SysctlIo,
+    paths::{CNI_CONFLIST, Paths},
+};
 
 /// Errors of node set-up.
 #[derive(Debug, thiserror::Error)]
@@ -33,12 +36,49 @@ pub enum SetupError {
     },
 }
 
-fn sysctl(path: PathBuf, value: &'static str) -> Result<(), SetupError> {
-    if fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+/// The real [`SysctlIo`]: files under `/proc/sys`, the network ones (`/proc/sys/net/…`) read and
+/// written under `--proc-sys-net` (a container's `/proc/sys` is read-only: the DaemonSet mounts
+/// the host's `/proc/sys/net` elsewhere).
+pub struct ProcSysctl {
+    net: PathBuf,
+}
+
+impl ProcSysctl {
+    /// The sysctls of the agent configured by `paths`.
+    #[must_use]
+    pub fn new(paths: &Paths) -> Self {
+        Self {
+            net: paths.proc_sys_net.clone(),
+        }
+    }
+
+    fn file(&self, path: &str) -> PathBuf {
+        match path.strip_prefix("/proc/sys/net/") {
+            Some(rest) => self.net.join(rest),
+            None => PathBuf::from(path),
+        }
+    }
+}
+
+impl SysctlIo for ProcSysctl {
+    fn get(&self, path: &str) -> Option<String> {
+        fs::read_to_string(self.file(path))
+            .ok()
+            .map(|v| v.trim().to_owned())
+    }
+
+    fn set(&mut self, path: &str, value: &str) -> Result<(), io::Error> {
+        fs::write(self.file(path), value)
+    }
+}
+
+/// Writes `value` unless the setting already has it.
+fn sysctl(io: &mut dyn SysctlIo, path: String, value: &'static str) -> Result<(), SetupError> {
+    if io.get(&path).is_some_and(|v| v == value) {
         return Ok(());
     }
-    fs::write(&path, value).map_err(|source| SetupError::Sysctl {
-        path: path.display().to_string(),
+    io.set(&path, value).map_err(|source| SetupError::Sysctl {
+        path,
         value,
         source,
     })
@@ -46,16 +86,25 @@ fn sysctl(path: PathBuf, value: &'static str) -> Result<(), SetupError> {
 
 /// Forwarding on for both families (in the agent's network namespace).
 pub fn enable_forwarding(paths: &Paths) -> Result<(), SetupError> {
-    sysctl(paths.proc_sys_net.join("ipv4/ip_forward"), "1")?;
-    sysctl(paths.proc_sys_net.join("ipv6/conf/all/forwarding"), "1")
+    enable_forwarding_with(&mut ProcSysctl::new(paths))
+}
+
+/// [`enable_forwarding`] over `io`.
+pub fn enable_forwarding_with(io: &mut dyn SysctlIo) -> Result<(), SetupError> {
+    sysctl(io, "/proc/sys/net/ipv4/ip_forward".into(), "1")?;
+    sysctl(io, "/proc/sys/net/ipv6/conf/all/forwarding".into(), "1")
 }
 
 /// `rp_filter` off on a workload link (anti-spoofing is `from_endpoint`'s job).
 pub fn workload_link_sysctls(paths: &Paths, ifname: &str) -> Result<(), SetupError> {
+    workload_link_sysctls_with(&mut ProcSysctl::new(paths), ifname)
+}
+
+/// [`workload_link_sysctls`] over `io`.
+pub fn workload_link_sysctls_with(io: &mut dyn SysctlIo, ifname: &str) -> Result<(), SetupError> {
     sysctl(
-        paths
-            .proc_sys_net
-            .join(format!("ipv4/conf/{ifname}/rp_filter")),
+        io,
+        format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"),
         "0",
     )
 }
@@ -115,6 +164,31 @@ pub fn write_conflist(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    #[test]
+    fn sysctls_are_written_only_when_they_differ_and_a_failure_names_the_setting() {
+        let k = FakeKernel::default();
+        k.sysctls()
+            .insert("/proc/sys/net/ipv4/ip_forward".into(), "1".into());
+        enable_forwarding_with(&mut k.clone()).expect("forwarding");
+        workload_link_sysctls_with(&mut k.clone(), "weir1").expect("rp_filter");
+        assert_eq!(
+            k.sysctls().clone().into_iter().collect::<Vec<_>>(),
+            vec![
+                ("/proc/sys/net/ipv4/conf/weir1/rp_filter".into(), "0".into()),
+                ("/proc/sys/net/ipv4/ip_forward".into(), "1".into()),
+                ("/proc/sys/net/ipv6/conf/all/forwarding".into(), "1".into()),
+            ]
+        );
+        k.drop_all_writes(true);
+        // Already set: nothing written, so no failure.
+        enable_forwarding_with(&mut k.clone()).expect("unchanged settings are not written");
+        let err = workload_link_sysctls_with(&mut k.clone(), "weir2")
+            .expect_err("the write fails")
+            .to_string();
+        assert!(err.contains("weir2/rp_filter"), "{err}");
+    }
 
     #[test]
     fn the_conflist_names_the_plugin_socket_and_pin_root() {
