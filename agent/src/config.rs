@@ -60,6 +60,10 @@ pub struct AgentArgs {
     /// Where the agent writes its CNI conflist.
     #[arg(long, env = "WEIR_CNI_CONF_DIR", default_value = paths::DEFAULT_CNI_CONF_DIR)]
     pub cni_conf_dir: PathBuf,
+    /// The network sysctls of the agent's namespace (`ip_forward`, `rp_filter`). In a container,
+    /// whose `/proc/sys` is read-only, mount the host's `/proc/sys/net` elsewhere and name it here.
+    #[arg(long, env = "WEIR_PROC_SYS_NET", default_value = paths::DEFAULT_PROC_SYS_NET)]
+    pub proc_sys_net: PathBuf,
     /// The `cniVersion` of the conflist the agent writes. The default, 1.0.0, is read by every
     /// supported runtime (containerd 1.6 and 1.7 read results up to 1.0.0); raise it to 1.1.0 for
     /// runtimes that use GC and STATUS (containerd 2.x, CRI-O 1.30+). See docs/cni.md.
@@ -206,6 +210,7 @@ impl AgentArgs {
             state_dir: absolute("--state-dir (WEIR_STATE_DIR)", &self.state_dir)?,
             policy_dir: absolute("--policy-dir (WEIR_POLICY_DIR)", &self.policy_dir)?,
             cni_conf_dir: absolute("--cni-conf-dir (WEIR_CNI_CONF_DIR)", &self.cni_conf_dir)?,
+            proc_sys_net: absolute("--proc-sys-net (WEIR_PROC_SYS_NET)", &self.proc_sys_net)?,
         };
         if !paths.bpf_root.starts_with(paths::BPFFS_MOUNT)
             || paths.bpf_root == std::path::Path::new(paths::BPFFS_MOUNT)
@@ -250,12 +255,48 @@ impl AgentArgs {
                 }
             }
         }
+        let mut families = Vec::new();
         for pool in &self.pools {
-            if pool.parse::<ipnetwork::IpNetwork>().is_err() {
+            let Ok(net) = pool.parse::<ipnetwork::IpNetwork>() else {
                 return Err(invalid(
                     "--pool (WEIR_POOLS)",
                     pool,
                     "use a CIDR such as 10.244.0.0/16 or fd00:10:244::/56",
+                ));
+            };
+            if net.network() != net.ip() {
+                return Err(invalid(
+                    "--pool (WEIR_POOLS)",
+                    pool,
+                    format!(
+                        "host bits are set: write {}/{}",
+                        net.network(),
+                        net.prefix()
+                    ),
+                ));
+            }
+            let (family, block) = if net.is_ipv4() {
+                ("IPv4", self.block_size_v4)
+            } else {
+                ("IPv6", self.block_size_v6)
+            };
+            if families.contains(&family) {
+                return Err(invalid(
+                    "--pool (WEIR_POOLS)",
+                    pool,
+                    format!(
+                        "one pool per family: a second {family} pool goes through `weir ipam pool add`"
+                    ),
+                ));
+            }
+            families.push(family);
+            if net.prefix() > block {
+                return Err(invalid(
+                    "--pool (WEIR_POOLS)",
+                    pool,
+                    format!(
+                        "the pool is smaller than one /{block} block: widen it or lower --block-size"
+                    ),
                 ));
             }
         }
@@ -481,6 +522,44 @@ mod tests {
         assert_eq!(raised.cni_version, "1.1.0");
     }
 
+    /// Every duration dumps as a value its own flag takes back unchanged.
+    #[test]
+    fn dumped_durations_are_what_their_flags_take() {
+        let base = ["--node", "n1"];
+        let custom = [
+            ("--allocation-expiry", "allocation_expiry", "90"),
+            ("--ct-sweep-interval", "ct_sweep_interval", "7"),
+            ("--ct-timeout-tcp-syn", "ct_timeouts.tcp_syn", "30"),
+            (
+                "--ct-timeout-tcp-established",
+                "ct_timeouts.tcp_established",
+                "7200",
+            ),
+            ("--ct-timeout-tcp-closed", "ct_timeouts.tcp_closed", "5"),
+            ("--ct-timeout-icmp", "ct_timeouts.icmp", "3"),
+            ("--ct-timeout-other", "ct_timeouts.other", "40"),
+        ];
+        let mut args: Vec<&str> = base.to_vec();
+        for (flag, _, value) in &custom {
+            args.extend([*flag, *value]);
+        }
+        let first = serde_json::to_value(parse(&args).expect("valid")).expect("json");
+        let mut again: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
+        for (flag, field, value) in &custom {
+            let dumped = field.split('.').fold(&first, |v, key| &v[key]);
+            assert_eq!(
+                dumped.to_string(),
+                *value,
+                "{field} dumps as its flag's value"
+            );
+            again.extend([(*flag).to_owned(), dumped.to_string()]);
+        }
+        let again: Vec<&str> = again.iter().map(String::as_str).collect();
+        let second =
+            serde_json::to_value(parse(&again).expect("the dump parses back")).expect("json");
+        assert_eq!(first, second);
+    }
+
     #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
@@ -531,6 +610,16 @@ mod tests {
             (
                 vec!["--node", "n1", "--cni-version", "1.2"],
                 "--cni-version",
+            ),
+            (vec!["--node", "n1", "--pool", "10.244.1.0/16"], "--pool"),
+            (
+                vec!["--node", "n1", "--pool", "10.244.0.0/16,10.245.0.0/16"],
+                "--pool",
+            ),
+            (vec!["--node", "n1", "--pool", "10.244.0.0/28"], "--pool"),
+            (
+                vec!["--node", "n1", "--proc-sys-net", "proc/sys/net"],
+                "--proc-sys-net",
             ),
         ] {
             let err = parse(&args)

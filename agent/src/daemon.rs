@@ -189,11 +189,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
     });
     {
-        let shared = Arc::clone(&shared);
+        let (shared, paths) = (Arc::clone(&shared), paths.clone());
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
                 if let LinkEvent::Up { ifname, .. } = &event
-                    && let Err(e) = node_setup::workload_link_sysctls(ifname)
+                    && let Err(e) = node_setup::workload_link_sysctls(&paths, ifname)
                 {
                     tracing::warn!(error = %e, "workload link sysctl");
                 }
@@ -305,7 +305,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => tracing::warn!(error = %e, "cannot list the map pins"),
     }
 
-    node_setup::enable_forwarding()?;
+    node_setup::enable_forwarding(&paths)?;
     // Conntrack upkeep on its own thread.
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
@@ -366,6 +366,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         {
             families.push(family);
         }
+    }
+    // The conflist sends runtimes to weir-cni, which calls this socket: it answers first.
+    let answering = tokio::time::timeout(Duration::from_secs(10), async {
+        while tokio::net::UnixStream::connect(&paths.api_socket)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    if answering.await.is_err() {
+        return Err(DaemonError::NotReady(
+            10,
+            "the API socket does not answer".into(),
+        ));
     }
     let conflist =
         node_setup::write_conflist(&paths, &families, &config.cni_version, config.tc_attach)?;

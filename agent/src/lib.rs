@@ -13,9 +13,11 @@ pub mod daemon;
 pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
+pub mod install_cni;
 pub mod ipam_service;
 pub mod linkwatch;
 pub mod loader;
+pub mod logging;
 pub mod metrics;
 pub mod migrate;
 pub mod monitor;
@@ -28,6 +30,7 @@ pub mod registry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
+pub mod uninstall;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).

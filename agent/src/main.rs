@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
 
@@ -21,13 +20,10 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only for a terminal: a DaemonSet's or a service's log is recorded as text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(e) = agent::logging::init(cli.log_format, &cli.log) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,5 +55,9 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bpf(args) => cli::agent_client::bpf(args),
         Command::Policy(args) => cli::agent_client::policy(args),
         Command::Monitor(args) => cli::monitor::monitor(args),
+        Command::LogLevel(args) => cli::log_level::run(&args),
+        Command::InstallCni(args) => cli::install::install_cni(&args),
+        Command::MountBpffs => cli::install::mount_bpffs(),
+        Command::Uninstall(args) => cli::install::uninstall(&args),
     }
 }

@@ -13,7 +13,9 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// A sysctl could not be written.
-    #[error("cannot set {path} to {value}: {source}; run the agent as root")]
+    #[error(
+        "cannot set {path} to {value}: {source}; run the agent as root (in a container, mount the host's /proc/sys/net and pass --proc-sys-net)"
+    )]
     Sysctl {
         /// The sysctl file.
         path: String,
@@ -34,16 +36,39 @@ pub enum SetupError {
     },
 }
 
-/// The real [`SysctlIo`]: files under `/proc/sys`.
-pub struct ProcSysctl;
+/// The real [`SysctlIo`]: files under `/proc/sys`, the network ones (`/proc/sys/net/…`) read and
+/// written under `--proc-sys-net` (a container's `/proc/sys` is read-only: the DaemonSet mounts
+/// the host's `/proc/sys/net` elsewhere).
+pub struct ProcSysctl {
+    net: PathBuf,
+}
+
+impl ProcSysctl {
+    /// The sysctls of the agent configured by `paths`.
+    #[must_use]
+    pub fn new(paths: &Paths) -> Self {
+        Self {
+            net: paths.proc_sys_net.clone(),
+        }
+    }
+
+    fn file(&self, path: &str) -> PathBuf {
+        match path.strip_prefix("/proc/sys/net/") {
+            Some(rest) => self.net.join(rest),
+            None => PathBuf::from(path),
+        }
+    }
+}
 
 impl SysctlIo for ProcSysctl {
     fn get(&self, path: &str) -> Option<String> {
-        fs::read_to_string(path).ok().map(|v| v.trim().to_owned())
+        fs::read_to_string(self.file(path))
+            .ok()
+            .map(|v| v.trim().to_owned())
     }
 
     fn set(&mut self, path: &str, value: &str) -> Result<(), io::Error> {
-        fs::write(path, value)
+        fs::write(self.file(path), value)
     }
 }
 
@@ -60,8 +85,8 @@ fn sysctl(io: &mut dyn SysctlIo, path: String, value: &'static str) -> Result<()
 }
 
 /// Forwarding on for both families (in the agent's network namespace).
-pub fn enable_forwarding() -> Result<(), SetupError> {
-    enable_forwarding_with(&mut ProcSysctl)
+pub fn enable_forwarding(paths: &Paths) -> Result<(), SetupError> {
+    enable_forwarding_with(&mut ProcSysctl::new(paths))
 }
 
 /// [`enable_forwarding`] over `io`.
@@ -71,8 +96,8 @@ pub fn enable_forwarding_with(io: &mut dyn SysctlIo) -> Result<(), SetupError> {
 }
 
 /// `rp_filter` off on a workload link (anti-spoofing is `from_endpoint`'s job).
-pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
-    workload_link_sysctls_with(&mut ProcSysctl, ifname)
+pub fn workload_link_sysctls(paths: &Paths, ifname: &str) -> Result<(), SetupError> {
+    workload_link_sysctls_with(&mut ProcSysctl::new(paths), ifname)
 }
 
 /// [`workload_link_sysctls`] over `io`.

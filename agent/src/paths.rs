@@ -20,6 +20,9 @@ pub const DEFAULT_POLICY_DIR: &str = "/etc/weir/policies";
 pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
 /// The conflist the agent writes.
 pub const CNI_CONFLIST: &str = "04-weir.conflist";
+/// Where the network sysctls are written (`ip_forward`, `rp_filter`). A container's `/proc/sys`
+/// is read-only, so the DaemonSet mounts the host's `/proc/sys/net` elsewhere and points here.
+pub const DEFAULT_PROC_SYS_NET: &str = "/proc/sys/net";
 /// Default metrics and health address (not 9962, which Cilium uses).
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9972";
 
@@ -36,6 +39,8 @@ pub struct Paths {
     pub policy_dir: PathBuf,
     /// CNI configuration directory.
     pub cni_conf_dir: PathBuf,
+    /// The network sysctls (`/proc/sys/net` of the agent's network namespace).
+    pub proc_sys_net: PathBuf,
 }
 
 impl Default for Paths {
@@ -46,6 +51,7 @@ impl Default for Paths {
             state_dir: DEFAULT_STATE_DIR.into(),
             policy_dir: DEFAULT_POLICY_DIR.into(),
             cni_conf_dir: DEFAULT_CNI_CONF_DIR.into(),
+            proc_sys_net: DEFAULT_PROC_SYS_NET.into(),
         }
     }
 }

@@ -87,6 +87,7 @@ impl TestAgent {
             state_dir: dir.path().join("state"),
             policy_dir: dir.path().join("policies"),
             cni_conf_dir: dir.path().join("net.d"),
+            proc_sys_net: dir.path().join("proc-sys-net"),
         };
         std::fs::create_dir_all(&paths.state_dir).map_err(TestAgentError::Dir)?;
         let kernel = FakeKernel::default();

@@ -77,15 +77,49 @@ async fn next(handle: &mut Mock) -> (Seen, mock::SendResponse<Response<Body>>) {
     } else {
         serde_json::from_slice(&bytes).expect("request body is JSON")
     };
-    (
-        Seen {
-            method,
-            path,
-            query,
-            body,
-        },
-        send,
-    )
+    let seen = Seen {
+        method,
+        path,
+        query,
+        body,
+    };
+    assert_rbac_covers(&seen);
+    (seen, send)
+}
+
+/// Every request the store makes is one the ClusterRole grants: its verb is in
+/// `kubernetes::RBAC_VERBS` and its resource in `kubernetes::rbac_resources()`.
+fn assert_rbac_covers(seen: &Seen) {
+    let rest = seen
+        .path
+        .strip_prefix(&format!("{BASE}/"))
+        .unwrap_or_else(|| panic!("{} is outside the ipam.weir.dev group", seen.path));
+    let (resource, name) = match rest.split_once('/') {
+        Some((resource, name)) => (resource, Some(name)),
+        None => (rest, None),
+    };
+    let verb = match (&seen.method, name) {
+        (&Method::GET, Some(_)) => "get",
+        (&Method::GET, None) if seen.query.contains("watch=") => "watch",
+        (&Method::GET, None) => "list",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, _) => "delete",
+        (m, _) => panic!("unexpected method {m}"),
+    };
+    assert!(
+        ipam::store::kubernetes::RBAC_VERBS.contains(&verb),
+        "{} {} is verb {verb}, which RBAC_VERBS (and so the ClusterRole) does not grant",
+        seen.method,
+        seen.path
+    );
+    assert!(
+        ipam::store::kubernetes::rbac_resources()
+            .iter()
+            .any(|r| r == resource),
+        "{resource} is not in rbac_resources()"
+    );
 }
 
 fn respond(send: mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
@@ -597,6 +631,7 @@ fn fake_cluster() -> (KubeStore, Arc<Mutex<Cluster>>) {
                 query,
                 body,
             };
+            assert_rbac_covers(&seen);
             let (code, resp) = c.lock().expect("cluster").serve(&seen);
             respond(send, code, &resp);
         }

@@ -52,14 +52,14 @@ int main(void) {
 }
 "#;
 
-/// The mount namespace: private propagation, overlays on `/run` and `/var` whose upper layers
-/// live on a tmpfs of the guard's, then a holder process keeps it alive (run by `sh -c` with the
-/// guard's directory as `$1`).
+/// The mount namespace: private propagation, overlays on `/run` and `/var` (and the directories
+/// named in `$2`, e.g. `etc opt`) whose upper layers live on a tmpfs of the guard's, then a holder
+/// process keeps it alive (run by `sh -c` with the guard's directory as `$1`).
 const HOLDER: &str = r#"set -eu
 T="$1"
 mount --make-rprivate /
 mount -t tmpfs wt-cri "$T/ovl"
-for d in run var; do
+for d in run var ${2:-}; do
   mkdir -p "$T/ovl/$d-up" "$T/ovl/$d-work"
   mount -t overlay wt-cri-$d -o "lowerdir=/$d,upperdir=$T/ovl/$d-up,workdir=$T/ovl/$d-work" "/$d"
 done
@@ -188,6 +188,14 @@ impl Cri {
     /// Starts containerd with its CRI plugin in `node`, imports the pause image, and connects.
     #[must_use]
     pub fn start(node: &NetNs, setup: &CriSetup) -> Self {
+        Self::start_with_overlays(node, setup, &[])
+    }
+
+    /// [`Cri::start`], with overlays on these top-level directories too (e.g. `etc`, `opt`), so
+    /// that host paths a container mounts (`/etc/cni/net.d`, `/opt/cni/bin`) can be created and
+    /// bound inside the namespace without touching the host's.
+    #[must_use]
+    pub fn start_with_overlays(node: &NetNs, setup: &CriSetup, overlays: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("wt-cri")
             .tempdir()
@@ -228,6 +236,7 @@ impl Cri {
             .arg(HOLDER)
             .arg("sh")
             .arg(t)
+            .arg(overlays.join(" "))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -400,6 +409,24 @@ impl Cri {
     #[must_use]
     pub fn read_inside(&self, path: &str) -> String {
         fs::read_to_string(format!("/proc/{}/root{path}", self.holder.id())).unwrap_or_default()
+    }
+
+    /// `path` as seen from the host through the namespace's holder (`/proc/PID/root/…`): files
+    /// and sockets that processes in the namespace see at `path`.
+    #[must_use]
+    pub fn inside(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{path}", self.holder.id()))
+    }
+
+    /// Runs `sh -c script` inside the mount namespace (and `node`'s network namespace), asserting
+    /// success.
+    pub fn run_inside(&self, script: &str) -> Output {
+        run_ok(
+            Command::new("nsenter")
+                .args(["-t", &self.holder.id().to_string(), "-m", "-n", "--"])
+                .args(["sh", "-c", script]),
+            &format!("sh -c {script:?} in the containerd namespace"),
+        )
     }
 
     /// The version containerd itself reports (the server's, from `ctr version`).

@@ -12,6 +12,8 @@
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
+//! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
+//! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_proc;
 pub mod bin;
@@ -21,6 +23,8 @@ pub mod cri;
 pub mod ct;
 pub mod datapath;
 pub mod hooks;
+pub mod image;
+pub mod manifests;
 pub mod names;
 pub mod netns;
 pub mod netpol;

@@ -4,6 +4,7 @@
 
 mod bench;
 mod ebpf_build;
+mod image;
 mod lint;
 mod setup;
 mod test;
@@ -37,6 +38,13 @@ enum Task {
         /// eBPF crate features (test-only variants).
         #[arg(long, value_delimiter = ',')]
         features: Vec<String>,
+    },
+    /// The container image: static (musl) `weir` and `weir-cni` on an empty base, as an OCI
+    /// archive for `ctr images import` (target/weir-image/weir.oci.tar).
+    Image {
+        /// A debug build (faster to build; what the containerised-agent test uses).
+        #[arg(long)]
+        debug: bool,
     },
     /// fmt --check, clippy -D warnings on every crate (the eBPF crate on its BPF target).
     Lint,
@@ -77,6 +85,11 @@ fn main() -> Result<()> {
             };
             let object = build.run().map_err(anyhow::Error::msg)?;
             println!("{}", object.display());
+            Ok(())
+        }
+        Task::Image { debug } => {
+            let archive = image::run(&ws, !debug)?;
+            println!("{} {}", image::IMAGE, archive.display());
             Ok(())
         }
         Task::Lint => lint::run(&ws),

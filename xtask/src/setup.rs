@@ -21,6 +21,7 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",              // ... and the static busybox of that container
     "buildah",                     // the CRI tier's pause image, built offline from scratch
     "libc6-dev",                   // ... whose static pause binary links libc.a
+    "musl-tools",                  // `cargo xtask image`: musl-gcc for the C parts of ring and psm
 ];
 
 /// The bpf-linker version the eBPF build uses.
@@ -30,6 +31,7 @@ pub(crate) fn run(ws: &Path, apt: bool) -> Result<()> {
     let nightly = EbpfBuild::nightly(ws).map_err(anyhow::Error::msg)?;
     ensure_toolchain(&nightly, &["rust-src", "clippy", "rustfmt"])?;
     ensure_bpf_linker(&nightly)?;
+    ensure_target(&user_toolchain(ws)?, crate::image::MUSL_TARGET)?;
     if apt {
         ensure_apt(APT_PACKAGES)?;
     }
@@ -62,6 +64,36 @@ fn ensure_toolchain(toolchain: &str, components: &[&str]) -> Result<()> {
         args.extend(["--component", c]);
     }
     util::run(Path::new("."), "rustup", &args)
+}
+
+/// The user-space toolchain pinned in `rust-toolchain.toml`.
+fn user_toolchain(ws: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(ws.join("rust-toolchain.toml"))
+        .context("cannot read rust-toolchain.toml")?;
+    text.lines()
+        .find_map(|l| {
+            let v = l.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+            Some(v.trim().trim_matches('"').to_owned())
+        })
+        .context("rust-toolchain.toml names no channel")
+}
+
+/// A standard library for `target` (the image's static binaries).
+fn ensure_target(toolchain: &str, target: &str) -> Result<()> {
+    let installed = util::output(
+        "rustup",
+        &["target", "list", "--installed", "--toolchain", toolchain],
+    )
+    .unwrap_or_default();
+    if installed.lines().any(|l| l.trim() == target) {
+        return Ok(());
+    }
+    println!("setup: adding target {target} to {toolchain}");
+    util::run(
+        Path::new("."),
+        "rustup",
+        &["target", "add", target, "--toolchain", toolchain],
+    )
 }
 
 fn ensure_bpf_linker(nightly: &str) -> Result<()> {

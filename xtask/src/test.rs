@@ -28,10 +28,14 @@ pub(crate) fn run(ws: &Path) -> Result<()> {
             "tests",
         ],
     );
-    let integration = util::run(
+    // The container image, once, before the tests that run it (`deploy_container.rs`).
+    let image = crate::image::run(ws, false)?;
+    let spec = format!("{}={}", crate::image::IMAGE, image.display());
+    let integration = util::run_env(
         ws,
         "cargo",
         &["test", "-p", "tests", "--", "--test-threads=1"],
+        &[("WEIR_IMAGE_ARCHIVE", spec.as_str())],
     );
     let leftovers = leftovers();
     unit?;

@@ -11,6 +11,7 @@
 //! - `status`: `GET /v1/status` (the part every client reads, and the agent's detail).
 //! - `mechanism`: how the endpoint programs attach (`filter` or `tcx`).
 //! - `monitor`: `GET /v1/monitor`, the drop events stream.
+//! - `log_level`: `POST /v1/log-level`, the agent's log filter.
 //! - `error`: the error object and its codes.
 //! - `client`: the client over the unix socket.
 
@@ -19,6 +20,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod ipam;
+pub mod log_level;
 pub mod mechanism;
 pub mod monitor;
 pub mod status;
@@ -31,6 +33,7 @@ pub use ipam::{
     AllocateRequest, AllocateResponse, Allocation, HandleStatus, IpamOpsRequest, ReleaseRequest,
     ReleaseResponse,
 };
+pub use log_level::LogLevel;
 pub use mechanism::{Mechanism, UnknownMechanism};
 pub use monitor::DropEventView;
 pub use status::{PoolStatus, Status};

@@ -2,5 +2,6 @@
 
 pub mod client;
 pub mod error;
+pub mod log_level;
 pub mod server;
 pub mod types;

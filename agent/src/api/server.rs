@@ -85,6 +85,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
         .route("/v1/monitor", get(monitor))
+        .route("/v1/log-level", post(super::log_level::set))
         .with_state(api)
 }
 

@@ -69,7 +69,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start a tokio runtime")
 }
 
-fn client(common: &Common) -> Client {
+pub(crate) fn client(common: &Common) -> Client {
     Client::new(&common.api_socket, ANSWER_WITHIN)
 }
 

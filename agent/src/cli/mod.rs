@@ -1,7 +1,9 @@
 //! The `weir` command line: `weir agent` (the daemon) and the operator subcommands.
 
 pub mod agent_client;
+pub mod install;
 pub mod ipam;
+pub mod log_level;
 pub mod monitor;
 
 use clap::{Parser, Subcommand};
@@ -13,6 +15,10 @@ pub struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `agent=debug`.
     #[arg(long, env = "WEIR_LOG", default_value = "info", global = true)]
     pub log: String,
+    /// Log line format on stderr: `text` (colours only on a terminal) or `json` (one object per
+    /// line, for log collectors).
+    #[arg(long, env = "WEIR_LOG_FORMAT", value_enum, default_value_t = agent::logging::LogFormat::Text, global = true)]
+    pub log_format: agent::logging::LogFormat,
     /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
@@ -33,6 +39,14 @@ pub enum Command {
     Bpf(agent_client::BpfArgs),
     /// Dropped packets as they happen (sampled), with their reason.
     Monitor(monitor::MonitorArgs),
+    /// Replace the running agent's log filter, e.g. `weir log-level debug`.
+    LogLevel(log_level::LogLevelArgs),
+    /// Copy weir-cni into the node's CNI bin directory atomically (the DaemonSet's init step).
+    InstallCni(install::InstallCniArgs),
+    /// Mount bpffs at /sys/fs/bpf if it is not mounted (the DaemonSet's privileged init step).
+    MountBpffs,
+    /// Remove weir from this node: the conflist, every attachment, the pin root (agent stopped).
+    Uninstall(install::UninstallArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
     Ipam(ipam::IpamArgs),
 }

@@ -41,6 +41,21 @@ pub const NAME_ANNOTATION: &str = "ipam.weir.dev/name";
 /// The label holding the hash of the host an affinity or block belongs to.
 pub const HOST_LABEL: &str = "ipam.weir.dev/host";
 
+/// The verbs this store uses, as RBAC names them: `get` and `list` (reads and label-selector
+/// listings), `create` (POST), `update` (PUT with a resourceVersion) and `delete` (with a
+/// precondition). No `watch`, no `patch`. The deployment's ClusterRole (`deploy/weir.yaml`) grants
+/// exactly these on [`rbac_resources`]; the contract tests check every request the store makes
+/// against this list, and the manifest tests check the ClusterRole against it.
+pub const RBAC_VERBS: &[&str] = &["get", "list", "create", "update", "delete"];
+
+/// The resources (plurals of group [`crd::GROUP`]) this store reads and writes: one per [`Kind`].
+pub fn rbac_resources() -> Vec<String> {
+    Kind::ALL
+        .iter()
+        .map(|k| crd::api_resource(*k).plural)
+        .collect()
+}
+
 /// Page size of listings.
 const PAGE: u32 = 500;
 
