@@ -94,6 +94,8 @@ struct File {
 pub struct Identities {
     path: PathBuf,
     file: File,
+    /// Allocated in memory since the last successful write (`allocate` + `persist`).
+    unsaved: bool,
 }
 
 impl Identities {
@@ -118,7 +120,44 @@ impl Identities {
         Ok(Self {
             path: path.to_owned(),
             file,
+            unsaved: false,
         })
+    }
+
+    /// The identity of `labels`, allocating a new one in memory if needed: a batch of allocations
+    /// is written once by `persist`, which must succeed before any of them is used.
+    pub fn allocate(&mut self, labels: &LabelSet) -> Result<u32, IdentityError> {
+        let key = labels.canonical();
+        if let Some(id) = self.file.identities.get(&key) {
+            return Ok(*id);
+        }
+        let id = self.file.next.max(maps_schema::identity::FIRST_ALLOCATED);
+        self.file.next = id.checked_add(1).ok_or(IdentityError::Exhausted)?;
+        self.file.identities.insert(key, id);
+        self.unsaved = true;
+        Ok(id)
+    }
+
+    /// Writes the allocations `allocate` made since the last write (nothing to do: no write).
+    /// On failure they stay in memory, unsaved, and the next `persist` writes them again.
+    pub fn persist_allocated(&mut self) -> Result<(), IdentityError> {
+        if self.unsaved {
+            self.persist()?;
+            self.unsaved = false;
+        }
+        Ok(())
+    }
+
+    /// Number of allocated identities.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.file.identities.len()
+    }
+
+    /// True when nothing is allocated.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.file.identities.is_empty()
     }
 
     /// The identity of `labels`, allocating (and persisting) a new one if needed.
@@ -136,6 +175,7 @@ impl Identities {
             self.file.next = previous_next;
             return Err(e);
         }
+        self.unsaved = false;
         Ok(id)
     }
 

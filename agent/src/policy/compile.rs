@@ -56,13 +56,15 @@ pub struct Compiled {
     pub rules: Vec<RuleRef>,
 }
 
-fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
+/// True when `inner` lies inside `outer` (same family, at least as long a prefix).
+pub(crate) fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
     outer.is_ipv4() == inner.is_ipv4()
         && outer.prefix() <= inner.prefix()
         && outer.contains(inner.network())
 }
 
-/// Compiles `set` for the local `subjects`.
+/// Compiles `set` for the local `subjects` from scratch. The agent keeps the same maps up to date
+/// incrementally (`crate::calc`); this full compile is the reference its tests compare against.
 pub fn compile(
     set: &PolicySet,
     subjects: &[Subject<'_>],
@@ -224,7 +226,10 @@ fn peer_identities(
     ids
 }
 
-fn add_ports(
+/// Adds one rule's entries for (endpoint, direction, peer) in the order rules are compiled: an
+/// exact port keeps the first rule's value, an all-ports entry the last one's, ranges fill the
+/// slots of the protocol's any-port entry (more ranges than slots become exact ports).
+pub(crate) fn add_ports(
     map: &mut HashMap<PolicyKey, PolicyValue>,
     endpoint_id: u32,
     direction: u8,
