@@ -5,11 +5,12 @@
 //! group from its rules, in the full compile's order, and writes only the keys whose value
 //! changed (and removes those no longer produced).
 
-use std::collections::{HashMap, HashSet};
-
 use maps_schema::{PolicyKey, PolicyValue};
 
-use super::RuleState;
+use super::{
+    RuleState,
+    fasthash::{FastMap, FastSet},
+};
 use crate::{dataplane::map_driver::MapDriver, policy::compile::add_ports};
 
 /// One group's identity.
@@ -33,8 +34,8 @@ struct Group {
 /// Every group with a contribution, and the groups changed since the last flush.
 #[derive(Default)]
 pub(super) struct Groups {
-    groups: HashMap<GroupKey, Group>,
-    dirty: HashSet<GroupKey>,
+    groups: FastMap<GroupKey, Group>,
+    dirty: FastSet<GroupKey>,
 }
 
 impl Groups {
@@ -62,10 +63,10 @@ impl Groups {
     /// Recompiles the changed groups into the policy map's desired state.
     pub(super) fn flush(
         &mut self,
-        rules: &HashMap<u32, RuleState>,
+        rules: &FastMap<u32, RuleState>,
         policy: &mut MapDriver<PolicyKey, PolicyValue>,
     ) {
-        let mut out = HashMap::new();
+        let mut out = FastMap::default();
         for key in std::mem::take(&mut self.dirty) {
             let Some(group) = self.groups.get_mut(&key) else {
                 continue;

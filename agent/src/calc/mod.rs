@@ -21,6 +21,7 @@
 //! failure leaves the calculation as it was. No kernel I/O here: `flush` writes desired state.
 
 mod classes;
+mod fasthash;
 mod groups;
 mod layered;
 mod peers;
@@ -48,6 +49,7 @@ use maps_schema::{
 };
 
 use self::{
+    fasthash::FastMap,
     groups::Groups,
     layered::Layered,
     peers::{PeerEntry, PeerKey},
@@ -59,7 +61,7 @@ use crate::{
     identity::{Identities, IdentityError, LabelSet},
     policy::{
         compile::RuleRef,
-        model::{Policy, PolicySet, PortSpec},
+        model::{Peer, Policy, PolicySet, PortSpec},
     },
     registry::Endpoint,
 };
@@ -116,7 +118,7 @@ pub(super) struct RuleState {
     /// Selector-cache entries of its peers (a peer named twice is here twice).
     peers: Vec<usize>,
     /// Peer identity → how many of its peers select it (`ANY` for a rule without peers).
-    identities: HashMap<u32, u32>,
+    identities: FastMap<u32, u32>,
 }
 
 impl RuleState {
@@ -148,12 +150,13 @@ pub struct Calculation {
     policies: Slab<PolicyState>,
     policy_index: BTreeMap<(String, String), usize>,
     policies_by_namespace: HashMap<String, BTreeSet<usize>>,
-    rules: HashMap<u32, RuleState>,
+    rules: FastMap<u32, RuleState>,
     rule_ids: RuleIds,
     peers: Slab<PeerEntry>,
     peer_index: HashMap<PeerKey, usize>,
     cidrs: BTreeMap<IpNetwork, CidrState>,
-    /// Identities of the CIDRs of the policy set being applied (allocated before it is).
+    /// Identities of every policy CIDR seen (allocated before a policy naming it is applied;
+    /// CIDR identities stay allocated, as label-set identities do).
     cidr_identities: HashMap<IpNetwork, u32>,
     groups: Groups,
     ident: Layered<IpAddr, Source>,
@@ -180,7 +183,7 @@ impl Calculation {
             policies: Slab::new(),
             policy_index: BTreeMap::new(),
             policies_by_namespace: HashMap::new(),
-            rules: HashMap::new(),
+            rules: FastMap::default(),
             rule_ids: RuleIds::default(),
             peers: Slab::new(),
             peer_index: HashMap::new(),
@@ -361,15 +364,29 @@ impl Calculation {
 
     /// Applies a whole new policy set (namespaces' labels included), diffed against the last.
     pub fn set_policies(&mut self, set: &PolicySet) -> Result<(), IdentityError> {
-        let changed_namespaces: Vec<String> = self
+        let changed_namespaces: BTreeSet<String> = self
             .namespaces
             .keys()
             .chain(set.namespaces.keys())
             .filter(|ns| self.namespace_labels(ns) != set.namespaces.get(*ns).unwrap_or(&NO_LABELS))
             .cloned()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
+        let stale: Vec<(String, String)> = self
+            .policy_index
+            .iter()
+            .filter(|(key, id)| {
+                set.policies
+                    .get(*key)
+                    .is_none_or(|new| self.policies.get(**id).is_none_or(|old| old.policy != *new))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        let fresh: Vec<(&(String, String), &Policy)> = set
+            .policies
+            .iter()
+            .filter(|(key, _)| !self.policy_index.contains_key(*key) || stale.contains(key))
+            .collect();
+
         // Allocate first: nothing changes unless every identity the new set needs is persisted.
         let mut relabelled = HashMap::new();
         for ns in &changed_namespaces {
@@ -381,41 +398,33 @@ impl Calculation {
                 }
             }
         }
-        let mut cidr_identities = HashMap::new();
-        for policy in set.policies.values() {
+        for (_, policy) in &fresh {
             for rule in policy.ingress.iter().chain(&policy.egress) {
                 for peer in &rule.peers {
-                    for net in PeerKey::of(peer, &policy.namespace).cidrs() {
-                        let id = self.identities.allocate(&LabelSet::for_cidr(&net))?;
-                        cidr_identities.insert(net, id);
+                    if let Peer::Cidr { cidr, except } = peer {
+                        for net in std::iter::once(cidr).chain(except) {
+                            if !self.cidr_identities.contains_key(net) {
+                                let id = self.identities.allocate(&LabelSet::for_cidr(net))?;
+                                self.cidr_identities.insert(*net, id);
+                            }
+                        }
                     }
                 }
             }
         }
         self.identities.persist_allocated()?;
-        self.cidr_identities = cidr_identities;
 
-        let stale: Vec<(String, String)> = self
-            .policy_index
-            .iter()
-            .filter(|(key, id)| {
-                set.policies
-                    .get(*key)
-                    .is_none_or(|new| self.policies.get(**id).is_none_or(|old| old.policy != *new))
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
         for key in &stale {
             self.remove_policy(key);
         }
-        self.namespaces.clone_from(&set.namespaces);
-        for ns in &changed_namespaces {
-            self.relabel_namespace(ns, &relabelled);
-        }
-        for (key, policy) in &set.policies {
-            if !self.policy_index.contains_key(key) {
-                self.add_policy(key.clone(), policy.clone());
+        if !changed_namespaces.is_empty() {
+            self.namespaces.clone_from(&set.namespaces);
+            for ns in &changed_namespaces {
+                self.relabel_namespace(ns, &relabelled);
             }
+        }
+        for (key, policy) in fresh {
+            self.add_policy(key.clone(), policy.clone());
         }
         Ok(())
     }

@@ -4,10 +4,11 @@
 //! the label classes it matches, so a change of one class or CIDR touches only the entries whose
 //! match set it changes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use ipnetwork::IpNetwork;
 
+use super::fasthash::{FastMap, FastSet};
 use crate::policy::{compile::contains, model::Peer, selector::Selector};
 
 /// Which namespaces a pod peer looks in.
@@ -98,20 +99,20 @@ impl PeerKey {
 pub(super) struct PeerEntry {
     pub(super) key: PeerKey,
     /// Identity → how many label classes (or CIDRs) supply it; only non-zero counts are kept.
-    pub(super) identities: HashMap<u32, u32>,
+    pub(super) identities: FastMap<u32, u32>,
     /// Rule id → how many of the rule's peers are this one.
-    pub(super) users: HashMap<u32, u32>,
+    pub(super) users: FastMap<u32, u32>,
     /// Label classes matched (selectors only).
-    pub(super) classes: HashSet<usize>,
+    pub(super) classes: FastSet<usize>,
 }
 
 impl PeerEntry {
     pub(super) fn new(key: PeerKey) -> Self {
         Self {
             key,
-            identities: HashMap::new(),
-            users: HashMap::new(),
-            classes: HashSet::new(),
+            identities: FastMap::default(),
+            users: FastMap::default(),
+            classes: FastSet::default(),
         }
     }
 }

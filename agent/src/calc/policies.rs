@@ -1,7 +1,7 @@
 //! Policies and their rules, the selector cache's entries, and policy CIDRs: adding and removing
 //! them, and passing a change of what a peer selects on to the rules using it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use ipnetwork::IpNetwork;
 use maps_schema::{
@@ -11,8 +11,9 @@ use maps_schema::{
 
 use super::{
     Calculation, CidrState, PolicyState, RuleState,
+    fasthash::FastMap,
     groups::GroupKey,
-    peers::{PeerEntry, PeerKey},
+    peers::{Namespaces, PeerEntry, PeerKey},
 };
 use crate::policy::{
     compile::RuleRef,
@@ -134,7 +135,7 @@ impl Calculation {
             .iter()
             .map(|p| self.peer_get_or_create(PeerKey::of(p, namespace)))
             .collect();
-        let mut identities = HashMap::new();
+        let mut identities = FastMap::default();
         if peers.is_empty() {
             identities.insert(ANY, 1);
         }
@@ -235,7 +236,25 @@ impl Calculation {
                 *entry.identities.entry(cidr.identity).or_default() += 1;
             }
         }
-        for (class_id, class) in self.classes.iter() {
+        let candidates: Vec<usize> = match &key {
+            // A selector of the policy's own namespace looks at that namespace's classes only.
+            PeerKey::Pods {
+                namespaces: Namespaces::Own(ns),
+                ..
+            } => self
+                .classes_by_namespace
+                .get(ns)
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect(),
+            PeerKey::Pods { .. } => self.classes.iter().map(|(id, _)| id).collect(),
+            PeerKey::Cidr { .. } => Vec::new(),
+        };
+        for class_id in candidates {
+            let Some(class) = self.classes.get(class_id) else {
+                continue;
+            };
             let labels = self.namespace_labels(&class.namespace);
             if key.matches_class(&class.namespace, &class.labels, labels) {
                 entry.classes.insert(class_id);

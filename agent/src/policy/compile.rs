@@ -1,7 +1,10 @@
 //! From policies, endpoints and identities to map contents: isolation flags per endpoint, policy
 //! entries, and ipcache entries for policy CIDRs. Pure: no I/O besides allocating identities.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    hash::BuildHasher,
+};
 
 use ipnetwork::IpNetwork;
 use maps_schema::{
@@ -229,8 +232,8 @@ fn peer_identities(
 /// Adds one rule's entries for (endpoint, direction, peer) in the order rules are compiled: an
 /// exact port keeps the first rule's value, an all-ports entry the last one's, ranges fill the
 /// slots of the protocol's any-port entry (more ranges than slots become exact ports).
-pub(crate) fn add_ports(
-    map: &mut HashMap<PolicyKey, PolicyValue>,
+pub(crate) fn add_ports<S: BuildHasher>(
+    map: &mut HashMap<PolicyKey, PolicyValue, S>,
     endpoint_id: u32,
     direction: u8,
     peer: u32,
@@ -274,8 +277,8 @@ pub(crate) fn add_ports(
     }
 }
 
-fn add_range(
-    map: &mut HashMap<PolicyKey, PolicyValue>,
+fn add_range<S: BuildHasher>(
+    map: &mut HashMap<PolicyKey, PolicyValue, S>,
     range_key: PolicyKey,
     first: u16,
     last: u16,
