@@ -230,4 +230,29 @@ mod tests {
             .expect("cidr");
         assert!(c > b, "numbers are never reused");
     }
+
+    #[test]
+    fn a_batch_of_allocations_is_written_once_and_survives_a_restart() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("identities.json");
+        let mut ids = Identities::load(&path).expect("empty");
+        let nets: Vec<LabelSet> = ["10.0.0.0/8", "10.1.0.0/16"]
+            .iter()
+            .map(|n| LabelSet::for_cidr(&n.parse().expect("cidr")))
+            .collect();
+        let a = ids.allocate(&nets[0]).expect("a");
+        let b = ids.allocate(&nets[1]).expect("b");
+        assert_ne!(a, b);
+        assert!(!path.exists(), "allocate alone writes nothing");
+        ids.persist_allocated().expect("persist");
+        let reloaded = Identities::load(&path).expect("reload");
+        assert_eq!(
+            (reloaded.get(&nets[0]), reloaded.get(&nets[1])),
+            (Some(a), Some(b))
+        );
+        // Nothing new: no write (a removed file stays removed).
+        fs::remove_file(&path).expect("rm");
+        ids.persist_allocated().expect("nothing to do");
+        assert!(!path.exists());
+    }
 }

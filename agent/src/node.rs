@@ -245,3 +245,7 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

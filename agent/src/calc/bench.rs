@@ -101,7 +101,7 @@ fn policy(ns: u32, k: u32) -> Policy {
             ports: vec![tcp(8080, Some(8090))],
         },
     ];
-    if k % 3 == 0 {
+    if k.is_multiple_of(3) {
         let block = |s: String| s.parse::<IpNetwork>().ok();
         if let (Some(cidr), Some(except)) = (
             block(format!("10.{}.0.0/16", ns + 1)),
@@ -116,7 +116,7 @@ fn policy(ns: u32, k: u32) -> Policy {
             });
         }
     }
-    let egress_isolated = k % 5 == 0;
+    let egress_isolated = k.is_multiple_of(5);
     let egress = if egress_isolated {
         vec![Rule {
             peers: vec![Peer::Pods {
@@ -150,7 +150,10 @@ fn policy_set() -> PolicySet {
             format!("ns{ns}"),
             labels(&[
                 ("team", format!("t{}", ns % 5)),
-                ("env", if ns % 2 == 0 { "prod" } else { "dev" }.to_owned()),
+                (
+                    "env",
+                    if ns.is_multiple_of(2) { "prod" } else { "dev" }.to_owned(),
+                ),
             ]),
         );
         for k in 0..POLICIES_PER_NAMESPACE {
@@ -235,7 +238,7 @@ fn calculation_figures() {
     for i in 0..SAMPLES {
         let at = rng.below(pods.len());
         let pod = &mut pods[at];
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let rev = format!("r{}", (rng.below(3) + 1 + pod.id as usize) % 4);
             pod.labels.insert("rev".into(), rev);
         } else if pod.labels.remove("canary").is_none() {
@@ -266,7 +269,7 @@ fn calculation_figures() {
         let Some(p) = set.policies.get_mut(&(format!("ns{ns}"), format!("p{k}"))) else {
             continue;
         };
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let port = if p.ingress[0].ports[1].port == Some(443) {
                 8443
             } else {

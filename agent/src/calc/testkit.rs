@@ -189,7 +189,7 @@ impl Maps {
     }
 }
 
-/// A dataplane over recording maps.
+/// A dataplane over new, empty recording maps.
 pub(crate) fn dataplane() -> (Dataplane, Maps) {
     let maps = Maps {
         endpoints: Recorder::new("endpoints_v1"),
@@ -199,7 +199,12 @@ pub(crate) fn dataplane() -> (Dataplane, Maps) {
         ipcache6: Recorder::new("ipcache6_v1"),
         policy: Recorder::new("policy_v1"),
     };
-    let dp = Dataplane {
+    (dataplane_over(&maps), maps)
+}
+
+/// A new dataplane (as after a restart) over the maps an earlier one wrote.
+pub(crate) fn dataplane_over(maps: &Maps) -> Dataplane {
+    Dataplane {
         attachments: AttachDriver::new(Box::new(NoAttach)),
         endpoints: MapDriver::new(Box::new(maps.endpoints.clone())),
         endpoints_manager: EndpointsManager::new(),
@@ -208,8 +213,7 @@ pub(crate) fn dataplane() -> (Dataplane, Maps) {
         ipcache4: MapDriver::new(Box::new(maps.ipcache4.clone())),
         ipcache6: MapDriver::new(Box::new(maps.ipcache6.clone())),
         policy: MapDriver::new(Box::new(maps.policy.clone())),
-    };
-    (dp, maps)
+    }
 }
 
 /// A workload endpoint with made-up names derived from `n`.
