@@ -31,16 +31,7 @@ impl Calculation {
                         self.ident.unset(*ip, &source);
                     }
                 }
-                for ip in &endpoint.ips {
-                    self.ident.set(*ip, source.clone(), identity);
-                }
-                self.members.insert(
-                    key.clone(),
-                    Member {
-                        endpoint: endpoint.clone(),
-                        class,
-                    },
-                );
+                self.set_member(endpoint, class, identity);
                 self.gone_links.remove(&endpoint.host_ifname);
                 self.dirty_endpoints.insert(key);
                 return;
@@ -63,19 +54,25 @@ impl Calculation {
         };
         c.members.insert(endpoint.id, key.clone());
         let identity = c.identity;
+        self.set_member(endpoint, class, identity);
+        self.endpoint_contributions(class, endpoint.id, true);
+        self.dirty_endpoints.insert(key);
+    }
+
+    /// Records the endpoint as a member of `class` and its addresses as holding `identity`.
+    fn set_member(&mut self, endpoint: &Endpoint, class: usize, identity: u32) {
+        let key = endpoint.key();
         let source = Source::Endpoint(key.clone());
         for ip in &endpoint.ips {
             self.ident.set(*ip, source.clone(), identity);
         }
         self.members.insert(
-            key.clone(),
+            key,
             Member {
                 endpoint: endpoint.clone(),
                 class,
             },
         );
-        self.endpoint_contributions(class, endpoint.id, true);
-        self.dirty_endpoints.insert(key);
     }
 
     /// Takes an endpoint out (its entries, its addresses, its class if it was the last member).

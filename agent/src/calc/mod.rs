@@ -38,6 +38,7 @@ pub(crate) mod testkit;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    hash::Hash,
     net::IpAddr,
 };
 
@@ -57,7 +58,7 @@ use self::{
     slab::Slab,
 };
 use crate::{
-    dataplane::{endpoints, kernel::Prefix, plane::Dataplane},
+    dataplane::{endpoints, kernel::Prefix, map_driver::MapDriver, plane::Dataplane},
     identity::{Identities, IdentityError, LabelSet},
     policy::{
         compile::RuleRef,
@@ -67,6 +68,22 @@ use crate::{
 };
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+fn identity_info(identity: u32) -> IdentityInfo {
+    IdentityInfo { identity, flags: 0 }
+}
+
+/// The key should hold `value`, or not exist.
+fn put<K: Clone + Eq + Hash + Send>(
+    driver: &mut MapDriver<K, IdentityInfo>,
+    key: K,
+    value: Option<IdentityInfo>,
+) {
+    match value {
+        Some(v) => driver.set(key, v),
+        None => driver.remove(&key),
+    }
+}
 
 /// Who says an address has an identity: the node (host) or an endpoint (by registry key). When
 /// both do, the endpoint wins, and among endpoints the last key (as a full rebuild wrote them).
@@ -275,43 +292,23 @@ impl Calculation {
     /// Writes what changed into the managers' and drivers' desired state (no kernel I/O).
     pub fn flush(&mut self, dp: &mut Dataplane) {
         for address in self.ident.take_dirty() {
-            let value = self
-                .ident
-                .winner(&address)
-                .map(|identity| IdentityInfo { identity, flags: 0 });
-            match (address, value) {
-                (IpAddr::V4(a), Some(v)) => dp.ident4.set(a.octets(), v),
-                (IpAddr::V4(a), None) => dp.ident4.remove(&a.octets()),
-                (IpAddr::V6(a), Some(v)) => dp.ident6.set(a.octets(), v),
-                (IpAddr::V6(a), None) => dp.ident6.remove(&a.octets()),
+            let value = self.ident.winner(&address).map(identity_info);
+            match address {
+                IpAddr::V4(a) => put(&mut dp.ident4, a.octets(), value),
+                IpAddr::V6(a) => put(&mut dp.ident6, a.octets(), value),
             }
         }
         for net in self.ipcache.take_dirty() {
-            let value = self
-                .ipcache
-                .winner(&net)
-                .map(|identity| IdentityInfo { identity, flags: 0 });
+            let value = self.ipcache.winner(&net).map(identity_info);
             let len = u32::from(net.prefix());
-            match (net, value) {
-                (IpNetwork::V4(n), v) => {
-                    let key = Prefix {
-                        len,
-                        data: n.network().octets(),
-                    };
-                    match v {
-                        Some(v) => dp.ipcache4.set(key, v),
-                        None => dp.ipcache4.remove(&key),
-                    }
+            match net {
+                IpNetwork::V4(n) => {
+                    let data = n.network().octets();
+                    put(&mut dp.ipcache4, Prefix { len, data }, value);
                 }
-                (IpNetwork::V6(n), v) => {
-                    let key = Prefix {
-                        len,
-                        data: n.network().octets(),
-                    };
-                    match v {
-                        Some(v) => dp.ipcache6.set(key, v),
-                        None => dp.ipcache6.remove(&key),
-                    }
+                IpNetwork::V6(n) => {
+                    let data = n.network().octets();
+                    put(&mut dp.ipcache6, Prefix { len, data }, value);
                 }
             }
         }
