@@ -94,6 +94,8 @@ struct File {
 pub struct Identities {
     path: PathBuf,
     file: File,
+    /// Allocated in memory since the last successful write (`allocate` + `persist`).
+    unsaved: bool,
 }
 
 impl Identities {
@@ -118,7 +120,44 @@ impl Identities {
         Ok(Self {
             path: path.to_owned(),
             file,
+            unsaved: false,
         })
+    }
+
+    /// The identity of `labels`, allocating a new one in memory if needed: a batch of allocations
+    /// is written once by `persist`, which must succeed before any of them is used.
+    pub fn allocate(&mut self, labels: &LabelSet) -> Result<u32, IdentityError> {
+        let key = labels.canonical();
+        if let Some(id) = self.file.identities.get(&key) {
+            return Ok(*id);
+        }
+        let id = self.file.next.max(maps_schema::identity::FIRST_ALLOCATED);
+        self.file.next = id.checked_add(1).ok_or(IdentityError::Exhausted)?;
+        self.file.identities.insert(key, id);
+        self.unsaved = true;
+        Ok(id)
+    }
+
+    /// Writes the allocations `allocate` made since the last write (nothing to do: no write).
+    /// On failure they stay in memory, unsaved, and the next `persist` writes them again.
+    pub fn persist_allocated(&mut self) -> Result<(), IdentityError> {
+        if self.unsaved {
+            self.persist()?;
+            self.unsaved = false;
+        }
+        Ok(())
+    }
+
+    /// Number of allocated identities.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.file.identities.len()
+    }
+
+    /// True when nothing is allocated.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.file.identities.is_empty()
     }
 
     /// The identity of `labels`, allocating (and persisting) a new one if needed.
@@ -136,6 +175,7 @@ impl Identities {
             self.file.next = previous_next;
             return Err(e);
         }
+        self.unsaved = false;
         Ok(id)
     }
 
@@ -189,5 +229,30 @@ mod tests {
             .get_or_allocate(&LabelSet::for_cidr(&"10.0.0.0/8".parse().expect("cidr")))
             .expect("cidr");
         assert!(c > b, "numbers are never reused");
+    }
+
+    #[test]
+    fn a_batch_of_allocations_is_written_once_and_survives_a_restart() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("identities.json");
+        let mut ids = Identities::load(&path).expect("empty");
+        let nets: Vec<LabelSet> = ["10.0.0.0/8", "10.1.0.0/16"]
+            .iter()
+            .map(|n| LabelSet::for_cidr(&n.parse().expect("cidr")))
+            .collect();
+        let a = ids.allocate(&nets[0]).expect("a");
+        let b = ids.allocate(&nets[1]).expect("b");
+        assert_ne!(a, b);
+        assert!(!path.exists(), "allocate alone writes nothing");
+        ids.persist_allocated().expect("persist");
+        let reloaded = Identities::load(&path).expect("reload");
+        assert_eq!(
+            (reloaded.get(&nets[0]), reloaded.get(&nets[1])),
+            (Some(a), Some(b))
+        );
+        // Nothing new: no write (a removed file stays removed).
+        fs::remove_file(&path).expect("rm");
+        ids.persist_allocated().expect("nothing to do");
+        assert!(!path.exists());
     }
 }

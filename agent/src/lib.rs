@@ -8,6 +8,7 @@ pub mod api;
 pub mod applier;
 pub use attach;
 pub mod bpffs;
+pub mod calc;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;

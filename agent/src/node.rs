@@ -1,25 +1,20 @@
-//! The node's desired state: sources (the endpoint registry, links, identities) feed the managers.
-//! Every change bumps a generation; the applier publishes the generation it has applied, so an API
-//! call can answer only once its change is in the kernel. No kernel I/O happens here.
+//! The node's desired state: sources (the endpoint registry, links, policies, node addresses)
+//! feed the incremental calculation (`crate::calc`), which records what each change alters in the
+//! managers' and drivers' desired state. Every change bumps a generation; the applier publishes the
+//! generation it has applied, so an API call can answer only once its change is in the kernel. No
+//! kernel I/O happens here.
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
-use maps_schema::{IdentityInfo, identity::HOST};
 use serde::Serialize;
 
 use crate::{
-    dataplane::{endpoints, plane::Dataplane},
-    identity::{Identities, IdentityError, LabelSet},
+    calc::Calculation,
+    dataplane::plane::Dataplane,
+    identity::{Identities, IdentityError},
     linkwatch::LinkEvent,
     paths::Paths,
-    policy::{
-        compile::{RuleRef, Subject, compile},
-        load::PolicyFileError,
-        model::PolicySet,
-    },
+    policy::{compile::RuleRef, load::PolicyFileError, model::PolicySet},
     registry::{Endpoint, Registry, RegistryError},
 };
 
@@ -37,12 +32,10 @@ pub enum NodeError {
 /// Desired state of this node.
 pub struct Node {
     registry: Registry,
-    identities: Identities,
+    calc: Calculation,
     /// Drivers and managers.
     pub dataplane: Dataplane,
-    policies: PolicySet,
     policy_errors: Vec<PolicyFileError>,
-    rules: Vec<RuleRef>,
     node_addresses: BTreeSet<IpAddr>,
     address_sources: BTreeSet<(u32, IpAddr)>,
     links_synced: bool,
@@ -76,63 +69,27 @@ impl Node {
         policy_errors: Vec<PolicyFileError>,
     ) -> Result<Self, NodeError> {
         let registry = Registry::load(&paths.registry())?;
-        let identities = Identities::load(&paths.identities())?;
+        let mut calc = Calculation::new(Identities::load(&paths.identities())?);
+        calc.set_policies(&policies)?;
+        let endpoints: Vec<&Endpoint> = registry.endpoints().collect();
+        calc.upsert_endpoints(&endpoints)?;
         let mut node = Self {
             registry,
-            identities,
+            calc,
             dataplane,
-            policies,
             policy_errors,
-            rules: Vec::new(),
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
             links_synced: false,
             generation: 1,
         };
-        node.recompute()?;
+        node.flush();
         Ok(node)
     }
 
-    /// Recomputes every desired map from the sources (managers only: no kernel I/O).
-    fn recompute(&mut self) -> Result<(), NodeError> {
-        let namespaces = &self.policies.namespaces;
-        let mut identities = Vec::new();
-        for endpoint in self.registry.endpoints() {
-            identities.push(identity_of(&mut self.identities, namespaces, endpoint)?);
-        }
-        let endpoints: Vec<&Endpoint> = self.registry.endpoints().collect();
-        let subjects: Vec<Subject<'_>> = endpoints
-            .iter()
-            .zip(&identities)
-            .map(|(e, i)| Subject {
-                endpoint: e,
-                identity: *i,
-            })
-            .collect();
-        let compiled = compile(&self.policies, &subjects, &mut self.identities)?;
-        let dp = &mut self.dataplane;
-        let (mut ident4, mut ident6) = (HashMap::new(), HashMap::new());
-        for address in &self.node_addresses {
-            insert_ident(&mut ident4, &mut ident6, *address, HOST);
-        }
-        for (endpoint, identity) in endpoints.iter().zip(&identities) {
-            let flags = compiled.flags.get(&endpoint.id).copied().unwrap_or(0);
-            dp.endpoints_manager.upsert(
-                &mut dp.endpoints,
-                &endpoint.host_ifname,
-                endpoints::entry(endpoint, *identity, flags),
-            );
-            for ip in &endpoint.ips {
-                insert_ident(&mut ident4, &mut ident6, *ip, *identity);
-            }
-        }
-        dp.ident4.replace_all(ident4);
-        dp.ident6.replace_all(ident6);
-        dp.ipcache4.replace_all(compiled.ipcache4);
-        dp.ipcache6.replace_all(compiled.ipcache6);
-        dp.policy.replace_all(compiled.policy);
-        self.rules = compiled.rules;
-        Ok(())
+    /// Hands what the last change altered to the managers and drivers (no kernel I/O).
+    fn flush(&mut self) {
+        self.calc.flush(&mut self.dataplane);
     }
 
     /// New policy files: take the valid set, remember the refusals.
@@ -141,9 +98,9 @@ impl Node {
         policies: PolicySet,
         errors: Vec<PolicyFileError>,
     ) -> Result<u64, NodeError> {
-        self.policies = policies;
+        self.calc.set_policies(&policies)?;
         self.policy_errors = errors;
-        self.recompute()?;
+        self.flush();
         Ok(self.changed())
     }
 
@@ -157,16 +114,16 @@ impl Node {
         if addresses == self.node_addresses {
             return Ok(self.generation);
         }
+        self.calc.set_node_addresses(&addresses);
         self.node_addresses = addresses;
-        self.recompute()?;
+        self.flush();
         Ok(self.changed())
     }
 
     /// Where a policy-map rule id came from.
     #[must_use]
     pub fn rule(&self, rule_id: u32) -> Option<&RuleRef> {
-        self.rules
-            .get(usize::try_from(rule_id).ok()?.checked_sub(1)?)
+        self.calc.rule(rule_id)
     }
 
     /// True once every source has been read (the links dump; the registry is read at open).
@@ -235,23 +192,25 @@ impl Node {
         &mut self,
         endpoint: Endpoint,
     ) -> Result<(Endpoint, u32, u64), NodeError> {
+        // Its identity is allocated and persisted before the registry holds the endpoint.
+        self.calc.prepare_endpoint(&endpoint)?;
         let stored = self.registry.upsert(endpoint)?;
-        let identity = identity_of(&mut self.identities, &self.policies.namespaces, &stored)?;
-        self.recompute()?;
+        let identity = self
+            .calc
+            .upsert_endpoints(&[&stored])?
+            .first()
+            .copied()
+            .unwrap_or_default();
+        self.flush();
         Ok((stored, identity, self.changed()))
     }
 
     /// Removes an endpoint; returns it if it existed, and the generation to wait for.
     pub fn delete_endpoint(&mut self, key: &str) -> Result<(Option<Endpoint>, u64), NodeError> {
         let removed = self.registry.remove(key)?;
-        if let Some(endpoint) = &removed {
-            let Dataplane {
-                endpoints: driver,
-                endpoints_manager: manager,
-                ..
-            } = &mut self.dataplane;
-            manager.remove(driver, &endpoint.host_ifname);
-            self.recompute()?;
+        if removed.is_some() {
+            self.calc.remove_endpoint(key);
+            self.flush();
         }
         Ok((removed, self.changed()))
     }
@@ -270,8 +229,7 @@ impl Node {
     /// The identity of an endpoint, if allocated.
     #[must_use]
     pub fn identity(&self, endpoint: &Endpoint) -> Option<u32> {
-        self.identities
-            .get(&labels_of(&self.policies.namespaces, endpoint))
+        self.calc.identity_of(endpoint)
     }
 
     /// Summary for status.
@@ -282,45 +240,12 @@ impl Node {
             workload_links: self.dataplane.attachments.links().len(),
             in_sync: self.in_sync(),
             generation: self.generation,
-            policies: self.policies.policies.len(),
+            policies: self.calc.policy_count(),
             policy_errors: self.policy_errors.iter().map(ToString::to_string).collect(),
         }
     }
 }
 
-fn insert_ident(
-    v4: &mut HashMap<[u8; 4], IdentityInfo>,
-    v6: &mut HashMap<[u8; 16], IdentityInfo>,
-    address: IpAddr,
-    identity: u32,
-) {
-    let info = IdentityInfo { identity, flags: 0 };
-    match address {
-        IpAddr::V4(a) => {
-            v4.insert(a.octets(), info);
-        }
-        IpAddr::V6(a) => {
-            v6.insert(a.octets(), info);
-        }
-    }
-}
-
-fn labels_of(
-    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-    endpoint: &Endpoint,
-) -> LabelSet {
-    let empty = BTreeMap::new();
-    LabelSet::for_pod(
-        &endpoint.labels,
-        &endpoint.namespace,
-        namespaces.get(&endpoint.namespace).unwrap_or(&empty),
-    )
-}
-
-fn identity_of(
-    identities: &mut Identities,
-    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-    endpoint: &Endpoint,
-) -> Result<u32, IdentityError> {
-    identities.get_or_allocate(&labels_of(namespaces, endpoint))
-}
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

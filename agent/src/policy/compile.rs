@@ -1,7 +1,10 @@
 //! From policies, endpoints and identities to map contents: isolation flags per endpoint, policy
 //! entries, and ipcache entries for policy CIDRs. Pure: no I/O besides allocating identities.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    hash::BuildHasher,
+};
 
 use ipnetwork::IpNetwork;
 use maps_schema::{
@@ -56,13 +59,15 @@ pub struct Compiled {
     pub rules: Vec<RuleRef>,
 }
 
-fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
+/// True when `inner` lies inside `outer` (same family, at least as long a prefix).
+pub(crate) fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
     outer.is_ipv4() == inner.is_ipv4()
         && outer.prefix() <= inner.prefix()
         && outer.contains(inner.network())
 }
 
-/// Compiles `set` for the local `subjects`.
+/// Compiles `set` for the local `subjects` from scratch. The agent keeps the same maps up to date
+/// incrementally (`crate::calc`); this full compile is the reference its tests compare against.
 pub fn compile(
     set: &PolicySet,
     subjects: &[Subject<'_>],
@@ -224,8 +229,11 @@ fn peer_identities(
     ids
 }
 
-fn add_ports(
-    map: &mut HashMap<PolicyKey, PolicyValue>,
+/// Adds one rule's entries for (endpoint, direction, peer) in the order rules are compiled: an
+/// exact port keeps the first rule's value, an all-ports entry the last one's, ranges fill the
+/// slots of the protocol's any-port entry (more ranges than slots become exact ports).
+pub(crate) fn add_ports<S: BuildHasher>(
+    map: &mut HashMap<PolicyKey, PolicyValue, S>,
     endpoint_id: u32,
     direction: u8,
     peer: u32,
@@ -269,8 +277,8 @@ fn add_ports(
     }
 }
 
-fn add_range(
-    map: &mut HashMap<PolicyKey, PolicyValue>,
+fn add_range<S: BuildHasher>(
+    map: &mut HashMap<PolicyKey, PolicyValue, S>,
     range_key: PolicyKey,
     first: u16,
     last: u16,
