@@ -346,6 +346,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         shared: Arc::clone(&shared),
         ct: Arc::clone(&ct_stats),
         programs: program_report.clone(),
+        paths: paths.clone(),
     };
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod node;
 pub mod node_setup;
+pub mod observe;
 pub mod paths;
 pub mod policy;
 pub mod programs;
