@@ -133,6 +133,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut migration = pending.report.clone();
     let mut programs = Programs::load(&paths, &object, &pending.sizes)?;
     let program_report = programs.report.programs.clone();
+    crate::observe::ebpf_log::start(&paths);
     let mut prefilter = Vec::new();
     for ifname in &config.prefilter_interfaces {
         let name = maps_schema::programs::XDP_PREFILTER;

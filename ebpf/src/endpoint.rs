@@ -54,6 +54,8 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
         None => DROP_UNKNOWN_ENDPOINT,
         Some(ep) => dispatch(ep, &seen, &pkt, &mut rule),
     };
+    #[cfg(feature = "debug-log")]
+    crate::debug_log::decision(ctx, &seen, reason, rule);
     if seen.trace {
         return trace::answer(skb, reason, rule);
     }

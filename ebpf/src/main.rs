@@ -7,6 +7,8 @@
 compile_error!("weir's programs are built for bpfel only");
 
 mod counters;
+#[cfg(feature = "debug-log")]
+mod debug_log;
 mod endpoint;
 mod entry;
 mod flow;

@@ -37,6 +37,10 @@ enum Task {
         /// eBPF crate features (test-only variants).
         #[arg(long, value_delimiter = ',')]
         features: Vec<String>,
+        /// The opt-in debug build: every decision logged through aya-log (feature `debug-log`,
+        /// its own object under `target/ebpf-debug-log/`, for `weir agent --ebpf-object`).
+        #[arg(long)]
+        debug_log: bool,
     },
     /// fmt --check, clippy -D warnings on every crate (the eBPF crate on its BPF target).
     Lint,
@@ -68,8 +72,15 @@ fn main() -> Result<()> {
     let ws = workspace();
     match Cli::parse().command {
         Task::Setup { no_apt } => setup::run(&ws, !no_apt),
-        Task::BuildEbpf { release, features } => {
-            let features: Vec<&str> = features.iter().map(String::as_str).collect();
+        Task::BuildEbpf {
+            release,
+            features,
+            debug_log,
+        } => {
+            let mut features: Vec<&str> = features.iter().map(String::as_str).collect();
+            if debug_log {
+                features.push("debug-log");
+            }
             let build = ebpf_build::EbpfBuild {
                 workspace: &ws,
                 release,

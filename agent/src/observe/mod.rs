@@ -2,6 +2,7 @@
 //! `weir policy trace` through the loaded programs (`BPF_PROG_TEST_RUN`).
 
 pub mod api;
+pub mod ebpf_log;
 pub mod ktrace;
 pub mod metrics;
 pub mod packet;
