@@ -11,6 +11,7 @@
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
+//! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 
 pub mod agent_proc;
@@ -24,6 +25,7 @@ pub mod hooks;
 pub mod names;
 pub mod netns;
 pub mod netpol;
+pub mod observe;
 pub mod packet;
 pub mod pod;
 pub mod podnet;
