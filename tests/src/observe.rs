@@ -136,7 +136,7 @@ pub fn start_agent(root: &PinRoot, dirs: &AgentDirs, node: &NetNs) -> AgentProce
 /// Runs `weir ARGS --api-socket …` and asserts it succeeded.
 #[must_use]
 pub fn weir(agent: &AgentProcess, args: &[&str]) -> std::process::Output {
-    let out = Command::new(tests::bin::weir())
+    let out = Command::new(crate::bin::weir())
         .args(args)
         .arg("--api-socket")
         .arg(&agent.socket)

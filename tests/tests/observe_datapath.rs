@@ -10,15 +10,12 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
-    process::Command,
     time::{Duration, Instant},
 };
 
-use hyper::Method;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tests::{
     agent_proc::AgentProcess,
-    netns::NetNs,
     observe::{Pod, metric, node_and_agent, pod, start_agent, weir, weir_json},
     privileged::require_root,
 };

@@ -1,6 +1,6 @@
 //! `cargo xtask`: developer and CI tasks. `setup` installs what a fresh machine lacks,
 //! `build-ebpf` builds the programs, `lint` and `test` are the gates, `ci` runs them all,
-//! `bench NAME` runs a benchmark.
+//! `bench NAME` runs a benchmark, `demo` shows the datapath to an operator.
 
 mod bench;
 mod ebpf_build;
@@ -11,7 +11,7 @@ mod util;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -49,6 +49,8 @@ enum Task {
     /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
     Ci,
     /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
+    /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root).
+    Demo,
     Bench {
         /// Benchmark name (`all` for every one).
         name: String,
@@ -104,6 +106,20 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Task::Demo => demo(&ws),
         Task::Bench { name, smoke, only } => bench::run(&ws, &name, smoke, only.as_deref()),
     }
+}
+
+/// `cargo xtask demo`: runs the `demo` example of the tests crate (`tests::demo`).
+fn demo(ws: &std::path::Path) -> Result<()> {
+    let status = std::process::Command::new("cargo")
+        .args(["run", "--quiet", "-p", "tests", "--example", "demo"])
+        .current_dir(ws)
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        anyhow::bail!("the demo failed ({status}); it needs root");
+    }
+    Ok(())
 }
