@@ -211,19 +211,10 @@ async fn counters(
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     let (paths, layout) = (api.paths.clone(), api.ct_layout);
-    let (ops, stats) = (Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
+    // Never inside a sweep, and kept out of its eviction count (see `Api::ct_ops`).
+    let upkeep = conntrack::CtUpkeep::new(Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
     let n = tokio::task::spawn_blocking(move || {
-        // Never inside a sweep (see `Api::ct_ops`).
-        let _op = ops
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = conntrack::flush(&paths, layout)?;
-        // The flush removed entries the eviction estimate must not count.
-        stats
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .baseline = None;
-        Ok::<u64, crate::dataplane::kernel::KernelError>(n)
+        upkeep.flush(&mut conntrack::PinnedCt::new(&paths, layout))
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?

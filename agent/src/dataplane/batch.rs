@@ -220,3 +220,39 @@ pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<
 pub fn count<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<usize> {
     lookup_all::<K, V>(fd).map(|all| all.len())
 }
+
+/// The interface index the XDP link pinned at `pin` runs on (`BPF_OBJ_GET`, then
+/// `BPF_OBJ_GET_INFO_BY_FD`); 0 once its interface is gone (the link is then defunct).
+pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
+    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: plain data.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    // SAFETY: `attr` is a valid `bpf_attr` for `BPF_OBJ_GET`; `path` outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET as libc::c_long,
+            std::ptr::from_mut(&mut attr),
+            size_of::<bpf_attr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let raw = i32::try_from(rc).map_err(|_| io::Error::other("bpf() returned no fd"))?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain data.
+    let mut info: aya_obj::generated::bpf_link_info = unsafe { zeroed() };
+    // SAFETY: plain data.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.info.bpf_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+    attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_link_info>()).unwrap_or(0);
+    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    // SAFETY: for an XDP link the kernel fills the `xdp` member of the union.
+    Ok(unsafe { info.__bindgen_anon_1.xdp.ifindex })
+}

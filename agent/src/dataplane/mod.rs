@@ -12,7 +12,10 @@ pub mod counters;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
+pub mod pins;
 pub mod plane;
+pub mod prefilter;
+pub mod retry;
 pub mod tc_links;
 
 #[cfg(test)]
