@@ -54,8 +54,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Bpffs(#[from] crate::bpffs::BpffsError),
     /// `WEIR_FAILPOINT` names no failpoint.
-    #[error("{0}")]
-    Failpoint(String),
+    #[error(transparent)]
+    Failpoint(#[from] migrate::failpoint::UnknownFailpoint),
     /// Attaching the prefilter failed.
     #[error(transparent)]
     Attach(#[from] AttachError),

@@ -18,6 +18,7 @@ pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
 pub mod migrate;
+pub mod monitor;
 pub mod node;
 pub mod node_setup;
 pub mod observe;
@@ -25,6 +26,8 @@ pub mod paths;
 pub mod policy;
 pub mod programs;
 pub mod registry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as

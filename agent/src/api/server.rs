@@ -22,7 +22,7 @@ use super::{
     error::ApiError,
     types::{
         AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, IpamOpsRequest,
-        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status,
+        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status, StatusDetail,
     },
 };
 use crate::{
@@ -85,6 +85,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
         .route("/v1/policy/rules", get(crate::observe::api::rules))
+        .route("/v1/monitor", get(monitor))
         .with_state(api)
 }
 
@@ -119,13 +120,15 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
         bpf_root: api.paths.bpf_root.clone(),
         endpoints: summary.endpoints,
         pools,
-        state: summary,
-        applied,
-        dataplane,
-        conntrack: *api
-            .ct
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        detail: StatusDetail {
+            state: summary,
+            applied,
+            dataplane,
+            conntrack: *api
+                .ct
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        },
     }))
 }
 
@@ -182,6 +185,11 @@ async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(list))
+}
+
+async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response, ApiError> {
+    crate::monitor::response(&api.paths)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }
 
 async fn policy_trace(
@@ -357,7 +365,7 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
     Ok(Json(AllocateResponse {
         allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
         bpf_root: api.paths.bpf_root.clone(),
-        tc_attach: api.tc_attach,
+        tc_attach: Some(api.tc_attach),
     }))
 }
 

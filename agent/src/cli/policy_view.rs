@@ -2,16 +2,16 @@
 
 use std::path::Path;
 
-use agent::{api::client::call, observe::rule_hits::RuleHitsView, trace::TraceResult};
+use agent::{api::client::Client, observe::rule_hits::RuleHitsView, trace::TraceResult};
 use anyhow::{Result, bail};
-use hyper::Method;
 
 use super::agent_client::{print_json, runtime};
 
 /// Prints every rule (or one policy's) with its hits.
 pub fn rules(socket: &Path, policy: Option<&str>, json: bool) -> Result<()> {
+    let client = Client::new(socket, std::time::Duration::from_secs(120));
     let all: Vec<RuleHitsView> =
-        runtime()?.block_on(call::<(), _>(socket, Method::GET, "/v1/policy/rules", None))?;
+        runtime()?.block_on(client.get("/v1/policy/rules", "the policy rules"))?;
     let rules: Vec<RuleHitsView> = all
         .into_iter()
         .filter(|r| policy.is_none_or(|p| r.policy == p))

@@ -9,7 +9,8 @@ use std::{
     time::Duration,
 };
 
-use aya::{Pod, maps::MapData};
+use aya::maps::MapData;
+use bytemuck::Pod;
 use maps_schema::{
     CtEntry,
     conntrack::{
@@ -165,7 +166,7 @@ pub fn map_names(layout: u32) -> (String, String) {
 
 fn entries<K: Pod>(name: &str, map: &MapData) -> Result<Vec<(K, CtEntry)>, KernelError> {
     let layout = maps_schema::maps::layout_version(name).unwrap_or(maps_schema::conntrack::LAYOUT);
-    crate::migrate::read_entries::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
+    super::ct_layout::read::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
 }
 
 /// The real [`CtIo`]: the pinned conntrack maps of one layout, opened per operation (a migration
