@@ -1,4 +1,5 @@
-//! `cargo xtask demo`: a real agent, three pods, a sample policy, an allowed and a denied flow,
+//! `cargo xtask demo`: a real agent, three pods, a sample policy, an allowed and a denied flow (shown
+//! live by `weir monitor`),
 //! then what an operator reads: per-rule hits, verdict counters, `/metrics` and `weir policy
 //! trace` through the loaded programs. Every step checks its outcome (it panics otherwise), so
 //! the demo is also a test (`tests/tests/observe_demo.rs`). Needs root.
@@ -37,6 +38,38 @@ pub fn run(say: &mut dyn FnMut(&str)) {
     let _listener = web
         .ns
         .run(|| TcpListener::bind("[::]:8080").expect("listen in web"));
+    // `weir monitor` from before the policy: the first denial of each CPU is sampled.
+    say("$ weir monitor -o json --reason policy-denied --count 1   (in the background)");
+    let mut monitor = std::process::Command::new(crate::bin::weir())
+        .args([
+            "monitor",
+            "-o",
+            "json",
+            "--reason",
+            "policy-denied",
+            "--count",
+            "1",
+        ])
+        .arg("--api-socket")
+        .arg(&agent.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start weir monitor");
+    let (tx, events) = std::sync::mpsc::channel();
+    let stdout = monitor.stdout.take().expect("monitor stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Give the stream a moment to open before anything is denied (bounded; no assertion on it).
+    std::thread::sleep(Duration::from_millis(500));
     std::fs::write(dirs.path("policies").join("web.yaml"), SAMPLE_POLICY).expect("policy");
     say("policy default/web: web admits client on TCP 8080");
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -52,6 +85,15 @@ pub fn run(say: &mut dyn FnMut(&str)) {
         std::thread::sleep(Duration::from_millis(100));
     }
     say("client -> web:8080 connects (allowed); other -> web:8080 times out (denied)");
+    let event = events
+        .recv_timeout(Duration::from_secs(15))
+        .expect("weir monitor shows the denied flow within 15 s");
+    let parsed: serde_json::Value = serde_json::from_str(&event).expect("monitor json");
+    assert_eq!(parsed["reason"], "policy-denied", "{event}");
+    assert_eq!(parsed["dst"], web.ip.to_string(), "{event}");
+    assert_eq!(parsed["src"], other.ip.to_string(), "{event}");
+    say(&format!("weir monitor: {event}"));
+    let _ = monitor.wait();
     let text = |args: &[&str]| String::from_utf8_lossy(&weir(&agent, args).stdout).into_owned();
     say("$ weir policy get default/web");
     let rules = text(&["policy", "get", "default/web"]);

@@ -15,6 +15,7 @@ fn the_demo_runs_and_shows_the_denied_flow_counters_and_a_trace() {
     });
     for expected in [
         "pod web",
+        "weir monitor: {",
         "default/web",
         "weir_drop_count_total{reason=\"policy-denied\"",
         "weir_policy_rule_packets_total{policy=\"default/web\"",
