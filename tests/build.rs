@@ -10,6 +10,7 @@ use std::{env, path::PathBuf};
 const VARIANTS: &[(&str, &[&str])] = &[
     ("WEIR_TEST_OBJECT_VERIFIER_REJECT", &["verifier-reject"]),
     ("WEIR_TEST_OBJECT_CT_V1", &["ct-v1"]),
+    ("WEIR_TEST_OBJECT_DEBUG_LOG", &["debug-log"]),
 ];
 
 fn main() {

@@ -138,6 +138,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut migration = pending.report.clone();
     let programs = Programs::load(&paths, &object, &pending.sizes)?;
     let program_report = programs.report.programs.clone();
+    crate::observe::ebpf_log::start(&paths);
     // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
     let (prefilter_driver, prefilter) = Prefilter::start(
         &paths,
@@ -353,6 +354,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         shared: Arc::clone(&shared),
         ct: Arc::clone(&ct_stats),
         programs: program_report.clone(),
+        paths: paths.clone(),
     };
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 

@@ -24,6 +24,7 @@ pub mod migrate;
 pub mod monitor;
 pub mod node;
 pub mod node_setup;
+pub mod observe;
 pub mod paths;
 pub mod policy;
 pub mod programs;

@@ -18,6 +18,7 @@ fn render(
     shared: &Shared,
     ct: &crate::dataplane::conntrack::CtStats,
     programs: &[(String, u32, bool)],
+    paths: &crate::paths::Paths,
 ) -> String {
     let mut registry = Registry::with_prefix("weir");
     let writes = Family::<Labels, Counter>::default();
@@ -121,6 +122,7 @@ fn render(
         "Programs loaded at start (reused: the pinned program was kept)",
         loads,
     );
+    crate::observe::metrics::collect(&mut registry, shared, paths);
     let mut out = String::new();
     if encode(&mut out, &registry).is_err() {
         out.clear();
@@ -133,7 +135,7 @@ async fn metrics(State(state): State<Arc<MetricsState>>) -> String {
         .ct
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    render(&state.shared, &ct, &state.programs)
+    render(&state.shared, &ct, &state.programs, &state.paths)
 }
 
 async fn readyz(State(state): State<Arc<MetricsState>>) -> (StatusCode, &'static str) {
@@ -152,6 +154,8 @@ pub struct MetricsState {
     pub ct: Arc<std::sync::Mutex<crate::dataplane::conntrack::CtStats>>,
     /// Programs loaded at start: (name, id, reused).
     pub programs: Vec<(String, u32, bool)>,
+    /// Pins (the datapath counters are read from them at scrape time).
+    pub paths: crate::paths::Paths,
 }
 
 /// Serves until the task is dropped.

@@ -27,6 +27,17 @@ pub struct TraceRequest {
     /// Destination port (ICMP: the message type).
     #[serde(default)]
     pub port: u16,
+    /// Source port of the kernel trace's packet (ICMP: echo identifier); default 40000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_port: Option<u16>,
+    /// TCP flags of the kernel trace's packet (`syn` by default, `ack` for an established packet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_flags: Option<String>,
+    /// The endpoint whose interface the packet leaves (container id, host interface or
+    /// namespace/pod), for a source address the endpoint does not own (a spoofed source).
+    /// Default: the endpoint that owns `src`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_endpoint: Option<String>,
 }
 
 /// One side's decision.
@@ -51,6 +62,12 @@ pub struct TraceResult {
     pub steps: Vec<Step>,
     /// `allow` when every step allows.
     pub verdict: String,
+    /// The same packet through the loaded programs (`crate::observe::ktrace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<crate::observe::ktrace::KernelTrace>,
+    /// Why the kernel trace could not run, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_error: Option<String>,
 }
 
 /// Parses a protocol name or number.
@@ -201,6 +218,8 @@ pub fn trace(node: &Node, req: &TraceRequest, proto: u8) -> TraceResult {
         dst_identity: name(dst_identity),
         steps,
         verdict: verdict.into(),
+        kernel: None,
+        kernel_error: None,
     }
 }
 

@@ -4,10 +4,11 @@ use maps_schema::{
     counters::counter_index,
     events::{CAPTURE_BYTES, SAMPLE_EVERY},
     reason::is_pass,
+    rules::rule_slot,
 };
 
 use crate::{
-    maps::{COUNTERS, DROP_EVENTS},
+    maps::{COUNTERS, DROP_EVENTS, RULE_HITS},
     parse::{Packet, Reason},
 };
 
@@ -24,6 +25,8 @@ pub(crate) struct Seen {
     pub(crate) direction: u32,
     pub(crate) ifindex: u32,
     pub(crate) len: u32,
+    /// A `weir policy trace` test run (`crate::trace`): nothing is counted or written.
+    pub(crate) trace: bool,
 }
 
 /// Counts `reason` once more; returns the slot's packet count on this CPU (0 if unavailable).
@@ -39,6 +42,22 @@ pub(crate) fn count(reason: Reason, direction: u32, bytes: u32) -> u64 {
             }
         }
         None => 0,
+    }
+}
+
+/// Counts the packet under the policy rule that decided it (`rule` 0: none did). Compiled out by
+/// the benchmark-only feature `no-rule-hits` (the "counters off" side of `bench datapath`).
+#[inline(always)]
+pub(crate) fn count_rule(rule: u32, bytes: u32) {
+    if cfg!(feature = "no-rule-hits") || rule == 0 {
+        return;
+    }
+    if let Some(slot) = RULE_HITS.get_ptr_mut(rule_slot(rule)) {
+        // SAFETY: per-CPU slot, only this CPU touches it while the program runs.
+        unsafe {
+            (*slot).packets += 1;
+            (*slot).bytes += u64::from(bytes);
+        }
     }
 }
 

@@ -11,12 +11,13 @@ use maps_schema::{
 };
 
 use crate::{
-    counters::{Seen, Verdict, account, count},
+    counters::{Seen, Verdict, account, count, count_rule},
     flow::{Family, decide},
     ipv4::{self, V4},
     ipv6::{self, V6},
     maps::ENDPOINTS,
     parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Packet, Parsed, Reason},
+    trace,
 };
 
 /// Packets leaving a pod.
@@ -40,6 +41,7 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
         direction,
         ifindex,
         len: ctx.len(),
+        trace: trace::is_trace_run(skb),
     };
     let pkt = Packet {
         data: ctx.data(),
@@ -47,20 +49,27 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     };
     // SAFETY: the map is read-only to programs, so BPF never writes the entry under us; the agent
     // replaces entries whole.
+    let mut rule = 0;
     let reason = match unsafe { ENDPOINTS.get(&ifindex) } {
         None => DROP_UNKNOWN_ENDPOINT,
-        Some(ep) => dispatch(ep, &seen, &pkt),
+        Some(ep) => dispatch(ep, &seen, &pkt, &mut rule),
     };
+    #[cfg(feature = "debug-log")]
+    crate::debug_log::decision(ctx, &seen, reason, rule);
+    if seen.trace {
+        return trace::answer(skb, reason, rule);
+    }
+    count_rule(rule, seen.len);
     account(reason, &seen, &pkt)
 }
 
 #[inline(always)]
-fn dispatch(ep: &EndpointInfo, seen: &Seen, pkt: &Packet) -> Reason {
+fn dispatch(ep: &EndpointInfo, seen: &Seen, pkt: &Packet, rule: &mut u32) -> Reason {
     match pkt.ethertype() {
         None => DROP_MALFORMED,
         Some(ETH_P_ARP) => PASS_NEIGHBOUR,
-        Some(ETH_P_IP) => ip::<V4>(ep, seen, ipv4::parse(pkt)),
-        Some(ETH_P_IPV6) => ip::<V6>(ep, seen, ipv6::parse(pkt)),
+        Some(ETH_P_IP) => ip::<V4>(ep, seen, ipv4::parse(pkt), rule),
+        Some(ETH_P_IPV6) => ip::<V6>(ep, seen, ipv6::parse(pkt), rule),
         Some(_) => DROP_UNSUPPORTED_ETHERTYPE,
     }
 }
@@ -70,14 +79,17 @@ fn ip<F: Family>(
     ep: &EndpointInfo,
     seen: &Seen,
     parsed: Result<Parsed<F::Addr>, Reason>,
+    rule: &mut u32,
 ) -> Reason {
     match parsed {
         Err(reason) => reason,
         Ok(p) => {
-            if let Some(note) = p.note {
+            if let Some(note) = p.note
+                && !seen.trace
+            {
                 count(note, seen.direction, seen.len);
             }
-            decide::<F>(ep, seen.direction, &p)
+            decide::<F>(ep, seen, &p, rule)
         }
     }
 }

@@ -19,6 +19,7 @@ use maps_schema::{
 };
 
 use crate::{
+    counters::Seen,
     maps::{CT_CLOCK, CT_EVENTS, Ct},
     parse::{Class, IPPROTO_TCP, Parsed, Reason, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Tuple},
     policy::evaluate,
@@ -51,9 +52,17 @@ fn side_bit(direction: u32, original: bool) -> u32 {
     }
 }
 
-/// The reason for a parsed IP packet on an endpoint's interface.
+/// The reason for a parsed IP packet on an endpoint's interface; `rule` receives the id of the
+/// policy rule that decided it (left alone when none did). A trace run (`seen.trace`) writes no
+/// conntrack state.
 #[inline(always)]
-pub(crate) fn decide<F: Family>(ep: &EndpointInfo, direction: u32, p: &Parsed<F::Addr>) -> Reason {
+pub(crate) fn decide<F: Family>(
+    ep: &EndpointInfo,
+    seen: &Seen,
+    p: &Parsed<F::Addr>,
+    rule: &mut u32,
+) -> Reason {
+    let direction = seen.direction;
     let t = &p.tuple;
     if let Class::Neighbour = p.class {
         return PASS_NEIGHBOUR;
@@ -66,9 +75,18 @@ pub(crate) fn decide<F: Family>(ep: &EndpointInfo, direction: u32, p: &Parsed<F:
     } else {
         t.src
     };
-    let policy = || evaluate(ep, direction, || F::identity(&peer), t.proto, p.policy_port);
+    let mut policy = || {
+        evaluate(
+            ep,
+            direction,
+            || F::identity(&peer),
+            t.proto,
+            p.policy_port,
+            rule,
+        )
+    };
     match p.class {
-        Class::Flow => stateful::<F>(direction, p, policy),
+        Class::Flow => stateful::<F>(direction, seen.trace, p, policy),
         Class::Related => {
             // The error travels against the quoted packet: look it up as that packet's reply.
             let (key, src_is_b) = F::ct_key(&p.inner.reversed());
@@ -86,10 +104,12 @@ pub(crate) fn decide<F: Family>(ep: &EndpointInfo, direction: u32, p: &Parsed<F:
     }
 }
 
-/// Conntrack for a flow packet; `policy` decides what this side has not approved yet.
+/// Conntrack for a flow packet; `policy` decides what this side has not approved yet. A trace run
+/// (`trace`) reads conntrack and never writes it.
 #[inline(always)]
 fn stateful<F: Family>(
     direction: u32,
+    trace: bool,
     p: &Parsed<F::Addr>,
     policy: impl FnOnce() -> Reason,
 ) -> Reason {
@@ -98,7 +118,7 @@ fn stateful<F: Family>(
     let tcp = p.tuple.proto == IPPROTO_TCP;
     let Some(entry) = F::ct_get(&key) else {
         let reason = policy();
-        if !is_pass(reason) {
+        if !is_pass(reason) || trace {
             return reason;
         }
         let mut flags = side_bit(direction, true);
@@ -136,6 +156,9 @@ fn stateful<F: Family>(
         }
         (reason, if original { side } else { 0 })
     };
+    if trace {
+        return reason;
+    }
     let mut flags = old | approve;
     if !original {
         flags |= FLAG_SEEN_REPLY;

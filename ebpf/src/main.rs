@@ -7,6 +7,8 @@
 compile_error!("weir's programs are built for bpfel only");
 
 mod counters;
+#[cfg(feature = "debug-log")]
+mod debug_log;
 mod endpoint;
 mod entry;
 mod flow;
@@ -19,6 +21,7 @@ mod policy;
 mod prefilter;
 #[cfg(feature = "verifier-reject")]
 mod reject;
+mod trace;
 
 /// A reachable panic loops forever, which the verifier rejects: no panic path can ship.
 #[cfg(not(test))]

@@ -2,15 +2,16 @@
 //! match it; the verifier gate checks). Maps only the agent writes are `BPF_F_RDONLY_PROG`.
 
 use aya_ebpf::{
-    btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use maps_schema::{
     ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, PolicyKey,
-    PolicyValue, PrefilterEntry,
+    PolicyValue, PrefilterEntry, TraceConfig,
     maps::{
         BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_CLOCK_MAX, CT_EVENTS_MAX, CT_MAX,
         DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
+        RULE_HITS_MAX, TRACE_MAX,
     },
 };
 
@@ -101,3 +102,13 @@ pub(crate) static CT_CLOCK: PerCpuArray<ClockCache, { CT_CLOCK_MAX as usize }> =
 /// Sampled drop events.
 #[btf_map(name = "drop_events_v1", pin_by_name)]
 pub(crate) static DROP_EVENTS: RingBuf<DropEvent, { DROP_EVENTS_BYTES as usize }> = RingBuf::new();
+
+/// Rule id → packets and bytes that rule decided, per CPU (`maps_schema::rules`).
+#[btf_map(name = "rule_hits_v1", pin_by_name)]
+pub(crate) static RULE_HITS: PerCpuArray<CounterValue, { RULE_HITS_MAX as usize }> =
+    PerCpuArray::new();
+
+/// The nonce of `weir policy trace`'s test runs (`maps_schema::trace`); agent-written.
+#[btf_map(name = "trace_v1", pin_by_name)]
+pub(crate) static TRACE: Array<TraceConfig, { TRACE_MAX as usize }, { BPF_F_RDONLY_PROG }> =
+    Array::new();

@@ -11,7 +11,8 @@ use maps_schema::{
 use crate::{maps::POLICY, parse::Reason};
 
 /// The reason for a packet of a new flow (or of a flow this side has not approved yet).
-/// `peer` is only called when the endpoint is isolated in this direction.
+/// `peer` is only called when the endpoint is isolated in this direction. `rule` receives the
+/// rule id of the policy entry that decided (allow or deny).
 #[inline(always)]
 pub(crate) fn evaluate(
     ep: &EndpointInfo,
@@ -19,6 +20,7 @@ pub(crate) fn evaluate(
     peer: impl FnOnce() -> u32,
     proto: u8,
     port: u16,
+    rule: &mut u32,
 ) -> Reason {
     let (flag, dir) = if direction == DIR_FROM_ENDPOINT {
         (FLAG_ISOLATED_EGRESS, EGRESS)
@@ -34,18 +36,18 @@ pub(crate) fn evaluate(
     if dir == INGRESS && peer == HOST {
         return PASS_POLICY;
     }
-    if allowed(ep.endpoint_id, dir, peer, proto, port) {
-        PASS_POLICY
-    } else {
-        DROP_POLICY_DENIED
-    }
-}
-
-/// The policy map's verdict, most specific entry first (`maps_schema::policy::decide`).
-#[inline(always)]
-fn allowed(endpoint_id: u32, direction: u8, peer: u32, proto: u8, port: u16) -> bool {
     // SAFETY: read-only to programs; the agent replaces entries whole.
     let get = |key: &PolicyKey| unsafe { POLICY.get(key) };
-    decide(endpoint_id, direction, peer, proto, port, get)
-        .is_some_and(|v| v.verdict == VERDICT_ALLOW)
+    // The policy map's verdict, most specific entry first (`maps_schema::policy::decide`).
+    match decide(ep.endpoint_id, dir, peer, proto, port, get) {
+        Some(v) => {
+            *rule = v.rule_id;
+            if v.verdict == VERDICT_ALLOW {
+                PASS_POLICY
+            } else {
+                DROP_POLICY_DENIED
+            }
+        }
+        None => DROP_POLICY_DENIED,
+    }
 }

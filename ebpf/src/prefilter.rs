@@ -24,6 +24,7 @@ pub(crate) fn try_xdp_prefilter(ctx: &XdpContext) -> Verdict {
         direction: DIR_PREFILTER,
         ifindex,
         len: (pkt.end - pkt.data) as u32,
+        trace: false,
     };
     account(reason(&pkt), &seen, &pkt)
 }

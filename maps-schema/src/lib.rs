@@ -19,6 +19,8 @@ pub mod policy;
 pub mod prefilter;
 pub mod programs;
 pub mod reason;
+pub mod rules;
+pub mod trace;
 
 pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1};
 pub use counters::{CounterKey, CounterValue};
@@ -27,6 +29,7 @@ pub use events::DropEvent;
 pub use identity::IdentityInfo;
 pub use policy::{PolicyKey, PolicyValue, PortRange};
 pub use prefilter::PrefilterEntry;
+pub use trace::TraceConfig;
 
 /// Implements `aya::Pod` for map keys and values when built for user space.
 macro_rules! user_pod {

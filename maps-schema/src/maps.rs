@@ -75,6 +75,18 @@ pub const DROP_EVENTS: &str = "drop_events_v1";
 /// Size of [`DROP_EVENTS`] in bytes (a power of two, a multiple of the page size).
 pub const DROP_EVENTS_BYTES: u32 = 256 * 1024;
 
+/// Rule id ([`crate::rules::rule_slot`]) → per-CPU [`crate::rules::RuleHits`]: packets and bytes
+/// each policy rule decided (see [`crate::rules`] for which packets count). Written by the programs.
+pub const RULE_HITS: &str = "rule_hits_v1";
+/// Slots in [`RULE_HITS`] (rule ids beyond it are counted in slot 0).
+pub const RULE_HITS_MAX: u32 = 16_384;
+
+/// Slot 0 → [`crate::TraceConfig`]: the nonce of `weir policy trace`'s test runs
+/// ([`crate::trace`]). Written by the agent, read-only to programs.
+pub const TRACE: &str = "trace_v1";
+/// Slots in [`TRACE`].
+pub const TRACE_MAX: u32 = 1;
+
 /// Every map in the object, in the order `weir bpf maps` lists them.
 pub const ALL: &[&str] = &[
     ENDPOINTS,
@@ -91,6 +103,8 @@ pub const ALL: &[&str] = &[
     CT_EVENTS,
     CT_CLOCK,
     DROP_EVENTS,
+    RULE_HITS,
+    TRACE,
 ];
 
 /// The pin name of map `name` at version `version` (`ct4`, 2 → `ct4_v2`).

@@ -11,6 +11,8 @@
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
+//! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
+//! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
@@ -22,12 +24,14 @@ pub mod cni;
 pub mod cri;
 pub mod ct;
 pub mod datapath;
+pub mod demo;
 pub mod hooks;
 pub mod image;
 pub mod manifests;
 pub mod names;
 pub mod netns;
 pub mod netpol;
+pub mod observe;
 pub mod packet;
 pub mod pod;
 pub mod podnet;

@@ -1,6 +1,6 @@
 //! `cargo xtask`: developer and CI tasks. `setup` installs what a fresh machine lacks,
 //! `build-ebpf` builds the programs, `lint` and `test` are the gates, `ci` runs them all,
-//! `bench NAME` runs a benchmark.
+//! `bench NAME` runs a benchmark, `demo` shows the datapath to an operator.
 
 mod bench;
 mod ebpf_build;
@@ -12,7 +12,7 @@ mod util;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -38,6 +38,10 @@ enum Task {
         /// eBPF crate features (test-only variants).
         #[arg(long, value_delimiter = ',')]
         features: Vec<String>,
+        /// The opt-in debug build: every decision logged through aya-log (feature `debug-log`,
+        /// its own object under `target/ebpf-debug-log/`, for `weir agent --ebpf-object`).
+        #[arg(long)]
+        debug_log: bool,
     },
     /// The container image: static (musl) `weir` and `weir-cni` on an empty base, as an OCI
     /// archive for `ctr images import` (target/weir-image/weir.oci.tar).
@@ -53,6 +57,8 @@ enum Task {
     /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
     Ci,
     /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
+    /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root).
+    Demo,
     Bench {
         /// Benchmark name (`all` for every one).
         name: String,
@@ -76,8 +82,15 @@ fn main() -> Result<()> {
     let ws = workspace();
     match Cli::parse().command {
         Task::Setup { no_apt } => setup::run(&ws, !no_apt),
-        Task::BuildEbpf { release, features } => {
-            let features: Vec<&str> = features.iter().map(String::as_str).collect();
+        Task::BuildEbpf {
+            release,
+            features,
+            debug_log,
+        } => {
+            let mut features: Vec<&str> = features.iter().map(String::as_str).collect();
+            if debug_log {
+                features.push("debug-log");
+            }
             let build = ebpf_build::EbpfBuild {
                 workspace: &ws,
                 release,
@@ -106,6 +119,20 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Task::Demo => demo(&ws),
         Task::Bench { name, smoke, only } => bench::run(&ws, &name, smoke, only.as_deref()),
     }
+}
+
+/// `cargo xtask demo`: runs the `demo` example of the tests crate (`tests::demo`).
+fn demo(ws: &std::path::Path) -> Result<()> {
+    let status = std::process::Command::new("cargo")
+        .args(["run", "--quiet", "-p", "tests", "--example", "demo"])
+        .current_dir(ws)
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        anyhow::bail!("the demo failed ({status}); it needs root");
+    }
+    Ok(())
 }

@@ -84,6 +84,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
+        .route("/v1/policy/rules", get(crate::observe::api::rules))
         .route("/v1/monitor", get(monitor))
         .route("/v1/log-level", post(super::log_level::set))
         .with_state(api)
@@ -204,7 +205,9 @@ async fn policy_trace(
         ))
     })?;
     let node = api.shared.lock();
-    Ok(Json(crate::trace::trace(&node, &req, proto)))
+    let mut result = crate::trace::trace(&node, &req, proto);
+    crate::observe::api::add_kernel_trace(&api.paths, &node, &req, proto, &mut result);
+    Ok(Json(result))
 }
 
 async fn counters(

@@ -62,7 +62,7 @@ enum EndpointCommand {
     },
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -73,7 +73,7 @@ pub(crate) fn client(common: &Common) -> Client {
     Client::new(&common.api_socket, ANSWER_WITHIN)
 }
 
-fn print_json(value: &impl serde::Serialize) -> Result<()> {
+pub(crate) fn print_json(value: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
@@ -359,7 +359,8 @@ pub struct PolicyArgs {
 
 #[derive(Debug, Subcommand)]
 enum PolicyCommand {
-    /// Why would a packet from SRC to DST pass or drop? Evaluated on the agent's maps.
+    /// Why would a packet from SRC to DST pass or drop? Evaluated on the agent's maps, and run
+    /// through the loaded programs (BPF_PROG_TEST_RUN, conntrack untouched).
     Trace {
         /// Source address.
         #[arg(long)]
@@ -373,38 +374,72 @@ enum PolicyCommand {
         /// Destination port (ICMP: the message type).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Source port of the kernel trace's packet (ICMP: echo identifier) [default: 40000].
+        #[arg(long)]
+        src_port: Option<u16>,
+        /// TCP flags of the kernel trace's packet: syn (default), ack, syn-ack, fin-ack, rst.
+        #[arg(long)]
+        tcp_flags: Option<String>,
+        /// The endpoint the packet leaves (container id, host interface or namespace/pod), for a
+        /// source address it does not own; default: the endpoint that owns --src.
+        #[arg(long)]
+        from_endpoint: Option<String>,
+    },
+    /// Every compiled policy rule with the packets and bytes it decided.
+    List,
+    /// One policy's rules (NAMESPACE/NAME) with the packets and bytes each decided.
+    Get {
+        /// `namespace/name`.
+        name: String,
     },
 }
 
 /// Runs `weir policy …`.
 pub fn policy(args: PolicyArgs) -> Result<()> {
-    let PolicyCommand::Trace {
-        src,
-        dst,
-        protocol,
-        port,
-    } = args.command;
+    let json = matches!(args.common.output, Output::Json);
+    let (src, dst, protocol, port, src_port, tcp_flags, from_endpoint) = match args.command {
+        PolicyCommand::Trace {
+            src,
+            dst,
+            protocol,
+            port,
+            src_port,
+            tcp_flags,
+            from_endpoint,
+        } => (src, dst, protocol, port, src_port, tcp_flags, from_endpoint),
+        PolicyCommand::List => {
+            return super::policy_view::rules(&args.common.api_socket, None, json);
+        }
+        PolicyCommand::Get { name } => {
+            return super::policy_view::rules(&args.common.api_socket, Some(&name), json);
+        }
+    };
     let body = agent::trace::TraceRequest {
         src,
         dst,
         protocol,
         port,
+        src_port,
+        tcp_flags,
+        from_endpoint,
     };
     let result: agent::trace::TraceResult = runtime()?.block_on(client(&args.common).post(
         "/v1/policy/trace",
         &body,
         "the policy trace",
     ))?;
-    if matches!(args.common.output, Output::Json) {
+    if json {
         return print_json(&result);
     }
     println!(
         "{src} (identity {}) -> {dst} (identity {})",
         result.src_identity, result.dst_identity
     );
+    println!("user space (policy on the desired maps):");
     for step in &result.steps {
         println!("  {:<5} {}: {}", step.verdict, step.stage, step.reason);
     }
     println!("verdict: {}", result.verdict);
+    super::policy_view::print_kernel(&result);
     Ok(())
 }

@@ -5,6 +5,7 @@ pub mod install;
 pub mod ipam;
 pub mod log_level;
 pub mod monitor;
+pub mod policy_view;
 
 use clap::{Parser, Subcommand};
 
@@ -33,7 +34,8 @@ pub enum Command {
     Status(agent_client::StatusArgs),
     /// Endpoints registered with the agent.
     Endpoint(agent_client::EndpointArgs),
-    /// Policy tools: `weir policy trace` says why a packet would pass or drop.
+    /// Policy tools: `weir policy trace` says why a packet would pass or drop (user space and the
+    /// loaded programs); `weir policy list|get` show each rule's hits.
     Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),

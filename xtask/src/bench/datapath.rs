@@ -27,6 +27,18 @@ const ROWS: &[(&str, &str)] = &[
         "flatness: largest over smallest (target <= 1.15)",
     ),
     (
+        "established_ns_rule_hits_off",
+        "established, rule hit counters compiled out, ns",
+    ),
+    (
+        "new_flow_ns_rule_hits_off",
+        "new allowed flow, rule hit counters compiled out, ns",
+    ),
+    (
+        "denied_ns_rule_hits_off",
+        "new denied flow, rule hit counters compiled out, ns",
+    ),
+    (
         "traffic_none_ns",
         "UDP traffic, no filtering, ns/packet (median)",
     ),
@@ -64,6 +76,66 @@ pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Res
     let path = dir.join("datapath.json");
     let object_s = object.to_string_lossy().into_owned();
     let path_s = path.to_string_lossy().into_owned();
+    example(workspace, smoke, &object_s, &path_s, only)?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut figures: Value = serde_json::from_str(&text).context("malformed datapath.json")?;
+    if only != Some("traffic") {
+        // The same packet-level figures with the per-rule hit counters compiled out, in this run.
+        let off = EbpfBuild {
+            workspace,
+            release: true,
+            features: &["bench", "no-rule-hits"],
+        }
+        .run()
+        .map_err(|e| anyhow::anyhow!("building the bench eBPF variant without rule hits: {e}"))?;
+        let off_path = dir.join("datapath-rule-hits-off.json");
+        let off_s = off.to_string_lossy().into_owned();
+        example(
+            workspace,
+            smoke,
+            &off_s,
+            &off_path.to_string_lossy(),
+            Some("testrun"),
+        )?;
+        let off_text = std::fs::read_to_string(&off_path)
+            .with_context(|| format!("cannot read {}", off_path.display()))?;
+        let off_figures: Value =
+            serde_json::from_str(&off_text).context("malformed datapath-rule-hits-off.json")?;
+        if let (Some(all), Some(off)) = (figures.as_object_mut(), off_figures.as_object()) {
+            for key in ["established_ns", "new_flow_ns", "denied_ns"] {
+                if let Some(v) = off.get(key) {
+                    all.insert(format!("{key}_rule_hits_off"), v.clone());
+                }
+            }
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!(
+        "{:<52} {:>12}",
+        "datapath benchmark",
+        if smoke { "smoke" } else { "value" }
+    );
+    for (key, label) in ROWS {
+        let v = figures
+            .get(key)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
+        println!("{label:<52} {v:>12}");
+    }
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Runs the `datapath-bench` example on `object` (release unless `smoke`).
+fn example(
+    workspace: &Path,
+    smoke: bool,
+    object: &str,
+    out: &str,
+    only: Option<&str>,
+) -> Result<()> {
     // The smoke run (in CI) reuses the dev build the tests made; real runs are release.
     let mut args = vec!["run", "--quiet"];
     if !smoke {
@@ -76,9 +148,9 @@ pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Res
         "datapath-bench",
         "--",
         "--object",
-        &object_s,
+        object,
         "--out",
-        &path_s,
+        out,
     ]);
     if smoke {
         args.push("--smoke");
@@ -94,21 +166,5 @@ pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Res
     if !status.success() {
         bail!("the datapath benchmark failed ({status})");
     }
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let figures: Value = serde_json::from_str(&text).context("malformed datapath.json")?;
-    println!(
-        "{:<52} {:>12}",
-        "datapath benchmark",
-        if smoke { "smoke" } else { "value" }
-    );
-    for (key, label) in ROWS {
-        let v = figures
-            .get(key)
-            .and_then(Value::as_f64)
-            .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
-        println!("{label:<52} {v:>12}");
-    }
-    println!("wrote {}", path.display());
     Ok(())
 }

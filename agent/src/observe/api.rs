@@ -1,0 +1,36 @@
+//! The API calls of this module: `GET /v1/policy/rules` (rule hits) and the kernel half of
+//! `POST /v1/policy/trace`.
+
+use std::sync::Arc;
+
+use axum::{Json, extract::State, http::StatusCode};
+
+use super::rule_hits::{self, RuleHitsView};
+use crate::{
+    api::{error::ApiError, server::Api},
+    node::Node,
+    paths::Paths,
+    trace::{TraceRequest, TraceResult},
+};
+
+/// `GET /v1/policy/rules`: every rule the agent compiled, with the packets and bytes it decided.
+pub async fn rules(State(api): State<Arc<Api>>) -> Result<Json<Vec<RuleHitsView>>, ApiError> {
+    let node = api.shared.lock();
+    rule_hits::read_raw(&api.paths, rule_hits::rule_count(&node))
+        .map(|raw| Json(rule_hits::views(&node, &raw)))
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+/// Runs the kernel trace beside the user-space one; a failure is reported in the answer.
+pub fn add_kernel_trace(
+    paths: &Paths,
+    node: &Node,
+    req: &TraceRequest,
+    proto: u8,
+    result: &mut TraceResult,
+) {
+    match super::ktrace::trace(paths, node, req, proto, &result.verdict) {
+        Ok(k) => result.kernel = Some(k),
+        Err(e) => result.kernel_error = Some(e.to_string()),
+    }
+}

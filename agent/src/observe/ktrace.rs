@@ -1,0 +1,313 @@
+//! `weir policy trace` through the kernel: the synthetic packet runs through the *loaded* programs
+//! (`progs/from_endpoint` on the source endpoint's veth, then `progs/to_endpoint` on the
+//! destination's) with `BPF_PROG_TEST_RUN`, against the live pinned maps. The run is a trace run
+//! (`maps_schema::trace`): the programs read conntrack, endpoints, identities and policy as real
+//! packets do, but write nothing, and answer the reason and deciding rule in the context's `cb[]`.
+
+use std::{io::Read as _, net::IpAddr};
+
+use aya::{
+    maps::{Array, Map, MapData},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
+};
+use maps_schema::{
+    TraceConfig,
+    reason::{self, is_pass},
+    trace::{CB_DONE, CB_MAGIC},
+};
+use serde::{Deserialize, Serialize};
+
+use super::packet::{self, Spec};
+use crate::{node::Node, paths::Paths, registry::Endpoint, trace::TraceRequest};
+
+/// Size of the kernel's `struct __sk_buff` and the offsets of the fields a trace run sets.
+const SK_BUFF_SIZE: usize = 192;
+const SK_BUFF_IFINDEX: usize = 40;
+const SK_BUFF_CB: usize = 48;
+
+/// Source port of the synthetic packet when the request names none.
+pub const DEFAULT_SRC_PORT: u16 = 40_000;
+
+/// Why the kernel trace could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum KtraceError {
+    /// A pinned program could not be opened.
+    #[error(
+        "cannot open the pinned program {path}: {source}; is the agent's pin root right and are its programs loaded?"
+    )]
+    OpenProgram {
+        /// Pin path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// The trace map could not be opened or written.
+    #[error(
+        "cannot {op} the trace map {path}: {source}; restart the agent so it loads programs with trace support"
+    )]
+    TraceMap {
+        /// What failed.
+        op: &'static str,
+        /// Pin path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// No random bytes for the nonce.
+    #[error("cannot read random bytes for the trace nonce from /dev/urandom: {0}")]
+    Random(#[source] std::io::Error),
+    /// An endpoint's host interface is gone.
+    #[error(
+        "endpoint {endpoint}'s interface {ifname} is not in the agent's network namespace: {source}"
+    )]
+    Ifindex {
+        /// Endpoint key.
+        endpoint: String,
+        /// Host interface.
+        ifname: String,
+        /// Cause.
+        #[source]
+        source: nix::Error,
+    },
+    /// The test run itself failed.
+    #[error("BPF_PROG_TEST_RUN of {program} failed: {source}")]
+    TestRun {
+        /// Program.
+        program: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// The program ran but did not answer as a trace run.
+    #[error(
+        "{program} did not answer the trace run (a program without trace support is loaded): restart the agent with this release's object"
+    )]
+    NoAnswer {
+        /// Program.
+        program: &'static str,
+    },
+    /// Mixed address families.
+    #[error("source and destination must be of the same address family")]
+    Family,
+    /// `from_endpoint` names no endpoint.
+    #[error("no endpoint {0:?} (give a container id, a host interface or namespace/pod)")]
+    NoSuchEndpoint(String),
+    /// Bad TCP flags.
+    #[error("tcp flags {0:?} are not syn, ack, syn-ack, fin-ack, rst or a number")]
+    TcpFlags(String),
+}
+
+/// One program's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelStep {
+    /// `from_endpoint` or `to_endpoint`.
+    pub program: String,
+    /// The host-side interface it ran for, and its endpoint.
+    pub interface: String,
+    /// `allow` or `deny`.
+    pub verdict: String,
+    /// The reason code's name (`maps_schema::reason`).
+    pub reason: String,
+    /// The deciding policy rule id (0: no rule decided).
+    pub rule_id: u32,
+    /// The deciding rule as `namespace/name direction[index]`, when a rule decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+/// What the loaded programs answered.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelTrace {
+    /// The packet's source port (ICMP: echo identifier) and TCP flags used.
+    pub src_port: u16,
+    /// Each program run, in packet order (stops at the first drop).
+    pub steps: Vec<KernelStep>,
+    /// `allow` when every program passed the packet.
+    pub verdict: String,
+    /// True when the user-space explanation reaches the same verdict.
+    pub agrees: bool,
+    /// Why they disagree, when they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disagreement: Option<String>,
+}
+
+/// The trace nonce, created (random, non-zero) on first use.
+fn nonce(paths: &Paths) -> Result<u64, KtraceError> {
+    let pin = paths.map_pin(maps_schema::maps::TRACE);
+    let err = |op: &'static str| {
+        let path = pin.display().to_string();
+        move |source| KtraceError::TraceMap {
+            op,
+            path,
+            source: Box::new(source),
+        }
+    };
+    let data = MapData::from_pin(&pin).map_err(err("open"))?;
+    let mut array: Array<MapData, TraceConfig> =
+        Array::try_from(Map::Array(data)).map_err(err("open"))?;
+    let current = array.get(&0, 0).map_err(err("read"))?;
+    if current.nonce != 0 {
+        return Ok(current.nonce);
+    }
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(KtraceError::Random)?;
+    let nonce = u64::from_ne_bytes(bytes) | 1;
+    array
+        .set(0, &TraceConfig { nonce }, 0)
+        .map_err(err("write"))?;
+    Ok(nonce)
+}
+
+/// Runs `program` on `frame` as a trace run on `ifindex`: (reason, rule id).
+fn run(
+    paths: &Paths,
+    program: &'static str,
+    ifindex: u32,
+    nonce: u64,
+    frame: &[u8],
+) -> Result<(u32, u32), KtraceError> {
+    let pin = paths.prog_pin(program);
+    let prog = SchedClassifier::from_pin(&pin).map_err(|source| KtraceError::OpenProgram {
+        path: pin.display().to_string(),
+        source: Box::new(source),
+    })?;
+    let mut ctx = [0u8; SK_BUFF_SIZE];
+    ctx[SK_BUFF_IFINDEX..SK_BUFF_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    let words = [CB_MAGIC, (nonce & 0xffff_ffff) as u32, (nonce >> 32) as u32];
+    for (i, w) in words.iter().enumerate() {
+        let at = SK_BUFF_CB + 4 * i;
+        ctx[at..at + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    let mut out = [0u8; SK_BUFF_SIZE];
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        ctx_in: Some(&ctx),
+        ctx_out: Some(&mut out),
+        ..TestRunOptions::default()
+    };
+    prog.test_run(opts).map_err(|source| KtraceError::TestRun {
+        program,
+        source: Box::new(source),
+    })?;
+    let word = |i: usize| {
+        let at = SK_BUFF_CB + 4 * i;
+        u32::from_ne_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]])
+    };
+    if word(0) != CB_DONE {
+        return Err(KtraceError::NoAnswer { program });
+    }
+    Ok((word(1), word(2)))
+}
+
+fn find_source<'a>(
+    node: &'a Node,
+    req: &TraceRequest,
+) -> Result<Option<&'a Endpoint>, KtraceError> {
+    match &req.from_endpoint {
+        Some(name) => node
+            .endpoints()
+            .find(|e| {
+                e.key() == *name
+                    || e.host_ifname == *name
+                    || e.container_id == *name
+                    || format!("{}/{}", e.namespace, e.pod) == *name
+            })
+            .map(Some)
+            .ok_or_else(|| KtraceError::NoSuchEndpoint(name.clone())),
+        None => Ok(node.endpoints().find(|e| e.ips.contains(&req.src))),
+    }
+}
+
+fn ifindex(e: &Endpoint) -> Result<u32, KtraceError> {
+    nix::net::if_::if_nametoindex(e.host_ifname.as_str()).map_err(|source| KtraceError::Ifindex {
+        endpoint: e.key(),
+        ifname: e.host_ifname.clone(),
+        source,
+    })
+}
+
+/// Traces `req` through the loaded programs; `user_verdict` is the user-space explanation's.
+pub fn trace(
+    paths: &Paths,
+    node: &Node,
+    req: &TraceRequest,
+    proto: u8,
+    user_verdict: &str,
+) -> Result<KernelTrace, KtraceError> {
+    if matches!(
+        (req.src, req.dst),
+        (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_))
+    ) {
+        return Err(KtraceError::Family);
+    }
+    let tcp_flags = match &req.tcp_flags {
+        None => packet::TCP_SYN,
+        Some(f) => packet::tcp_flags(f).ok_or_else(|| KtraceError::TcpFlags(f.clone()))?,
+    };
+    let src_port = req.src_port.unwrap_or(DEFAULT_SRC_PORT);
+    let spec = Spec {
+        src: req.src,
+        dst: req.dst,
+        proto,
+        src_port,
+        port: req.port,
+        tcp_flags,
+    };
+    let frame = packet::frame(&spec).ok_or(KtraceError::Family)?;
+    let nonce = nonce(paths)?;
+    let source = find_source(node, req)?;
+    let destination = node.endpoints().find(|e| e.ips.contains(&req.dst));
+    let mut steps = Vec::new();
+    for (program, endpoint) in [("from_endpoint", source), ("to_endpoint", destination)] {
+        let Some(endpoint) = endpoint else { continue };
+        let (code, rule_id) = run(paths, program, ifindex(endpoint)?, nonce, &frame)?;
+        let rule = (rule_id != 0).then(|| {
+            node.rule(rule_id).map_or_else(
+                || format!("rule {rule_id} (no longer known)"),
+                |r| format!("{} {}[{}]", r.policy, r.direction, r.index),
+            )
+        });
+        let pass = is_pass(code);
+        steps.push(KernelStep {
+            program: program.to_owned(),
+            interface: format!(
+                "{} ({}/{})",
+                endpoint.host_ifname, endpoint.namespace, endpoint.pod
+            ),
+            verdict: if pass { "allow" } else { "deny" }.to_owned(),
+            reason: reason::name(code).to_owned(),
+            rule_id,
+            rule,
+        });
+        if !pass {
+            break;
+        }
+    }
+    let verdict = if steps.iter().all(|s| s.verdict == "allow") {
+        "allow"
+    } else {
+        "deny"
+    };
+    let agrees = verdict == user_verdict;
+    let disagreement = (!agrees).then(|| {
+        let decider = steps
+            .iter()
+            .find(|s| s.verdict == "deny")
+            .or_else(|| steps.iter().find(|s| s.reason != "pass-policy" && s.reason != "pass"))
+            .map_or_else(String::new, |s| format!(" ({} on {}: {})", s.program, s.interface, s.reason));
+        format!(
+            "the loaded programs say {verdict}{decider} but the user-space explanation says {user_verdict}: it models policy only, not conntrack (established replies), anti-spoofing, parsing or a state not yet applied"
+        )
+    });
+    Ok(KernelTrace {
+        src_port,
+        steps,
+        verdict: verdict.to_owned(),
+        agrees,
+        disagreement,
+    })
+}

@@ -1,0 +1,88 @@
+//! Per-rule hit counters (`rule_hits_v1`) as operators read them: every rule id with hits, summed
+//! over CPUs, named back to its policy and rule index. Which packets count is
+//! `maps_schema::rules`: the packets a rule *decided* (a new flow's first packet on the isolated
+//! side, stateless packets); packets conntrack passes as established are not counted.
+
+use aya::maps::{Map, MapData, PerCpuArray};
+use maps_schema::{CounterValue, maps::RULE_HITS_MAX};
+use serde::{Deserialize, Serialize};
+
+use crate::{dataplane::kernel::KernelError, node::Node, paths::Paths};
+
+/// One rule's hits.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RuleHitsView {
+    /// The rule id in the policy map (0: ids beyond the counters array, summed).
+    pub rule_id: u32,
+    /// `namespace/name` of the policy (empty when the id is no longer known).
+    pub policy: String,
+    /// `ingress` or `egress`.
+    pub direction: String,
+    /// Index of the rule in the policy's list for that direction.
+    pub index: usize,
+    /// Packets the rule decided.
+    pub packets: u64,
+    /// Bytes of those packets.
+    pub bytes: u64,
+}
+
+/// How many rule ids the node has handed out (ids are `1..=n`).
+pub fn rule_count(node: &Node) -> u32 {
+    let mut n = 0;
+    while node.rule(n + 1).is_some() {
+        n += 1;
+    }
+    n
+}
+
+/// Slots `0..=rules` (rule ids are 1-based; slot 0 collects ids beyond the array): packets and
+/// bytes summed over CPUs.
+pub fn read_raw(paths: &Paths, rules: u32) -> Result<Vec<(u32, u64, u64)>, KernelError> {
+    let pin = paths.map_pin(maps_schema::maps::RULE_HITS);
+    let open_err = |source| KernelError::OpenMap {
+        path: pin.display().to_string(),
+        source: Box::new(source),
+    };
+    let map = Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
+    let array: PerCpuArray<_, CounterValue> = PerCpuArray::try_from(map).map_err(open_err)?;
+    let mut out = Vec::new();
+    for id in 0..=rules.min(RULE_HITS_MAX - 1) {
+        let values = array.get(&id, 0).map_err(|source| KernelError::MapOp {
+            map: maps_schema::maps::RULE_HITS.into(),
+            op: "read",
+            source: Box::new(source),
+        })?;
+        let (packets, bytes) = values
+            .iter()
+            .fold((0, 0), |(p, b), v| (p + v.packets, b + v.bytes));
+        out.push((id, packets, bytes));
+    }
+    Ok(out)
+}
+
+/// Every rule the node knows (with its hits, zero included) and every other slot with hits.
+pub fn views(node: &Node, raw: &[(u32, u64, u64)]) -> Vec<RuleHitsView> {
+    let mut out = Vec::new();
+    for &(rule_id, packets, bytes) in raw {
+        match node.rule(rule_id) {
+            Some(r) => out.push(RuleHitsView {
+                rule_id,
+                policy: r.policy.clone(),
+                direction: r.direction.to_owned(),
+                index: r.index,
+                packets,
+                bytes,
+            }),
+            None if packets > 0 => out.push(RuleHitsView {
+                rule_id,
+                policy: String::new(),
+                direction: String::new(),
+                index: 0,
+                packets,
+                bytes,
+            }),
+            None => {}
+        }
+    }
+    out
+}
