@@ -126,6 +126,12 @@ impl Node {
         self.calc.rule(rule_id)
     }
 
+    /// Every rule id in use with its origin, in id order.
+    #[must_use]
+    pub fn rules(&self) -> Vec<(u32, &RuleRef)> {
+        self.calc.rules()
+    }
+
     /// True once every source has been read (the links dump; the registry is read at open).
     #[must_use]
     pub fn in_sync(&self) -> bool {

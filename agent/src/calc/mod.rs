@@ -277,6 +277,12 @@ impl Calculation {
         self.rule_ids.get(rule_id)
     }
 
+    /// Every rule id in use with its origin, in id order.
+    #[must_use]
+    pub fn rules(&self) -> Vec<(u32, &RuleRef)> {
+        self.rule_ids.all()
+    }
+
     /// Number of policies in force.
     #[must_use]
     pub fn policy_count(&self) -> usize {

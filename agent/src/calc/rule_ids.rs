@@ -2,19 +2,21 @@
 //! maps it back to `namespace/name direction[index]`).
 //!
 //! An id is derived from the rule's name (FNV-1a of `namespace/name`, direction and index, folded
-//! into 1..2³¹), probing to the next id while that one is taken; a removed rule's id is free for
+//! into `1..RULE_HITS_MAX`, so every id has its own slot in the per-rule hit counters), probing to
+//! the next id while that one is taken; a removed rule's id is free for
 //! reuse at once. So a rule keeps its id while other policies come and go (their edits rewrite
 //! only their own entries), and the id does not depend on the order policies arrived in: a
 //! restart, which adds them in sorted order, finds the same ids in the kernel and writes nothing.
-//! Only rules whose names hash to the same id (with 4,000 rules, a 0.4% chance that any pair
-//! does) can swap ids across a restart, which rewrites just their entries.
+//! Only rules whose names hash to the same id and that arrived out of sorted order can swap ids
+//! across a restart, which rewrites just their entries. With every id taken (16,383 rules) further
+//! rules share id 0: their entries still work, but traces and hit counters cannot name them.
 
 use std::collections::HashMap;
 
 use crate::policy::compile::RuleRef;
 
-/// Ids are 1..=`SPACE` (0 is never a rule id).
-const SPACE: u32 = 0x7fff_ffff;
+/// Ids are 1..=`SPACE` (0 is never a rule's own id): one slot each in `rule_hits_v1`.
+const SPACE: u32 = maps_schema::maps::RULE_HITS_MAX - 1;
 
 /// Live rule ids and where each came from.
 #[derive(Default)]
@@ -25,6 +27,10 @@ pub(super) struct RuleIds {
 impl RuleIds {
     /// An id for `rule` (which must not hold one already).
     pub(super) fn allocate(&mut self, rule: RuleRef) -> u32 {
+        if self.refs.len() >= SPACE as usize {
+            tracing::warn!(policy = %rule.policy, index = rule.index, "every rule id is taken; this rule shares id 0 (traces and hit counters cannot name it)");
+            return 0;
+        }
         let mut id = home(&rule);
         while self.refs.contains_key(&id) {
             id = id % SPACE + 1;
@@ -42,6 +48,13 @@ impl RuleIds {
     pub(super) fn get(&self, id: u32) -> Option<&RuleRef> {
         self.refs.get(&id)
     }
+
+    /// Every live id, in id order.
+    pub(super) fn all(&self) -> Vec<(u32, &RuleRef)> {
+        let mut all: Vec<(u32, &RuleRef)> = self.refs.iter().map(|(id, r)| (*id, r)).collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all
+    }
 }
 
 fn home(rule: &RuleRef) -> u32 {
@@ -56,7 +69,7 @@ fn home(rule: &RuleRef) -> u32 {
         .chain([0])
         .chain(index.to_le_bytes())
         .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
-    // SPACE < 2³¹, so the remainder fits.
+    // SPACE < 2³², so the remainder fits.
     u32::try_from(hash % u64::from(SPACE)).unwrap_or(0) + 1
 }
 

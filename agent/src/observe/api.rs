@@ -16,7 +16,7 @@ use crate::{
 /// `GET /v1/policy/rules`: every rule the agent compiled, with the packets and bytes it decided.
 pub async fn rules(State(api): State<Arc<Api>>) -> Result<Json<Vec<RuleHitsView>>, ApiError> {
     let node = api.shared.lock();
-    rule_hits::read_raw(&api.paths, rule_hits::rule_count(&node))
+    rule_hits::read_raw(&api.paths, &rule_hits::rule_ids(&node))
         .map(|raw| Json(rule_hits::views(&node, &raw)))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }

@@ -112,7 +112,7 @@ pub fn collect(
     });
     let rules = {
         let node = shared.lock();
-        super::rule_hits::read_raw(paths, super::rule_hits::rule_count(&node))
+        super::rule_hits::read_raw(paths, &super::rule_hits::rule_ids(&node))
             .map(|raw| super::rule_hits::views(&node, &raw))
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot read the rule hit counters for /metrics");

@@ -26,18 +26,14 @@ pub struct RuleHitsView {
     pub bytes: u64,
 }
 
-/// How many rule ids the node has handed out (ids are `1..=n`).
-pub fn rule_count(node: &Node) -> u32 {
-    let mut n = 0;
-    while node.rule(n + 1).is_some() {
-        n += 1;
-    }
-    n
+/// The rule ids the node has handed out (ids are spread over `1..RULE_HITS_MAX`).
+pub fn rule_ids(node: &Node) -> Vec<u32> {
+    node.rules().into_iter().map(|(id, _)| id).collect()
 }
 
-/// Slots `0..=rules` (rule ids are 1-based; slot 0 collects ids beyond the array): packets and
+/// Slot 0 (ids beyond the array, and rules that share id 0) and the slots of `ids`: packets and
 /// bytes summed over CPUs.
-pub fn read_raw(paths: &Paths, rules: u32) -> Result<Vec<(u32, u64, u64)>, KernelError> {
+pub fn read_raw(paths: &Paths, ids: &[u32]) -> Result<Vec<(u32, u64, u64)>, KernelError> {
     let pin = paths.map_pin(maps_schema::maps::RULE_HITS);
     let open_err = |source| KernelError::OpenMap {
         path: pin.display().to_string(),
@@ -46,7 +42,12 @@ pub fn read_raw(paths: &Paths, rules: u32) -> Result<Vec<(u32, u64, u64)>, Kerne
     let map = Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
     let array: PerCpuArray<_, CounterValue> = PerCpuArray::try_from(map).map_err(open_err)?;
     let mut out = Vec::new();
-    for id in 0..=rules.min(RULE_HITS_MAX - 1) {
+    let slots = std::iter::once(0).chain(
+        ids.iter()
+            .copied()
+            .filter(|id| (1..RULE_HITS_MAX).contains(id)),
+    );
+    for id in slots {
         let values = array.get(&id, 0).map_err(|source| KernelError::MapOp {
             map: maps_schema::maps::RULE_HITS.into(),
             op: "read",
