@@ -2,7 +2,8 @@
 //!
 //! Where things live: `paths` (every path and name), `config` (the validated configuration),
 //! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (the tc/XDP
-//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` main loop).
+//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` wiring), `applier` (the one
+//! dataplane loop that owns the node), `snapshot` (what it publishes for every reader).
 
 pub mod api;
 pub mod applier;
@@ -14,6 +15,7 @@ pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
 pub mod ipam_service;
+pub mod link_source;
 pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
@@ -24,7 +26,12 @@ pub mod paths;
 pub mod policy;
 pub mod programs;
 pub mod registry;
+pub mod snapshot;
+pub mod synthetic;
 pub mod trace;
+
+#[cfg(test)]
+mod inprocess;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).
