@@ -145,12 +145,30 @@ pub enum Command {
 pub struct LoopHandle {
     tx: mpsc::UnboundedSender<Command>,
     snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// Workload links as sent to the loop (ahead of the snapshot while an apply runs): a CNI
+    /// that just created its veth waits for it here, and its endpoint command follows the
+    /// link's in the channel.
+    links: Arc<watch::Sender<BTreeMap<String, u32>>>,
 }
 
 impl LoopHandle {
     /// Sends a delta.
     pub fn send(&self, command: Command) -> Result<(), LoopError> {
-        self.tx.send(command).map_err(|_| LoopError::Stopped)
+        let link = match &command {
+            Command::Link(LinkEvent::Up {
+                ifname, ifindex, ..
+            }) => Some((ifname.clone(), Some(*ifindex))),
+            Command::Link(LinkEvent::Gone { ifname }) => Some((ifname.clone(), None)),
+            _ => None,
+        };
+        self.tx.send(command).map_err(|_| LoopError::Stopped)?;
+        if let Some((ifname, ifindex)) = link {
+            self.links.send_if_modified(|links| match ifindex {
+                Some(ifindex) => links.insert(ifname, ifindex) != Some(ifindex),
+                None => links.remove(&ifname).is_some(),
+            });
+        }
+        Ok(())
     }
 
     /// The latest snapshot.
@@ -215,10 +233,10 @@ impl LoopHandle {
         rx.await.map_err(|_| LoopError::Stopped)
     }
 
-    /// Waits (bounded) until the link watcher has reported workload link `ifname`.
+    /// Waits (bounded) until the link watcher has reported workload link `ifname` to the loop.
     pub async fn wait_link(&self, ifname: &str, timeout: Duration) -> bool {
-        let mut rx = self.subscribe();
-        let seen = rx.wait_for(|s| s.links.contains_key(ifname));
+        let mut rx = self.links.subscribe();
+        let seen = rx.wait_for(|links| links.contains_key(ifname));
         matches!(tokio::time::timeout(timeout, seen).await, Ok(Ok(_)))
     }
 
@@ -254,7 +272,15 @@ pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), Lo
         .name("weir-dataplane".into())
         .spawn(move || dataplane_loop.run())
         .map_err(LoopError::Spawn)?;
-    Ok((LoopHandle { tx, snapshot }, thread))
+    let links = Arc::new(watch::Sender::new(BTreeMap::new()));
+    Ok((
+        LoopHandle {
+            tx,
+            snapshot,
+            links,
+        },
+        thread,
+    ))
 }
 
 struct Waiter {

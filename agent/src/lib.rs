@@ -25,6 +25,7 @@ pub mod node_setup;
 pub mod paths;
 pub mod policy;
 pub mod programs;
+pub mod reference;
 pub mod registry;
 pub mod snapshot;
 pub mod synthetic;

@@ -52,7 +52,7 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         );
     }
     let total = harness::expected(&paths, &kernel.links.interfaces()).entries();
-    kernel.set_delay(Duration::from_micros(200));
+    kernel.set_delay(Duration::from_micros(50));
 
     let (live_tx, live_rx) = mpsc::unbounded_channel();
     let node = harness::open_node(&paths, &kernel);

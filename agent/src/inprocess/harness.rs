@@ -18,18 +18,18 @@ use tokio::sync::mpsc;
 use crate::{
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
-        endpoints::{self, EndpointsManager},
+        endpoints::EndpointsManager,
         kernel::{KernelError, MapIo, Prefix},
         map_driver::MapDriver,
         plane::Dataplane,
     },
-    identity::{Identities, LabelSet},
     linkwatch::{LinkEvent, LinkWatchError},
     node::Node,
     paths::Paths,
-    policy::compile::{Subject, compile},
-    registry::Registry,
+    reference,
 };
+
+pub(crate) use crate::reference::{AnyKey, State, policy_key};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -252,105 +252,6 @@ impl Attacher for FakeLinks {
     }
 }
 
-/// The kernel state the drivers reconcile, as maps.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct State {
-    pub(crate) endpoints: HashMap<u32, EndpointInfo>,
-    pub(crate) ident4: HashMap<[u8; 4], IdentityInfo>,
-    pub(crate) ident6: HashMap<[u8; 16], IdentityInfo>,
-    pub(crate) ipcache4: HashMap<Prefix<[u8; 4]>, IdentityInfo>,
-    pub(crate) ipcache6: HashMap<Prefix<[u8; 16]>, IdentityInfo>,
-    pub(crate) policy: HashMap<PolicyKey, PolicyValue>,
-}
-
-/// A map key of any of the maps, to compare what was written with what had to be.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum AnyKey {
-    Endpoint(u32),
-    Ident4([u8; 4]),
-    Ident6([u8; 16]),
-    Ipcache4(u32, [u8; 4]),
-    Ipcache6(u32, [u8; 16]),
-    Policy(u32, u32, u16, u8, u8),
-}
-
-fn policy_key(k: &PolicyKey) -> AnyKey {
-    AnyKey::Policy(
-        k.endpoint_id,
-        k.peer_identity,
-        k.port,
-        k.protocol,
-        k.direction,
-    )
-}
-
-fn changed<K: Eq + Hash + Clone, V: PartialEq>(
-    before: &HashMap<K, V>,
-    after: &HashMap<K, V>,
-    wrap: impl Fn(&K) -> AnyKey,
-    out: &mut BTreeSet<AnyKey>,
-) {
-    for (k, v) in after {
-        if before.get(k) != Some(v) {
-            out.insert(wrap(k));
-        }
-    }
-    for k in before.keys() {
-        if !after.contains_key(k) {
-            out.insert(wrap(k));
-        }
-    }
-}
-
-impl State {
-    /// Entries in every map.
-    pub(crate) fn entries(&self) -> usize {
-        self.endpoints.len()
-            + self.ident4.len()
-            + self.ident6.len()
-            + self.ipcache4.len()
-            + self.ipcache6.len()
-            + self.policy.len()
-    }
-
-    /// The keys whose value differs between `self` and `after` (added, changed, removed).
-    pub(crate) fn diff(&self, after: &Self) -> BTreeSet<AnyKey> {
-        let mut out = BTreeSet::new();
-        changed(
-            &self.endpoints,
-            &after.endpoints,
-            |k| AnyKey::Endpoint(*k),
-            &mut out,
-        );
-        changed(
-            &self.ident4,
-            &after.ident4,
-            |k| AnyKey::Ident4(*k),
-            &mut out,
-        );
-        changed(
-            &self.ident6,
-            &after.ident6,
-            |k| AnyKey::Ident6(*k),
-            &mut out,
-        );
-        changed(
-            &self.ipcache4,
-            &after.ipcache4,
-            |k| AnyKey::Ipcache4(k.len, k.data),
-            &mut out,
-        );
-        changed(
-            &self.ipcache6,
-            &after.ipcache6,
-            |k| AnyKey::Ipcache6(k.len, k.data),
-            &mut out,
-        );
-        changed(&self.policy, &after.policy, policy_key, &mut out);
-        out
-    }
-}
-
 /// Where every fake map's write log stood.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark([usize; 6]);
@@ -471,64 +372,9 @@ impl FakeKernel {
     }
 }
 
-/// The kernel state the sources on disk call for, by a fresh full compile (independent of the
-/// loop and of the node's incremental state): every endpoint in the registry whose host link is in
-/// `links`, identities from a copy of the identity file (so the numbers match the agent's).
+/// The kernel state the sources on disk call for, by a fresh full compile.
 pub(crate) fn expected(paths: &Paths, links: &BTreeMap<String, u32>) -> State {
-    let registry = Registry::load(&paths.registry()).expect("the registry loads");
-    let scratch = tempfile::tempdir().expect("tmp");
-    let ids_path = scratch.path().join("identities.json");
-    if paths.identities().exists() {
-        std::fs::copy(paths.identities(), &ids_path).expect("copy the identities");
-    }
-    let mut identities = Identities::load(&ids_path).expect("identities");
-    let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
-    assert!(errors.is_empty(), "the policies load: {errors:?}");
-    let endpoints: Vec<_> = registry.endpoints().collect();
-    let empty = BTreeMap::new();
-    let ids: Vec<u32> = endpoints
-        .iter()
-        .map(|e| {
-            let ns = set.namespaces.get(&e.namespace).unwrap_or(&empty);
-            identities
-                .get_or_allocate(&LabelSet::for_pod(&e.labels, &e.namespace, ns))
-                .expect("identity")
-        })
-        .collect();
-    let subjects: Vec<Subject<'_>> = endpoints
-        .iter()
-        .zip(&ids)
-        .map(|(endpoint, identity)| Subject {
-            endpoint,
-            identity: *identity,
-        })
-        .collect();
-    let compiled = compile(&set, &subjects, &mut identities).expect("compile");
-    let mut state = State {
-        ipcache4: compiled.ipcache4,
-        ipcache6: compiled.ipcache6,
-        policy: compiled.policy,
-        ..State::default()
-    };
-    for (e, identity) in endpoints.iter().zip(&ids) {
-        let info = IdentityInfo {
-            identity: *identity,
-            flags: 0,
-        };
-        for ip in &e.ips {
-            match ip {
-                std::net::IpAddr::V4(a) => state.ident4.insert(a.octets(), info),
-                std::net::IpAddr::V6(a) => state.ident6.insert(a.octets(), info),
-            };
-        }
-        if let Some(ifindex) = links.get(&e.host_ifname) {
-            let flags = compiled.flags.get(&e.id).copied().unwrap_or(0);
-            state
-                .endpoints
-                .insert(*ifindex, endpoints::entry(e, *identity, flags));
-        }
-    }
-    state
+    reference::compile(paths, links).expect("the reference compile")
 }
 
 /// Paths of a node under `dir`.
