@@ -352,8 +352,10 @@ impl DataplaneLoop {
                 break;
             }
             self.apply_if_due();
-            self.expire_waiters();
+            // Readers first: a write that resolves finds its change in the snapshot.
             self.publish();
+            self.resolve_waiters();
+            self.expire_waiters();
         }
         tracing::info!("dataplane loop stopped");
     }
@@ -516,7 +518,6 @@ impl DataplaneLoop {
                     a.ready = !self.link_watcher_down;
                     a.error = None;
                     a.failures = 0;
-                    self.resolve_waiters();
                 }
             }
             Err(e) => {

@@ -242,3 +242,83 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<MetricsState>) 
         tracing::error!(error = %e, "metrics server stopped");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        applier::{self, Command},
+        inprocess::harness::{self, FakeKernel},
+        linkwatch::LinkEvent,
+        synthetic::{self, Sizes},
+    };
+
+    async fn wait(rx: &mut watch::Receiver<Arc<Snapshot>>, ok: impl Fn(&Snapshot) -> bool) {
+        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| ok(s)))
+            .await
+            .expect("within 30 s")
+            .expect("the loop runs");
+    }
+
+    #[tokio::test]
+    async fn one_registry_renders_the_latest_snapshot_at_every_scrape() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let paths = harness::paths(dir.path());
+        let sizes = Sizes {
+            endpoints: 3,
+            namespaces: 1,
+            policies: 1,
+        };
+        synthetic::write(&paths, sizes).expect("sources");
+        let kernel = FakeKernel::new();
+        let (handle, thread) = applier::spawn(harness::open_node(&paths, &kernel)).expect("loop");
+        let ct = Arc::new(Mutex::new(CtStats::default()));
+        let state = MetricsState::new(
+            handle.subscribe(),
+            Arc::clone(&ct),
+            vec![("from_endpoint".into(), 7, true)],
+        );
+        let before = state.render().expect("render");
+        assert!(before.contains("weir_ready 0"), "{before}");
+        assert!(
+            before.contains(r#"weir_driver_writes_total{driver="policy_v1"} 0"#),
+            "{before}"
+        );
+
+        for i in 0..sizes.endpoints {
+            let ifname = synthetic::host_ifname(i);
+            kernel.links.add(&ifname, 10 + u32::try_from(i).expect("i"));
+            handle
+                .send(Command::Link(LinkEvent::Up {
+                    ifname,
+                    ifindex: 10 + u32::try_from(i).expect("i"),
+                    up: true,
+                }))
+                .expect("send");
+        }
+        handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+        let mut rx = handle.subscribe();
+        wait(&mut rx, |s| s.applied.ready).await;
+        ct.lock().expect("ct").entries4 = 42;
+        let after = state.render().expect("render");
+        let endpoints = kernel.endpoints.contents().len();
+        assert_eq!(endpoints, sizes.endpoints);
+        for line in [
+            "weir_ready 1".to_owned(),
+            format!(r#"weir_driver_writes_total{{driver="endpoints_v1"}} {endpoints}"#),
+            r#"weir_driver_writes_total{driver="tc-attachments"} 6"#.to_owned(),
+            r#"weir_conntrack_entries{family="ipv4"} 42"#.to_owned(),
+            r#"weir_program_loads_total{program="from_endpoint",reused="true"} 1"#.to_owned(),
+            "weir_endpoints 3".to_owned(),
+        ] {
+            assert!(
+                after.lines().any(|l| l == line),
+                "/metrics lacks {line}:\n{after}"
+            );
+        }
+        handle.stop();
+        thread.join().expect("join");
+    }
+}
