@@ -219,7 +219,7 @@ struct Changes {
 fn edit_policy(paths: &Paths, round: usize) -> Result<()> {
     let file = paths.policy_dir.join("synthetic.yaml");
     let text = std::fs::read_to_string(&file)?;
-    let (from, to) = if round % 2 == 0 {
+    let (from, to) = if round.is_multiple_of(2) {
         ("port: 83}", "port: 93}")
     } else {
         ("port: 93}", "port: 83}")
@@ -262,7 +262,7 @@ async fn changes(
             .context("endpoint c1")?
             .endpoint
             .clone();
-        let app = if round % 2 == 0 { "a21" } else { "a1" };
+        let app = if round.is_multiple_of(2) { "a21" } else { "a1" };
         endpoint.labels.insert("app".into(), app.into());
         let w = writes(handle);
         let t = Instant::now();

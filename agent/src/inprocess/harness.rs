@@ -394,14 +394,16 @@ pub(crate) fn open_node(paths: &Paths, kernel: &FakeKernel) -> Node {
     Node::open(paths, kernel.dataplane(), set, errors).expect("the node opens")
 }
 
+/// One run of a fake link watcher.
+pub(crate) type WatchRun =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), LinkWatchError>> + Send>>;
+
 /// A link watcher over the fake links: dumps them, says `Synced`, then forwards what the test
 /// sends on `live` (or, with none, waits forever).
 pub(crate) fn watcher(
     links: FakeLinks,
     live: Option<mpsc::UnboundedReceiver<LinkEvent>>,
-) -> impl Fn(
-    mpsc::UnboundedSender<LinkEvent>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<(), LinkWatchError>> + Send>> {
+) -> impl Fn(mpsc::UnboundedSender<LinkEvent>) -> WatchRun {
     let live = Arc::new(Mutex::new(live));
     move |tx| {
         let dump = links.interfaces();
