@@ -92,15 +92,24 @@ pub fn policies_yaml(sizes: Sizes) -> String {
         let ns = j % sizes.namespaces.max(1);
         let block = j % 250;
         out.push_str(&format!(
-            "---\nkind: NetworkPolicy\nmetadata: {{name: pol{j}, namespace: ns{ns}}}\nspec:\n  podSelector: {{matchLabels: {{app: a{app}}}}}\n  ingress:\n  - from: [{{podSelector: {{matchLabels: {{tier: web}}}}}}]\n    ports: [{{port: {port}}}, {{protocol: UDP, port: 53}}]\n  - from: [{{namespaceSelector: {{matchLabels: {{team: t{team}}}}}, podSelector: {{matchLabels: {{ver: v{ver}}}}}}}]\n    ports: [{{port: 8000, endPort: 8100}}]\n  - from: [{{ipBlock: {{cidr: 10.200.{block}.0/24, except: [10.200.{block}.128/25]}}}}]\n",
+            "---\nkind: NetworkPolicy\nmetadata: {{name: pol{j}, namespace: ns{ns}}}\nspec:\n  podSelector: {{matchLabels: {{app: a{app}}}}}\n  ingress:\n  - from: [{{podSelector: {{matchLabels: {{tier: web}}}}}}]\n    ports: [{{port: {port}}}, {{protocol: UDP, port: 53}}]\n  - from: [{{namespaceSelector: {{matchLabels: {{team: t{team}}}}}, podSelector: {{matchLabels: {{ver: v{ver}}}}}}}]\n    ports: [{{{range}}}]\n  - from: [{{ipBlock: {{cidr: 10.200.{block}.0/24, except: [10.200.{block}.128/25]}}}}]\n",
             app = j % 20,
+            // A port range for the first 100 only: the 5 policies selecting a pod would
+            // otherwise put the same range 5 times into one entry's 4 range slots.
+            range = if j < 100 {
+                "port: 8000, endPort: 8100".to_owned()
+            } else {
+                format!("port: {}", 8000 + j / 100)
+            },
             port = 80 + j % 10,
             team = j % 5,
             ver = j % 4,
         ));
-        if j % 5 == 0 {
+        // Every tenth also isolates egress: to one team's namespaces on 443, and to a CIDR.
+        if j % 10 == 0 {
             out.push_str(&format!(
-                "  egress:\n  - to: [{{namespaceSelector: {{matchLabels: {{env: prod}}}}}}]\n    ports: [{{port: 443}}]\n  - to: [{{ipBlock: {{cidr: 192.168.{}.0/24}}}}]\n",
+                "  egress:\n  - to: [{{namespaceSelector: {{matchLabels: {{team: t{}}}}}}}]\n    ports: [{{port: 443}}]\n  - to: [{{ipBlock: {{cidr: 192.168.{}.0/24}}}}]\n",
+                (j / 10) % 5,
                 j % 200
             ));
         }

@@ -157,7 +157,12 @@ async fn wait(
     let mut rx = handle.subscribe();
     tokio::time::timeout(Duration::from_secs(300), rx.wait_for(|s| ok(s)))
         .await
-        .with_context(|| format!("{what}: not within 300 s"))?
+        .with_context(|| {
+            format!(
+                "{what}: not within 300 s; the loop reports {:?}",
+                handle.snapshot().applied
+            )
+        })?
         .with_context(|| format!("{what}: the loop stopped"))?;
     Ok(())
 }

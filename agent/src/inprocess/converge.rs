@@ -150,6 +150,11 @@ async fn a_thousand_endpoints_and_500_policies_converge_a_restart_writes_nothing
         expected.policy.len()
     );
     assert!(!expected.ipcache4.is_empty(), "CIDR identities");
+    eprintln!(
+        "{} policy entries, {} entries in all",
+        expected.policy.len(),
+        expected.entries()
+    );
     let state = kernel.state();
     assert!(
         state == expected,
