@@ -69,6 +69,14 @@ pub struct AgentArgs {
     /// interface it was not told to).
     #[arg(long, env = "WEIR_PREFILTER_INTERFACES", value_delimiter = ',')]
     pub prefilter_interfaces: Vec<String>,
+    /// CIDRs whose traffic `xdp_prefilter` drops on the prefilter interfaces, comma-separated
+    /// (a bare address is a /32 or /128).
+    #[arg(long, env = "WEIR_PREFILTER_DENY", value_delimiter = ',')]
+    pub prefilter_deny: Vec<String>,
+    /// A file of deny CIDRs, one per line (`#` starts a comment), added to `--prefilter-deny` and
+    /// reloaded when it changes; a bad line is logged as FILE:LINE and the last good set stays.
+    #[arg(long, env = "WEIR_PREFILTER_DENY_FILE")]
+    pub prefilter_deny_file: Option<PathBuf>,
     /// How the endpoint programs attach to workload veths: `filter` (clsact + `cls_bpf`
     /// direct-action filters at weir's priority and handle; the default: a tenth of tcx's attach
     /// cost, see BENCHMARKS.md) or `tcx` (pinned tcx links). The conflist the agent writes tells
@@ -137,6 +145,10 @@ pub struct Config {
     pub block_size_v6: u8,
     /// Interfaces for `xdp_prefilter`.
     pub prefilter_interfaces: Vec<String>,
+    /// Deny CIDRs from the flag, normalised to their network address.
+    pub prefilter_deny: Vec<String>,
+    /// The deny file (hot reloaded).
+    pub prefilter_deny_file: Option<PathBuf>,
     /// How the endpoint programs attach.
     pub tc_attach: attach::Mechanism,
     /// Metrics address.
@@ -270,6 +282,26 @@ impl AgentArgs {
                 ));
             }
         }
+        let mut prefilter_deny = Vec::new();
+        for cidr in &self.prefilter_deny {
+            let net = crate::dataplane::prefilter::parse_cidr(cidr).ok_or_else(|| {
+                invalid(
+                    "--prefilter-deny (WEIR_PREFILTER_DENY)",
+                    cidr,
+                    "use CIDRs such as 192.0.2.0/24 or 2001:db8::/32, comma-separated",
+                )
+            })?;
+            prefilter_deny.push(net.to_string());
+        }
+        if let Some(file) = &self.prefilter_deny_file
+            && !file.is_absolute()
+        {
+            return Err(invalid(
+                "--prefilter-deny-file (WEIR_PREFILTER_DENY_FILE)",
+                &file.display().to_string(),
+                "use an absolute path",
+            ));
+        }
         if self.allocation_expiry == 0 || self.allocation_expiry > 86_400 {
             return Err(invalid(
                 "--allocation-expiry (WEIR_ALLOCATION_EXPIRY)",
@@ -358,6 +390,8 @@ impl AgentArgs {
             block_size_v4: self.block_size_v4,
             block_size_v6: self.block_size_v6,
             prefilter_interfaces: self.prefilter_interfaces.clone(),
+            prefilter_deny,
+            prefilter_deny_file: self.prefilter_deny_file.clone(),
             tc_attach: self.tc_attach,
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
@@ -435,6 +469,14 @@ mod tests {
         // Durations dump as the seconds their flags take.
         assert_eq!(json["allocation_expiry"], 600);
         assert_eq!(json["ct_timeouts"]["tcp_established"], 21_600);
+        let deny = parse(&[
+            "--node",
+            "n1",
+            "--prefilter-deny",
+            "10.1.2.3/16,2001:db8::1",
+        ])
+        .expect("CIDRs and addresses are valid");
+        assert_eq!(deny.prefilter_deny, vec!["10.1.0.0/16", "2001:db8::1/128"]);
         let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
         assert_eq!(raised.cni_version, "1.1.0");
     }
@@ -461,6 +503,14 @@ mod tests {
             (
                 vec!["--node", "n1", "--prefilter-interfaces", "a/b"],
                 "--prefilter-interfaces",
+            ),
+            (
+                vec!["--node", "n1", "--prefilter-deny", "10.0.0.0/33"],
+                "--prefilter-deny",
+            ),
+            (
+                vec!["--node", "n1", "--prefilter-deny-file", "deny.txt"],
+                "--prefilter-deny-file",
             ),
             (
                 vec!["--node", "n1", "--ct-max-entries", "10"],

@@ -18,7 +18,7 @@ use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
     applier::{self, Command, LoopError, LoopHandle, MAX_FAILURES},
-    attach::{self, AttachError, AttachMode},
+    attach::{AttachError, AttachMode},
     config::Config,
     dataplane::{
         attachments::AttachDriver,
@@ -26,7 +26,9 @@ use crate::{
         endpoints::EndpointsManager,
         kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
+        pins,
         plane::Dataplane,
+        prefilter::{Prefilter, PrefilterError},
         tc_links::TcLinks,
     },
     ipam_service::{IpamService, IpamServiceError},
@@ -52,14 +54,17 @@ pub enum DaemonError {
     #[error(transparent)]
     Bpffs(#[from] crate::bpffs::BpffsError),
     /// `WEIR_FAILPOINT` names no failpoint.
-    #[error("{0}")]
-    Failpoint(String),
+    #[error(transparent)]
+    Failpoint(#[from] migrate::failpoint::UnknownFailpoint),
     /// Attaching the prefilter failed.
     #[error(transparent)]
     Attach(#[from] AttachError),
     /// A pinned map could not be opened.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// The prefilter could not be set up.
+    #[error(transparent)]
+    Prefilter(#[from] PrefilterError),
     /// The persisted state could not be restored.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -134,21 +139,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     crate::bpffs::ensure_pin_dir(&paths.maps_dir())?;
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
-    let mut programs = Programs::load(&paths, &object, &pending.sizes)?;
+    let programs = Programs::load(&paths, &object, &pending.sizes)?;
     let program_report = programs.report.programs.clone();
-    let mut prefilter = Vec::new();
-    for ifname in &config.prefilter_interfaces {
-        let name = maps_schema::programs::XDP_PREFILTER;
-        let pin = paths.link_pin(ifname, name);
-        let current = programs.xdp_prefilter.info().map(|i| i.id()).ok();
-        if attach::pinned_link_program(&pin).is_some_and(|id| Some(id) == current) {
-            prefilter.push((ifname.clone(), AttachMode::Unchanged));
-            continue;
-        }
-        let mode = attach::attach_xdp(&mut programs.xdp_prefilter, name, ifname, &pin)?;
-        tracing::info!(ifname, ?mode, "attached xdp_prefilter");
-        prefilter.push((ifname.clone(), mode));
-    }
+    // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
+    let (prefilter_driver, prefilter) = Prefilter::start(
+        &paths,
+        &config.prefilter_interfaces,
+        &config.prefilter_deny,
+        config.prefilter_deny_file.clone(),
+    )?;
 
     let maps = |name: &str| paths.map_pin(name);
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
@@ -247,11 +246,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             .map_err(|e| io_err("finish the conntrack migration")(std::io::Error::other(e)))??;
         migration.steps.extend(finished.steps);
     }
-    for stale in loader::stale_pins(&paths, &object) {
-        tracing::info!(pin = %stale.display(), "removing a map pin of another layout version");
-        if let Err(e) = std::fs::remove_file(&stale) {
-            tracing::warn!(error = %e, pin = %stale.display(), "cannot remove a stale map pin");
+    match pins::sweep_stale(&mut pins::BpffsPins::new(&paths), |present| {
+        loader::stale_map_pins(&object, present)
+    }) {
+        Ok((removed, failed)) => {
+            for name in removed {
+                tracing::info!(pin = %name, "removed a map pin of another layout version");
+            }
+            for e in failed {
+                tracing::warn!(error = %e, "cannot remove a stale map pin");
+            }
         }
+        Err(e) => tracing::warn!(error = %e, "cannot list the map pins"),
     }
 
     node_setup::enable_forwarding()?;
@@ -260,8 +266,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
     let stop = Arc::new(AtomicBool::new(false));
     {
-        let (paths, stats, stop) = (paths.clone(), Arc::clone(&ct_stats), Arc::clone(&stop));
-        let ops = Arc::clone(&ct_ops);
+        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
+        let upkeep = conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats));
+        let mut io = conntrack::PinnedCt::new(&paths, ct_layout);
+        let stop = Arc::clone(&stop);
         let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
         std::thread::Builder::new()
             .name("weir-ct-sweep".into())
@@ -269,12 +277,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let mut next = std::time::Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {
-                        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
-                        let _op = ops.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        let mut local = *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        match conntrack::sweep(&paths, ct_layout, &timeouts, &mut local) {
-                            Ok(()) => *stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = local,
-                            Err(e) => tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval"),
+                        if let Err(e) = upkeep.sweep(&mut io, &timeouts) {
+                            tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval");
                         }
                         next = std::time::Instant::now() + interval;
                     }
@@ -283,6 +287,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             })
             .map_err(io_err("start the conntrack sweep thread"))?;
     }
+    let _prefilter = prefilter_driver
+        .spawn(Arc::clone(&stop))
+        .map_err(io_err("start the prefilter thread"))?;
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),

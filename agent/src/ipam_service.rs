@@ -43,11 +43,32 @@ pub enum IpamServiceError {
     #[error(transparent)]
     Ipam(#[from] IpamError),
     /// Fewer addresses than asked for: nothing was kept.
-    #[error("{0}")]
-    Exhausted(String),
+    #[error("{shortfall}")]
+    Exhausted {
+        /// The handle the allocation was for.
+        handle: String,
+        /// What was assigned of what was asked, and why (the IPAM library's account, naming
+        /// the pools).
+        shortfall: String,
+    },
     /// The request is invalid.
     #[error("{0}")]
-    Invalid(String),
+    Invalid(&'static str),
+    /// A `--pool` flag is not a CIDR.
+    #[error("--pool {cidr:?} is not a CIDR such as 10.244.0.0/16")]
+    PoolFlag {
+        /// The flag's value.
+        cidr: String,
+    },
+    /// The pending allocations cannot be read.
+    #[error("cannot read the pending allocations {}: {source}; fix its permissions or move it aside", path.display())]
+    LoadPending {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// Persisting pending allocations failed.
     #[error("cannot write {path}: {source}")]
     Persist {
@@ -57,13 +78,34 @@ pub enum IpamServiceError {
         #[source]
         source: io::Error,
     },
-    /// The datastore spec or file could not be opened.
-    #[error("cannot open the IPAM datastore {spec}: {detail}")]
+    /// The datastore spec does not parse.
+    #[error("cannot open the IPAM datastore {spec}: {source}")]
+    Spec {
+        /// The spec.
+        spec: String,
+        /// Why.
+        #[source]
+        source: ipam::store::any::DatastoreParseError,
+    },
+    /// The embedded datastore's directory cannot be created.
+    #[error("cannot open the IPAM datastore {spec}: cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The spec.
+        spec: String,
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The datastore cannot be opened.
+    #[error("cannot open the IPAM datastore {spec}: {source}")]
     Open {
         /// The spec.
         spec: String,
         /// Why.
-        detail: String,
+        #[source]
+        source: ipam::store::StoreError,
     },
     /// The request waited too long for the per-host lock and the datastore.
     #[error("the allocation did not complete within {0} s; retry")]
@@ -73,74 +115,9 @@ pub enum IpamServiceError {
     Stopped,
 }
 
-/// An allocation request (see `docs/agent-api.md`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllocateRequest {
-    /// Owner handle.
-    pub handle: String,
-    /// IPv4 addresses wanted.
-    #[serde(default)]
-    pub ipv4: u32,
-    /// IPv6 addresses wanted.
-    #[serde(default)]
-    pub ipv6: u32,
-    /// Restrict to these pools.
-    #[serde(default)]
-    pub pools: Vec<String>,
-    /// Exact addresses wanted (instead of counts).
-    #[serde(default)]
-    pub ips: Vec<IpAddr>,
-    /// Pod namespace.
-    #[serde(default)]
-    pub namespace: String,
-    /// Pod name.
-    #[serde(default)]
-    pub pod: String,
-    /// Container id.
-    #[serde(default)]
-    pub container_id: String,
-    /// Seconds until an unconfirmed allocation is released.
-    #[serde(default)]
-    pub expires_in_secs: Option<u64>,
-}
-
-/// An allocation's answer.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Allocation {
-    /// The handle.
-    pub handle: String,
-    /// The addresses.
-    pub ips: Vec<IpAddr>,
-    /// Unix seconds after which it is released unless confirmed.
-    pub expires_at: u64,
-}
-
-/// A handle as `GET /v1/ipam/handles/{handle}` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HandleStatus {
-    /// The handle.
-    pub handle: String,
-    /// Its addresses (empty: it holds none).
-    pub ips: Vec<IpAddr>,
-    /// True once an endpoint confirmed the allocation (it no longer expires).
-    pub confirmed: bool,
-    /// When an unconfirmed allocation is released.
-    pub expires_at: Option<u64>,
-}
-
-/// A pool as `GET /v1/status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PoolStatus {
-    /// Name.
-    pub name: String,
-    /// CIDR.
-    pub cidr: String,
-    /// Free addresses.
-    pub free: u64,
-    /// Disabled pools hand out nothing.
-    pub disabled: bool,
-}
+/// The API's allocation request, allocation (also what `allocations.json` records), handle and
+/// pool views: the contract crate's types.
+pub use weir_api::{AllocateRequest, Allocation, HandleStatus, PoolStatus};
 
 #[derive(Default, Serialize, Deserialize)]
 struct PendingFile {
@@ -207,23 +184,26 @@ impl IpamService {
         default_expiry: Duration,
         state_dir: &Path,
     ) -> Result<Self, IpamServiceError> {
-        let open_err = |detail: String| IpamServiceError::Open {
+        let datastore: Datastore = spec.parse().map_err(|source| IpamServiceError::Spec {
             spec: spec.to_owned(),
-            detail,
-        };
-        let datastore: Datastore = spec
-            .parse()
-            .map_err(|e: ipam::store::any::DatastoreParseError| open_err(e.to_string()))?;
+            source,
+        })?;
         if let Datastore::Embedded(path) = &datastore
             && let Some(dir) = path.parent()
         {
-            fs::create_dir_all(dir)
-                .map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
+            fs::create_dir_all(dir).map_err(|source| IpamServiceError::CreateDir {
+                spec: spec.to_owned(),
+                dir: dir.to_owned(),
+                source,
+            })?;
         }
         let store = datastore
             .open_with(Duration::from_secs(10), Sharing::Exclusive)
             .await
-            .map_err(|e| open_err(e.to_string()))?;
+            .map_err(|source| IpamServiceError::Open {
+                spec: spec.to_owned(),
+                source,
+            })?;
         let core = Arc::new(Core {
             ipam: Ipam::new(store),
             datastore,
@@ -231,7 +211,7 @@ impl IpamService {
             node_labels,
             default_expiry,
             pending_path: state_dir.join("allocations.json"),
-            lock: Mutex::new(load_pending(&state_dir.join("allocations.json"))),
+            lock: Mutex::new(load_pending(&state_dir.join("allocations.json"))?),
             queued: AtomicUsize::new(0),
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
@@ -415,16 +395,16 @@ impl IpamService {
 
 fn validate(req: &AllocateRequest) -> Result<(), IpamServiceError> {
     if req.handle.is_empty() {
-        return Err(IpamServiceError::Invalid("handle must not be empty".into()));
+        return Err(IpamServiceError::Invalid("handle must not be empty"));
     }
     if req.ips.is_empty() && req.ipv4 == 0 && req.ipv6 == 0 {
         return Err(IpamServiceError::Invalid(
-            "ask for at least one address: ipv4, ipv6 or ips".into(),
+            "ask for at least one address: ipv4, ipv6 or ips",
         ));
     }
     if req.ipv4 > 16 || req.ipv6 > 16 || req.ips.len() > 16 {
         return Err(IpamServiceError::Invalid(
-            "at most 16 addresses per family per request".into(),
+            "at most 16 addresses per family per request",
         ));
     }
     Ok(())
@@ -463,11 +443,9 @@ impl Core {
         let existing = self.ipam.pools().await?;
         let mut wanted: Vec<(String, IpNetwork, u8)> = Vec::new();
         for cidr in pools {
-            let net: IpNetwork = cidr.parse().map_err(|_| {
-                IpamServiceError::Invalid(format!(
-                    "--pool {cidr:?} is not a CIDR such as 10.244.0.0/16"
-                ))
-            })?;
+            let net: IpNetwork = cidr
+                .parse()
+                .map_err(|_| IpamServiceError::PoolFlag { cidr: cidr.clone() })?;
             let (name, size) = if net.is_ipv4() {
                 ("default-ipv4", v4)
             } else {
@@ -624,7 +602,10 @@ async fn allocate_on<S: Store + Clone>(
         if let Some(message) = result.partial_fulfilment(&args) {
             // A dual-stack half-success gives back the family that succeeded.
             give_back().await;
-            return Err(IpamServiceError::Exhausted(message));
+            return Err(IpamServiceError::Exhausted {
+                handle: req.handle.clone(),
+                shortfall: message,
+            });
         }
     } else {
         for ip in &req.ips {
@@ -650,13 +631,21 @@ async fn allocate_on<S: Store + Clone>(
     })
 }
 
-fn load_pending(path: &Path) -> PendingFile {
+/// The pending allocations recorded at `path` (none when the file does not exist). A file that
+/// cannot be read is an error: starting without it would never release what it records.
+fn load_pending(path: &Path) -> Result<PendingFile, IpamServiceError> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(path = %path.display(), error = %e, "pending allocations unreadable; treating none as pending");
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            // Its allocations stay in the datastore under their handles, unconfirmed: `weir ipam
+            // show` lists them and `weir ipam release --handle` (or a CNI DEL) frees them.
+            tracing::warn!(path = %path.display(), error = %e, "pending allocations do not parse; they will not expire on their own: release them by handle (weir ipam show lists them)");
             PendingFile::default()
+        })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PendingFile::default()),
+        Err(source) => Err(IpamServiceError::LoadPending {
+            path: path.to_owned(),
+            source,
         }),
-        Err(_) => PendingFile::default(),
     }
 }
 
@@ -785,6 +774,135 @@ mod tests {
             Err(IpamError::HandleNotFound { .. })
         ));
         assert!(ipam.check().await.expect("check").ok());
+    }
+
+    async fn held(svc: &IpamService, handle: &str) -> Vec<IpAddr> {
+        svc.ips_of(handle).await.expect("ips_of")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dual_stack_half_success_gives_back_the_family_that_succeeded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // An IPv6 pool of one /126 block, filled first: the IPv6 half cannot succeed.
+        let svc = IpamService::open(
+            &format!("embedded:{}", dir.path().join("ipam.redb").display()),
+            "n1",
+            BTreeMap::new(),
+            &["10.50.0.0/24".to_owned(), "fd00:50::/126".to_owned()],
+            (26, 126),
+            Duration::from_secs(600),
+            dir.path(),
+        )
+        .await
+        .expect("open");
+        let mut filler = request("filler");
+        (filler.ipv4, filler.ipv6) = (0, 4);
+        let filled = svc
+            .allocate(&filler, Duration::from_secs(30))
+            .await
+            .expect("fill the IPv6 pool");
+        assert_eq!(filled.ips.len(), 4);
+        let mut req = request("half");
+        req.ipv6 = 1;
+        let err = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect_err("no IPv6 pool");
+        assert!(
+            matches!(&err, IpamServiceError::Exhausted { handle, .. } if handle == "half"),
+            "{err:?}"
+        );
+        assert!(
+            held(&svc, "half").await.is_empty(),
+            "the IPv4 address was given back"
+        );
+        assert!(svc.ipam().check().await.expect("check").ok());
+        // Positive control: the same request for IPv4 alone is served.
+        let ok = svc
+            .allocate(&request("half"), Duration::from_secs(30))
+            .await
+            .expect("IPv4 alone");
+        assert_eq!(held(&svc, "half").await, ok.ips);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_allocation_that_cannot_be_recorded_is_given_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        // Positive control: recorded and held.
+        let first = svc
+            .allocate(&request("ok"), Duration::from_secs(30))
+            .await
+            .expect("recorded");
+        assert_eq!(held(&svc, "ok").await, first.ips);
+        // The pending file can no longer be replaced (a directory stands at its path).
+        let pending = dir.path().join("allocations.json");
+        fs::remove_file(&pending).expect("remove");
+        fs::create_dir_all(pending.join("blocker")).expect("dir");
+        let err = svc
+            .allocate(&request("lost"), Duration::from_secs(30))
+            .await
+            .expect_err("cannot be recorded");
+        assert!(matches!(err, IpamServiceError::Persist { .. }), "{err:?}");
+        assert!(
+            held(&svc, "lost").await.is_empty(),
+            "an allocation nobody could expire is not kept"
+        );
+        assert!(!svc.core.lock.lock().await.pending.contains_key("lost"));
+        assert_eq!(
+            held(&svc, "ok").await,
+            first.ips,
+            "the earlier one is untouched"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unconfirmed_allocation_is_released_when_it_expires_and_a_confirmed_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        let mut req = request("unconfirmed");
+        req.expires_in_secs = Some(0);
+        let a = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect("a");
+        let mut req = request("confirmed");
+        req.expires_in_secs = Some(0);
+        let b = svc
+            .allocate(&req, Duration::from_secs(30))
+            .await
+            .expect("b");
+        svc.confirm("confirmed").await.expect("confirm");
+        assert_eq!(held(&svc, "unconfirmed").await, a.ips);
+        let released = svc.expire().await.expect("expire");
+        assert_eq!(released, vec!["unconfirmed".to_owned()]);
+        assert!(held(&svc, "unconfirmed").await.is_empty());
+        assert_eq!(held(&svc, "confirmed").await, b.ips);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_pending_file_refuses_to_start_rather_than_forget_allocations() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(service(dir.path()).await);
+        // Positive control: a missing file is an empty pending set.
+        drop(service(dir.path()).await);
+        fs::create_dir_all(dir.path().join("allocations.json")).expect("dir");
+        let err = IpamService::open(
+            &format!("embedded:{}", dir.path().join("ipam.redb").display()),
+            "n1",
+            BTreeMap::new(),
+            &[],
+            (26, 122),
+            Duration::from_secs(600),
+            dir.path(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(
+            matches!(err, IpamServiceError::LoadPending { .. }),
+            "{err:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

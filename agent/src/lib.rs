@@ -20,6 +20,7 @@ pub mod linkwatch;
 pub mod loader;
 pub mod metrics;
 pub mod migrate;
+pub mod monitor;
 pub mod node;
 pub mod node_setup;
 pub mod paths;
@@ -29,6 +30,8 @@ pub mod reference;
 pub mod registry;
 pub mod snapshot;
 pub mod synthetic;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 
 #[cfg(test)]

@@ -241,6 +241,22 @@ pub fn map_names(ct_layout: u32) -> Vec<String> {
 /// than the object's: left by another release, removed once the links run this one's programs.
 #[must_use]
 pub fn stale_pins(paths: &Paths, object: &[u8]) -> Vec<PathBuf> {
+    let Ok(dir) = fs::read_dir(paths.maps_dir()) else {
+        return Vec::new();
+    };
+    let present: Vec<String> = dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    stale_map_pins(object, &present)
+        .iter()
+        .map(|name| paths.map_pin(name))
+        .collect()
+}
+
+/// Of the map pin names `present`, those `stale_pins` removes (none if the object does not parse).
+#[must_use]
+pub fn stale_map_pins(object: &[u8], present: &[String]) -> Vec<String> {
     let Ok(obj) = aya_obj::Object::parse(object) else {
         return Vec::new();
     };
@@ -255,13 +271,10 @@ pub fn stale_pins(paths: &Paths, object: &[u8]) -> Vec<PathBuf> {
         .filter_map(|n| stem(n))
         .filter(|s| s != maps_schema::maps::CT4_STEM && s != maps_schema::maps::CT6_STEM)
         .collect();
-    let Ok(dir) = fs::read_dir(paths.maps_dir()) else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
+    present
+        .iter()
         .filter(|name| !ours.contains(name) && stem(name).is_some_and(|s| stems.contains(&s)))
-        .map(|name| paths.map_pin(&name))
+        .cloned()
         .collect()
 }
 

@@ -58,5 +58,6 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Endpoint(args) => cli::agent_client::endpoint(args),
         Command::Bpf(args) => cli::agent_client::bpf(args),
         Command::Policy(args) => cli::agent_client::policy(args),
+        Command::Monitor(args) => cli::monitor::monitor(args),
     }
 }

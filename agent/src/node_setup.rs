@@ -4,7 +4,10 @@
 
 use std::{fs, io, path::PathBuf};
 
-use crate::paths::{CNI_CONFLIST, Paths};
+use crate::{
+    dataplane::kernel::SysctlIo,
+    paths::{CNI_CONFLIST, Paths},
+};
 
 /// Errors of node set-up.
 #[derive(Debug, thiserror::Error)]
@@ -31,11 +34,25 @@ pub enum SetupError {
     },
 }
 
-fn sysctl(path: String, value: &'static str) -> Result<(), SetupError> {
-    if fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+/// The real [`SysctlIo`]: files under `/proc/sys`.
+pub struct ProcSysctl;
+
+impl SysctlIo for ProcSysctl {
+    fn get(&self, path: &str) -> Option<String> {
+        fs::read_to_string(path).ok().map(|v| v.trim().to_owned())
+    }
+
+    fn set(&mut self, path: &str, value: &str) -> Result<(), io::Error> {
+        fs::write(path, value)
+    }
+}
+
+/// Writes `value` unless the setting already has it.
+fn sysctl(io: &mut dyn SysctlIo, path: String, value: &'static str) -> Result<(), SetupError> {
+    if io.get(&path).is_some_and(|v| v == value) {
         return Ok(());
     }
-    fs::write(&path, value).map_err(|source| SetupError::Sysctl {
+    io.set(&path, value).map_err(|source| SetupError::Sysctl {
         path,
         value,
         source,
@@ -44,13 +61,27 @@ fn sysctl(path: String, value: &'static str) -> Result<(), SetupError> {
 
 /// Forwarding on for both families (in the agent's network namespace).
 pub fn enable_forwarding() -> Result<(), SetupError> {
-    sysctl("/proc/sys/net/ipv4/ip_forward".into(), "1")?;
-    sysctl("/proc/sys/net/ipv6/conf/all/forwarding".into(), "1")
+    enable_forwarding_with(&mut ProcSysctl)
+}
+
+/// [`enable_forwarding`] over `io`.
+pub fn enable_forwarding_with(io: &mut dyn SysctlIo) -> Result<(), SetupError> {
+    sysctl(io, "/proc/sys/net/ipv4/ip_forward".into(), "1")?;
+    sysctl(io, "/proc/sys/net/ipv6/conf/all/forwarding".into(), "1")
 }
 
 /// `rp_filter` off on a workload link (anti-spoofing is `from_endpoint`'s job).
 pub fn workload_link_sysctls(ifname: &str) -> Result<(), SetupError> {
-    sysctl(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "0")
+    workload_link_sysctls_with(&mut ProcSysctl, ifname)
+}
+
+/// [`workload_link_sysctls`] over `io`.
+pub fn workload_link_sysctls_with(io: &mut dyn SysctlIo, ifname: &str) -> Result<(), SetupError> {
+    sysctl(
+        io,
+        format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"),
+        "0",
+    )
 }
 
 /// The CNI versions weir-cni speaks, oldest first (the conflist may name either).
@@ -108,6 +139,31 @@ pub fn write_conflist(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    #[test]
+    fn sysctls_are_written_only_when_they_differ_and_a_failure_names_the_setting() {
+        let k = FakeKernel::default();
+        k.sysctls()
+            .insert("/proc/sys/net/ipv4/ip_forward".into(), "1".into());
+        enable_forwarding_with(&mut k.clone()).expect("forwarding");
+        workload_link_sysctls_with(&mut k.clone(), "weir1").expect("rp_filter");
+        assert_eq!(
+            k.sysctls().clone().into_iter().collect::<Vec<_>>(),
+            vec![
+                ("/proc/sys/net/ipv4/conf/weir1/rp_filter".into(), "0".into()),
+                ("/proc/sys/net/ipv4/ip_forward".into(), "1".into()),
+                ("/proc/sys/net/ipv6/conf/all/forwarding".into(), "1".into()),
+            ]
+        );
+        k.drop_all_writes(true);
+        // Already set: nothing written, so no failure.
+        enable_forwarding_with(&mut k.clone()).expect("unchanged settings are not written");
+        let err = workload_link_sysctls_with(&mut k.clone(), "weir2")
+            .expect_err("the write fails")
+            .to_string();
+        assert!(err.contains("weir2/rp_filter"), "{err}");
+    }
 
     #[test]
     fn the_conflist_names_the_plugin_socket_and_pin_root() {

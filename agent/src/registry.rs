@@ -5,7 +5,6 @@
 use std::{
     collections::BTreeMap,
     fs, io,
-    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -36,54 +35,33 @@ pub enum RegistryError {
         #[source]
         source: serde_json::Error,
     },
-    /// A request names an invalid endpoint.
-    #[error("invalid endpoint: {0}")]
-    Invalid(String),
+    /// A request names an invalid endpoint field.
+    #[error("invalid endpoint: {field} {value:?} {rule}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        rule: &'static str,
+    },
+    /// A request gives an endpoint more addresses than its map entry holds.
+    #[error(
+        "invalid endpoint: an endpoint has at most {max} addresses per family (got {v4} IPv4, {v6} IPv6)"
+    )]
+    TooManyAddresses {
+        /// The limit per family.
+        max: usize,
+        /// IPv4 addresses given.
+        v4: usize,
+        /// IPv6 addresses given.
+        v6: usize,
+    },
 }
 
-/// An endpoint: one workload interface.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Endpoint {
-    /// Stable numeric id (the programs key policy by it).
-    pub id: u32,
-    /// The container (sandbox) id.
-    pub container_id: String,
-    /// The interface name inside the pod.
-    pub ifname: String,
-    /// The host-side veth (`weir…`).
-    pub host_ifname: String,
-    /// The pod's network namespace path.
-    #[serde(default)]
-    pub netns: String,
-    /// Kubernetes namespace.
-    #[serde(default)]
-    pub namespace: String,
-    /// Pod name.
-    #[serde(default)]
-    pub pod: String,
-    /// Pod labels.
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// The IPAM handle holding its addresses.
-    #[serde(default)]
-    pub handle: String,
-    /// Its addresses.
-    pub ips: Vec<IpAddr>,
-}
-
-impl Endpoint {
-    /// The registry key `<container_id>:<ifname>`.
-    #[must_use]
-    pub fn key(&self) -> String {
-        key(&self.container_id, &self.ifname)
-    }
-}
-
-/// The registry key of a container's interface.
-#[must_use]
-pub fn key(container_id: &str, ifname: &str) -> String {
-    format!("{container_id}:{ifname}")
-}
+/// An endpoint: one workload interface, as the API answers it and as the registry persists it
+/// (the API contract's type), and its key `<container_id>:<ifname>`.
+pub use weir_api::{Endpoint, endpoint_key as key};
 
 #[derive(Default, Serialize, Deserialize)]
 struct File {
@@ -203,39 +181,46 @@ impl Registry {
 }
 
 fn validate(endpoint: &Endpoint) -> Result<(), RegistryError> {
-    let bad = |m: String| Err(RegistryError::Invalid(m));
+    let bad = |field, value: &str, rule| {
+        Err(RegistryError::Invalid {
+            field,
+            value: value.to_owned(),
+            rule,
+        })
+    };
     if endpoint.container_id.is_empty() || endpoint.container_id.contains(['/', ':', ' ']) {
-        return bad(format!(
-            "container_id {:?} must be non-empty without '/', ':' or spaces",
-            endpoint.container_id
-        ));
+        return bad(
+            "container_id",
+            &endpoint.container_id,
+            "must be non-empty without '/', ':' or spaces",
+        );
     }
     if endpoint.ifname.is_empty()
         || endpoint.ifname.len() > 15
         || endpoint.ifname.contains(['/', ':', ' '])
     {
-        return bad(format!(
-            "ifname {:?} must be 1-15 characters without '/', ':' or spaces",
-            endpoint.ifname
-        ));
+        return bad(
+            "ifname",
+            &endpoint.ifname,
+            "must be 1-15 characters without '/', ':' or spaces",
+        );
     }
     if !endpoint
         .host_ifname
         .starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX)
         || endpoint.host_ifname.len() > 15
     {
-        return bad(format!(
-            "host_ifname {:?} must start with \"weir\" and be at most 15 characters",
-            endpoint.host_ifname
-        ));
+        return bad(
+            "host_ifname",
+            &endpoint.host_ifname,
+            "must start with \"weir\" and be at most 15 characters",
+        );
     }
     let v4 = endpoint.ips.iter().filter(|ip| ip.is_ipv4()).count();
     let v6 = endpoint.ips.len() - v4;
     let max = maps_schema::endpoint::MAX_ADDRS_PER_FAMILY;
     if v4 > max || v6 > max {
-        return bad(format!(
-            "an endpoint has at most {max} addresses per family (got {v4} IPv4, {v6} IPv6)"
-        ));
+        return Err(RegistryError::TooManyAddresses { max, v4, v6 });
     }
     Ok(())
 }
@@ -288,7 +273,10 @@ mod tests {
         reg.upsert(endpoint("a")).expect("a");
         let mut bad = endpoint("b");
         bad.host_ifname = "eth0".into();
-        assert!(matches!(reg.upsert(bad), Err(RegistryError::Invalid(_))));
+        assert!(matches!(
+            reg.upsert(bad),
+            Err(RegistryError::Invalid { .. })
+        ));
         let mut bad = endpoint("c/d");
         bad.ips.clear();
         assert!(reg.upsert(bad).is_err());

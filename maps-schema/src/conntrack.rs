@@ -55,7 +55,7 @@ pub const CLOCK_LAG_TICKS: u64 = 2;
 /// last read it, and the `jiffies` it read it at. A packet costs one inlined `jiffies` load and
 /// this slot; the clock helper runs only when `jiffies` moved on.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct ClockCache {
     /// `jiffies` when [`Self::now_ns`] was read.
     pub jiffies: u64,
@@ -68,7 +68,7 @@ user_pod!(ClockCache);
 /// IPv4 conntrack key (addresses in network byte order, ports in host byte order; an ICMP echo
 /// request is `(identifier, 0)` and its reply `(0, identifier)`, so they share one flow).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Ct4Key {
     /// The lower address.
     pub addr_a: [u8; 4],
@@ -88,7 +88,7 @@ user_pod!(Ct4Key);
 
 /// IPv6 conntrack key (as [`Ct4Key`]).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Ct6Key {
     /// The lower address.
     pub addr_a: [u8; 16],
@@ -110,7 +110,7 @@ user_pod!(Ct6Key);
 /// `created_ns`. Layouts only ever append fields, so a value of a newer layout starts with the
 /// value of every older one (an older release can read the prefix it knows).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CtEntry {
     /// Last packet, `CLOCK_MONOTONIC_COARSE` nanoseconds (refreshed at the clock's tick granularity).
     pub last_seen_ns: u64,
@@ -128,7 +128,7 @@ user_pod!(CtEntry);
 /// Conntrack value of layout version 1 (`ct4_v1`, `ct6_v1`): kept so the agent can convert
 /// conntrack forward and back, and for the test-only `ct-v1` build of the programs.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CtEntryV1 {
     /// As [`CtEntry::last_seen_ns`].
     pub last_seen_ns: u64,

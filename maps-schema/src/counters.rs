@@ -14,7 +14,7 @@ pub const fn counter_index(reason: u32, direction: u32) -> CounterKey {
 
 /// Packets and bytes counted in one slot on one CPU.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CounterValue {
     /// Packets.
     pub packets: u64,

@@ -12,7 +12,7 @@ pub const FLAG_ISOLATED_EGRESS: u32 = 1 << 1;
 
 /// ifindex → endpoint. Unused address slots are all zero.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EndpointInfo {
     /// The agent's endpoint id (stable across restarts).
     pub endpoint_id: u32,

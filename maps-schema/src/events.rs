@@ -9,7 +9,7 @@ pub const SAMPLE_EVERY: u64 = 64;
 
 /// A dropped packet's reason, where it was dropped and its first bytes (from the Ethernet header).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct DropEvent {
     /// The reason code ([`crate::reason`]).
     pub reason: u32,

@@ -30,7 +30,7 @@ pub const fn reserved_name(identity: u32) -> Option<&'static str> {
 
 /// The value of `ident4`/`ident6` (exact address) and `ipcache4`/`ipcache6` (CIDR) entries.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct IdentityInfo {
     /// The security identity of the address or CIDR.
     pub identity: u32,

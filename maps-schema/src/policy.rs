@@ -32,7 +32,19 @@ pub const FLAG_ALL_PORTS: u8 = 1;
 
 /// Policy map key.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
 pub struct PolicyKey {
     /// The endpoint the policy applies to ([`crate::EndpointInfo::endpoint_id`]).
     pub endpoint_id: u32,
@@ -50,7 +62,7 @@ user_pod!(PolicyKey);
 
 /// An inclusive port range (host byte order).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PortRange {
     /// First port.
     pub first: u16,
@@ -61,7 +73,7 @@ assert_size!(PortRange, 4);
 
 /// Policy map value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PolicyValue {
     /// The rule that produced this entry (for traces and drop events).
     pub rule_id: u32,

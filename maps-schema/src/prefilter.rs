@@ -4,7 +4,7 @@ use crate::{assert_size, user_pod};
 
 /// The value of a prefilter deny CIDR.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PrefilterEntry {
     /// An operator-chosen id for the CIDR (for traces); not interpreted.
     pub rule_id: u32,

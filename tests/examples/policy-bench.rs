@@ -26,7 +26,7 @@ use std::{
 
 use agent::{
     api::{
-        client::call,
+        client::{Client, Method},
         server::{self, Api},
         types::Status,
     },
@@ -364,7 +364,10 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
             let mut ms = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                match call::<(), Status>(&socket, hyper::Method::GET, "/v1/status", None).await {
+                match Client::new(&socket, Duration::from_secs(60))
+                    .call::<(), Status>(Method::GET, "/v1/status", None, "status")
+                    .await
+                {
                     Ok(_) => ms.push(t.elapsed().as_secs_f64() * 1e3),
                     // The socket is bound a moment after the loop starts.
                     Err(_) if ms.is_empty() => tokio::time::sleep(Duration::from_millis(1)).await,

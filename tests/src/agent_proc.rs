@@ -258,7 +258,9 @@ pub fn call_api<T: serde::de::DeserializeOwned>(
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(agent::api::client::call(socket, method, path, body))
+    // Generous: a test's request may wait for an apply of thousands of entries.
+    let client = agent::api::client::Client::new(socket, std::time::Duration::from_secs(300));
+    runtime.block_on(client.call(method, path, body, "the test's request"))
 }
 
 /// `GET path` on the agent's metrics address, 127.0.0.1:9972 (call inside the agent's namespace).

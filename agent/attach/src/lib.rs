@@ -20,43 +20,6 @@ pub mod tcx;
 
 pub use tcx::{AttachError, AttachMode, attach_tc, attach_xdp, pinned_link_program};
 
-/// How the endpoint programs are attached to workload veths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mechanism {
-    /// clsact + `cls_bpf` direct-action filters (no RCU grace period per attachment).
-    #[default]
-    Filter,
-    /// Pinned tcx links.
-    Tcx,
-}
-
-impl Mechanism {
-    /// The name used by the flag and the conflist.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Filter => "filter",
-            Self::Tcx => "tcx",
-        }
-    }
-}
-
-impl std::fmt::Display for Mechanism {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Mechanism {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "filter" => Ok(Self::Filter),
-            "tcx" => Ok(Self::Tcx),
-            other => Err(format!(
-                "unknown tc attach mechanism {other:?}: use \"filter\" (clsact + cls_bpf) or \"tcx\""
-            )),
-        }
-    }
-}
+/// How the endpoint programs are attached to workload veths: a wire type of the agent API
+/// (the agent tells weir-cni in its allocate answer), so it lives in the API contract.
+pub use weir_api::{Mechanism, UnknownMechanism};

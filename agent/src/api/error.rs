@@ -7,9 +7,11 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{ipam_service::IpamServiceError, node::NodeError};
+use weir_api::code;
 
-/// An API error.
+use crate::{ipam_service::IpamServiceError, node::NodeError, registry::RegistryError};
+
+/// An API error (on the wire: `weir_api::ErrorBody`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {
     /// Machine-readable code (kebab-case).
@@ -33,14 +35,14 @@ impl ApiError {
 
     /// 400 invalid-request.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid-request", message)
+        Self::new(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, message)
     }
 
     /// 503: the dataplane did not apply.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "dataplane-not-ready",
+            code::DATAPLANE_NOT_READY,
             message,
         )
     }
@@ -61,10 +63,12 @@ impl IntoResponse for ApiError {
 impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
         match e {
-            NodeError::Registry(crate::registry::RegistryError::Invalid(m)) => Self::invalid(m),
+            NodeError::Registry(
+                e @ (RegistryError::Invalid { .. } | RegistryError::TooManyAddresses { .. }),
+            ) => Self::invalid(e.to_string()),
             other => Self::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
+                code::INTERNAL,
                 other.to_string(),
             ),
         }
@@ -76,33 +80,37 @@ impl From<IpamServiceError> for ApiError {
         use ipam::IpamError as I;
         let message = e.to_string();
         match e {
-            IpamServiceError::Exhausted(_) => Self::new(StatusCode::CONFLICT, "exhausted", message),
-            IpamServiceError::Invalid(_) => Self::invalid(message),
+            IpamServiceError::Exhausted { .. } => {
+                Self::new(StatusCode::CONFLICT, code::EXHAUSTED, message)
+            }
+            IpamServiceError::Invalid(_) | IpamServiceError::PoolFlag { .. } => {
+                Self::invalid(message)
+            }
             IpamServiceError::Timeout(_) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", message)
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, code::TIMEOUT, message)
             }
             IpamServiceError::Ipam(I::UnknownPool { .. } | I::PoolDisabled { .. }) => {
-                Self::new(StatusCode::BAD_REQUEST, "unknown-pool", message)
+                Self::new(StatusCode::BAD_REQUEST, code::UNKNOWN_POOL, message)
             }
             IpamServiceError::Ipam(I::NotInAnyPool { .. }) => {
-                Self::new(StatusCode::BAD_REQUEST, "address-not-in-pool", message)
+                Self::new(StatusCode::BAD_REQUEST, code::ADDRESS_NOT_IN_POOL, message)
             }
             IpamServiceError::Ipam(I::NoQualifiedPool { .. }) => {
-                Self::new(StatusCode::CONFLICT, "exhausted", message)
+                Self::new(StatusCode::CONFLICT, code::EXHAUSTED, message)
             }
             IpamServiceError::Ipam(I::InvalidArgument { .. } | I::HandleCap { .. }) => {
                 Self::invalid(message)
             }
             IpamServiceError::Ipam(I::Block { .. }) => {
-                Self::new(StatusCode::CONFLICT, "address-in-use", message)
+                Self::new(StatusCode::CONFLICT, code::ADDRESS_IN_USE, message)
             }
             IpamServiceError::Ipam(I::Store(ipam::store::StoreError::Unavailable { .. }))
             | IpamServiceError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "datastore-unavailable",
+                code::DATASTORE_UNAVAILABLE,
                 message,
             ),
-            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL, message),
         }
     }
 }

@@ -20,7 +20,7 @@ use super::{
     error::ApiError,
     types::{
         AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, IpamOpsRequest,
-        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status,
+        NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status, StatusDetail,
     },
 };
 use crate::{
@@ -82,6 +82,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
+        .route("/v1/monitor", get(monitor))
         .with_state(api)
 }
 
@@ -129,13 +130,15 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
         bpf_root: api.paths.bpf_root.clone(),
         endpoints: summary.endpoints,
         pools,
-        state: summary,
-        applied,
-        dataplane,
-        conntrack: *api
-            .ct
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        detail: StatusDetail {
+            state: summary,
+            applied,
+            dataplane,
+            conntrack: *api
+                .ct
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        },
     }))
 }
 
@@ -194,6 +197,11 @@ async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
     Ok(Json(list))
 }
 
+async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response, ApiError> {
+    crate::monitor::response(&api.paths)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
 async fn policy_trace(
     State(api): State<Arc<Api>>,
     body: Bytes,
@@ -219,19 +227,10 @@ async fn counters(
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     let (paths, layout) = (api.paths.clone(), api.ct_layout);
-    let (ops, stats) = (Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
+    // Never inside a sweep, and kept out of its eviction count (see `Api::ct_ops`).
+    let upkeep = conntrack::CtUpkeep::new(Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
     let n = tokio::task::spawn_blocking(move || {
-        // Never inside a sweep (see `Api::ct_ops`).
-        let _op = ops
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = conntrack::flush(&paths, layout)?;
-        // The flush removed entries the eviction estimate must not count.
-        stats
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .baseline = None;
-        Ok::<u64, crate::dataplane::kernel::KernelError>(n)
+        upkeep.flush(&mut conntrack::PinnedCt::new(&paths, layout))
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
@@ -359,7 +358,7 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
     Ok(Json(AllocateResponse {
         allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
         bpf_root: api.paths.bpf_root.clone(),
-        tc_attach: api.tc_attach,
+        tc_attach: Some(api.tc_attach),
     }))
 }
 

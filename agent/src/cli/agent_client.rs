@@ -1,15 +1,18 @@
 //! Operator commands that talk to the running agent over its socket: `weir status`,
 //! `weir endpoint list|get`.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use agent::api::{
-    client::call,
+    client::Client,
     types::{EndpointView, Status},
 };
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use hyper::Method;
+
+/// How long an operator command waits for the agent's answer (a conntrack listing of a full
+/// map takes seconds).
+const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -66,6 +69,10 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start a tokio runtime")
 }
 
+fn client(common: &Common) -> Client {
+    Client::new(&common.api_socket, ANSWER_WITHIN)
+}
+
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -73,27 +80,23 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 /// Runs `weir status`.
 pub fn status(args: StatusArgs) -> Result<()> {
-    let status: Status = runtime()?.block_on(call::<(), _>(
-        &args.common.api_socket,
-        Method::GET,
-        "/v1/status",
-        None,
-    ))?;
+    let status: Status = runtime()?.block_on(client(&args.common).status())?;
     match args.common.output {
         Output::Json => print_json(&status),
         Output::Table => {
             println!("node:       {}", status.node);
             println!("ready:      {}", status.ready);
             println!("endpoints:  {}", status.endpoints);
-            println!("links:      {} workload links", status.state.workload_links);
+            let detail = &status.detail;
+            println!("links:      {} workload links", detail.state.workload_links);
             println!(
                 "applied:    generation {} of {}",
-                status.applied.generation, status.state.generation
+                detail.applied.generation, detail.state.generation
             );
-            if let Some(error) = &status.applied.error {
+            if let Some(error) = &detail.applied.error {
                 println!("last error: {error}");
             }
-            let ct = &status.conntrack;
+            let ct = &detail.conntrack;
             println!(
                 "conntrack:  ipv4 {}/{} entries, {} created, {} evicted; ipv6 {}/{} entries, {} created, {} evicted",
                 ct.entries4,
@@ -122,19 +125,13 @@ pub fn status(args: StatusArgs) -> Result<()> {
 /// Runs `weir endpoint …`.
 pub fn endpoint(args: EndpointArgs) -> Result<()> {
     let rt = runtime()?;
-    let socket = &args.common.api_socket;
+    let client = client(&args.common);
     let endpoints: Vec<EndpointView> = match &args.command {
-        EndpointCommand::List => {
-            rt.block_on(call::<(), _>(socket, Method::GET, "/v1/endpoints", None))?
-        }
-        EndpointCommand::Get { key } => {
-            vec![rt.block_on(call::<(), _>(
-                socket,
-                Method::GET,
-                &format!("/v1/endpoints/{key}"),
-                None,
-            ))?]
-        }
+        EndpointCommand::List => rt.block_on(client.list_endpoints())?,
+        EndpointCommand::Get { key } => vec![
+            rt.block_on(client.get_endpoint_by_key(key))?
+                .with_context(|| format!("the agent has no endpoint {key}"))?,
+        ],
     };
     match args.common.output {
         Output::Json if matches!(args.command, EndpointCommand::Get { .. }) => {
@@ -208,19 +205,18 @@ enum CtCommand {
 pub fn bpf(args: BpfArgs) -> Result<()> {
     use agent::{api::server::MapView, dataplane::conntrack::CtView};
     let rt = runtime()?;
-    let socket = &args.common.api_socket;
+    let client = client(&args.common);
     if let BpfCommand::Migrate {
         to_version,
         bpf_root,
     } = &args.command
     {
-        return migrate(&rt, socket, bpf_root, *to_version, args.common.output);
+        return migrate(&rt, &client, bpf_root, *to_version, args.common.output);
     }
     match args.command {
         BpfCommand::Migrate { .. } => Ok(()),
         BpfCommand::Maps => {
-            let maps: Vec<MapView> =
-                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/maps", None))?;
+            let maps: Vec<MapView> = rt.block_on(client.get("/v1/bpf/maps", "the map list"))?;
             if matches!(args.common.output, Output::Json) {
                 return print_json(&maps);
             }
@@ -238,7 +234,7 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
         }
         BpfCommand::Counters => {
             let counters: Vec<agent::dataplane::counters::CounterView> =
-                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/counters", None))?;
+                rt.block_on(client.get("/v1/bpf/counters", "the counters"))?;
             if matches!(args.common.output, Output::Json) {
                 return print_json(&counters);
             }
@@ -258,7 +254,7 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             command: CtCommand::List,
         } => {
             let entries: Vec<CtView> =
-                rt.block_on(call::<(), _>(socket, Method::GET, "/v1/bpf/ct", None))?;
+                rt.block_on(client.get("/v1/bpf/ct", "the conntrack list"))?;
             if matches!(args.common.output, Output::Json) {
                 return print_json(&entries);
             }
@@ -283,7 +279,7 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             command: CtCommand::Flush,
         } => {
             let result: serde_json::Value =
-                rt.block_on(call::<(), _>(socket, Method::DELETE, "/v1/bpf/ct", None))?;
+                rt.block_on(client.delete("/v1/bpf/ct", "the conntrack flush"))?;
             match args.common.output {
                 Output::Json => print_json(&result),
                 Output::Table => {
@@ -298,23 +294,18 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
 /// `weir bpf migrate --to-version N`: refuses while an agent answers on the socket.
 fn migrate(
     rt: &tokio::runtime::Runtime,
-    socket: &std::path::Path,
+    client: &Client,
     bpf_root: &std::path::Path,
     to: u32,
     output: Output,
 ) -> Result<()> {
     let running = rt
-        .block_on(call::<(), serde_json::Value>(
-            socket,
-            Method::GET,
-            "/v1/status",
-            None,
-        ))
+        .block_on(client.get::<serde_json::Value>("/v1/status", "the status request"))
         .is_ok();
     anyhow::ensure!(
         !running,
         "an agent is running (it answers on {}): stop it first; the older weir's agent must be the next to start",
-        socket.display()
+        client.socket().display()
     );
     let paths = agent::paths::Paths::with_bpf_root(bpf_root);
     anyhow::ensure!(
@@ -399,11 +390,10 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         protocol,
         port,
     };
-    let result: agent::trace::TraceResult = runtime()?.block_on(call(
-        &args.common.api_socket,
-        Method::POST,
+    let result: agent::trace::TraceResult = runtime()?.block_on(client(&args.common).post(
         "/v1/policy/trace",
-        Some(&body),
+        &body,
+        "the policy trace",
     ))?;
     if matches!(args.common.output, Output::Json) {
         return print_json(&result);

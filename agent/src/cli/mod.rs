@@ -2,6 +2,7 @@
 
 pub mod agent_client;
 pub mod ipam;
+pub mod monitor;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ pub enum Command {
     Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),
+    /// Dropped packets as they happen (sampled), with their reason.
+    Monitor(monitor::MonitorArgs),
     /// Work on an IPAM datastore directly, as `calicoctl ipam` does (no agent needed).
     Ipam(ipam::IpamArgs),
 }

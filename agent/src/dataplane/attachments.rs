@@ -9,69 +9,17 @@
 //! link's own attachment is in place, so a link never goes without a program. Link pins of links
 //! that are no longer desired are orphans (unpinned, which detaches them).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
 
 use aya::programs::TcAttachType;
 use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT};
 use serde::Serialize;
 
-use super::kernel::KernelError;
-
-/// What one hook of a workload link holds, as the driver classifies it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Hook {
-    /// The program the mechanism's own attachment runs there, if it is live on this interface.
-    pub ours: Option<u32>,
-    /// Something else of weir's is there that must go once ours is in place.
-    pub leftovers: bool,
-}
-
-/// The kernel operations the driver needs; the real one uses aya, netlink and bpffs.
-pub trait Attacher: Send {
-    /// Link pins present: (ifname, program).
-    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError>;
-    /// True when a link pin exists for (ifname, program).
-    fn has_pin(&self, ifname: &str, program: &str) -> bool;
-    /// Reads back `program`'s hook on interface `ifname` (index `ifindex`).
-    fn hook(
-        &mut self,
-        ifname: &str,
-        ifindex: u32,
-        program: &str,
-        hook: TcAttachType,
-    ) -> Result<Hook, KernelError>;
-    /// The id of the program this agent attaches as `program`.
-    fn current(&self, program: &str) -> u32;
-    /// True while interface `ifname` exists with index `ifindex` (it may vanish before the link
-    /// watcher says so: a pod's veth dies with its namespace).
-    fn link_exists(&self, ifname: &str, ifindex: u32) -> bool;
-    /// Attaches `program` to `ifname` anew (a pin that outlived its interface is replaced).
-    fn attach(
-        &mut self,
-        ifname: &str,
-        ifindex: u32,
-        program: &str,
-        hook: TcAttachType,
-    ) -> Result<(), KernelError>;
-    /// Points the existing attachment at the current program (atomic).
-    fn update(
-        &mut self,
-        ifname: &str,
-        ifindex: u32,
-        program: &str,
-        hook: TcAttachType,
-    ) -> Result<(), KernelError>;
-    /// Removes the leftovers at `program`'s hook; returns how many went.
-    fn sweep(
-        &mut self,
-        ifname: &str,
-        ifindex: u32,
-        program: &str,
-        hook: TcAttachType,
-    ) -> Result<u64, KernelError>;
-    /// Removes the pin (detaching the link once nothing else holds it).
-    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
-}
+pub use super::kernel::{Attacher, Hook};
+use super::{kernel::KernelError, map_driver::Pending, retry::Backoff};
 
 /// Counters of the attachment driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -101,6 +49,7 @@ pub struct AttachDriver {
     dirty: BTreeSet<String>,
     resync: bool,
     stats: AttachStats,
+    backoff: Backoff<String>,
 }
 
 impl AttachDriver {
@@ -113,6 +62,7 @@ impl AttachDriver {
             dirty: BTreeSet::new(),
             resync: true,
             stats: AttachStats::default(),
+            backoff: Backoff::default(),
         }
     }
 
@@ -123,7 +73,12 @@ impl AttachDriver {
         } else {
             self.down.insert(ifname.to_owned())
         };
-        if self.links.insert(ifname.to_owned(), ifindex) != Some(ifindex) || changed_state {
+        let new_index = self.links.insert(ifname.to_owned(), ifindex) != Some(ifindex);
+        if new_index {
+            // A new interface under this name: an earlier failure says nothing about it.
+            self.backoff.succeeded(&ifname.to_owned());
+        }
+        if new_index || changed_state {
             self.dirty.insert(ifname.to_owned());
         }
     }
@@ -158,44 +113,94 @@ impl AttachDriver {
 
     /// Reconciles. With `only_new` (before the first in-sync), only attaches to links that have no
     /// attachment at all — attaching the deny-by-default programs only closes — and never unpins.
+    /// A failing link does not stop the others: it stays dirty and the first error is returned.
     pub fn apply(&mut self, only_new: bool) -> Result<(), KernelError> {
-        let result = self.apply_inner(only_new);
-        if result.is_err() {
-            self.stats.errors += 1;
+        match self.reconcile(only_new, None).error {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        result
     }
 
-    fn apply_inner(&mut self, only_new: bool) -> Result<(), KernelError> {
+    /// Like [`AttachDriver::apply`], leaving alone the links in backoff at `now` (a link whose
+    /// attachment failed is retried after a growing delay). Returns what is left to do.
+    pub fn apply_due(&mut self, only_new: bool, now: Instant) -> Pending {
+        self.reconcile(only_new, Some(now))
+    }
+
+    /// Links with work owed.
+    pub fn pending_links(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// True when some link's attachment failed and is waiting for its retry.
+    pub fn has_failures(&self) -> bool {
+        !self.backoff.is_empty()
+    }
+
+    fn reconcile(&mut self, only_new: bool, now: Option<Instant>) -> Pending {
+        let mut pending = Pending {
+            driver: "attachments".to_owned(),
+            ..Pending::default()
+        };
+        self.apply_inner(only_new, now, &mut pending);
+        if pending.error.is_some() {
+            self.stats.errors += 1;
+        }
+        pending.retry_at = self.backoff.next_due();
+        pending
+    }
+
+    fn apply_inner(&mut self, only_new: bool, now: Option<Instant>, pending: &mut Pending) {
         let resync = self.resync && !only_new;
         let mut todo: BTreeSet<String> = std::mem::take(&mut self.dirty);
+        let mut resynced = resync;
         if resync {
-            for (ifname, program) in self.io.pinned()? {
-                if !self.links.contains_key(&ifname) && HOOKS.iter().any(|(p, _)| *p == program) {
-                    self.io.unpin(&ifname, &program)?;
-                    self.stats.unpins += 1;
+            match self.io.pinned() {
+                Ok(pins) => {
+                    for (ifname, program) in pins {
+                        if !self.links.contains_key(&ifname)
+                            && HOOKS.iter().any(|(p, _)| *p == program)
+                        {
+                            // Retried through the link's own reconcile (`unpin_all`).
+                            todo.insert(ifname);
+                        }
+                    }
+                }
+                Err(e) => {
+                    pending.failed += 1;
+                    pending.error.get_or_insert(e);
+                    resynced = false;
                 }
             }
             todo.extend(self.links.keys().cloned());
         }
-        let mut failed = None;
+        let at = || now.unwrap_or_else(Instant::now);
         for ifname in &todo {
-            if let Err(e) = self.reconcile_link(ifname, only_new) {
-                failed.get_or_insert(e);
+            if let Some(now) = now
+                && !self.backoff.is_due(ifname, now)
+            {
+                pending.waiting += 1;
                 self.dirty.insert(ifname.clone());
+                continue;
+            }
+            match self.reconcile_link(ifname, only_new) {
+                Ok(()) => self.backoff.succeeded(ifname),
+                Err(e) => {
+                    tracing::debug!(ifname, error = %e, "attachment failed; retrying with backoff");
+                    pending.failed += 1;
+                    pending.error.get_or_insert(e);
+                    self.backoff.failed(ifname, at());
+                    self.dirty.insert(ifname.clone());
+                }
             }
         }
         if only_new {
             // Only attaches were done: updates and unpins of these links are still owed.
             self.dirty.extend(todo);
         }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        if resync {
+        if resynced {
             self.resync = false;
         }
-        Ok(())
     }
 
     fn reconcile_link(&mut self, ifname: &str, only_new: bool) -> Result<(), KernelError> {
@@ -267,124 +272,19 @@ impl AttachDriver {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
 
-    /// Fake kernel: pins map (ifname, program) → program id; `attached` holds (ifindex, hook,
-    /// id) of live attachments; `other` holds (ifname, program) attachments of the other
-    /// mechanism (leftovers).
-    #[derive(Clone, Default)]
-    struct Fake(Arc<Mutex<FakeState>>);
-    #[derive(Default)]
-    struct FakeState {
-        pins: BTreeMap<(String, String), u32>,
-        attached: BTreeSet<(u32, String, u32)>,
-        other: BTreeSet<(String, String)>,
-        current: u32,
-        ifindex: BTreeMap<String, u32>,
-        ops: u32,
-    }
+    use crate::dataplane::fake::FakeKernel as Fake;
 
     fn key(ifname: &str, program: &str) -> (String, String) {
         (ifname.to_owned(), program.to_owned())
-    }
-
-    impl Attacher for Fake {
-        fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
-            Ok(self.0.lock().expect("lock").pins.keys().cloned().collect())
-        }
-        fn has_pin(&self, ifname: &str, program: &str) -> bool {
-            self.0
-                .lock()
-                .expect("lock")
-                .pins
-                .contains_key(&key(ifname, program))
-        }
-        fn hook(
-            &mut self,
-            ifname: &str,
-            ifindex: u32,
-            program: &str,
-            hook: TcAttachType,
-        ) -> Result<Hook, KernelError> {
-            let s = self.0.lock().expect("lock");
-            let pinned = s.pins.get(&key(ifname, program)).copied();
-            let ours =
-                pinned.filter(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
-            Ok(Hook {
-                ours,
-                leftovers: (pinned.is_some() && ours.is_none())
-                    || s.other.contains(&key(ifname, program)),
-            })
-        }
-        fn current(&self, _program: &str) -> u32 {
-            self.0.lock().expect("lock").current
-        }
-        fn link_exists(&self, ifname: &str, ifindex: u32) -> bool {
-            self.0.lock().expect("lock").ifindex.get(ifname) == Some(&ifindex)
-        }
-        fn attach(
-            &mut self,
-            ifname: &str,
-            ifindex: u32,
-            program: &str,
-            hook: TcAttachType,
-        ) -> Result<(), KernelError> {
-            let mut s = self.0.lock().expect("lock");
-            let id = s.current;
-            assert_eq!(s.ifindex[ifname], ifindex);
-            // A stale pin at the same path is replaced by the new link's.
-            s.pins.insert(key(ifname, program), id);
-            s.attached.insert((ifindex, format!("{hook:?}"), id));
-            s.ops += 1;
-            Ok(())
-        }
-        fn update(
-            &mut self,
-            ifname: &str,
-            ifindex: u32,
-            program: &str,
-            hook: TcAttachType,
-        ) -> Result<(), KernelError> {
-            let mut s = self.0.lock().expect("lock");
-            let id = s.current;
-            let old = s.pins.insert(key(ifname, program), id).expect("pinned");
-            s.attached.remove(&(ifindex, format!("{hook:?}"), old));
-            s.attached.insert((ifindex, format!("{hook:?}"), id));
-            s.ops += 1;
-            Ok(())
-        }
-        fn sweep(
-            &mut self,
-            ifname: &str,
-            ifindex: u32,
-            program: &str,
-            hook: TcAttachType,
-        ) -> Result<u64, KernelError> {
-            let mut s = self.0.lock().expect("lock");
-            let ours = s
-                .pins
-                .get(&key(ifname, program))
-                .is_some_and(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
-            assert!(ours, "leftovers are swept only once ours is in place");
-            let removed = s.other.remove(&key(ifname, program));
-            s.ops += 1;
-            Ok(u64::from(removed))
-        }
-        fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
-            let mut s = self.0.lock().expect("lock");
-            s.pins.remove(&key(ifname, program));
-            s.ops += 1;
-            Ok(())
-        }
     }
 
     #[test]
     fn the_other_mechanisms_attachment_goes_only_once_ours_is_in_place() {
         let f = fake();
         {
-            let mut s = f.0.lock().expect("lock");
+            let mut s = f.tc();
             s.other.insert(key("weira", FROM_ENDPOINT));
             s.other.insert(key("weirb", FROM_ENDPOINT));
         }
@@ -394,7 +294,7 @@ mod tests {
         d.apply(true).expect("pre-in-sync");
         assert_eq!(d.stats().unpins, 0, "nothing is removed before in-sync");
         d.apply(false).expect("apply");
-        let s = f.0.lock().expect("lock");
+        let s = f.tc();
         assert!(
             !s.other.contains(&key("weira", FROM_ENDPOINT)),
             "replaced by ours"
@@ -414,22 +314,18 @@ mod tests {
         d.link_up("weira", 10, true);
         d.apply(false).expect("apply");
         // weira dies with its pod; the watcher has not said so yet; a stale pin is left.
-        f.0.lock().expect("lock").ifindex.remove("weira");
-        f.0.lock().expect("lock").attached.clear();
+        f.remove_link("weira");
         d.link_up("weira", 10, true);
         d.request_resync();
         d.apply(false).expect("a vanished link is no error");
         assert!(d.links().is_empty(), "the vanished link is forgotten");
-        assert!(
-            f.0.lock().expect("lock").pins.is_empty(),
-            "its dead pins are removed"
-        );
+        assert!(f.tc().pins.is_empty(), "its dead pins are removed");
     }
 
     fn fake() -> Fake {
         let f = Fake::default();
         {
-            let mut s = f.0.lock().expect("lock");
+            let mut s = f.tc();
             s.current = 7;
             s.ifindex.insert("weira".into(), 10);
             s.ifindex.insert("weirb".into(), 11);
@@ -440,8 +336,7 @@ mod tests {
     #[test]
     fn attaches_new_links_sweeps_orphans_and_a_restart_writes_nothing() {
         let f = fake();
-        f.0.lock()
-            .expect("lock")
+        f.tc()
             .pins
             .insert(("weirgone".into(), FROM_ENDPOINT.into()), 7);
         let mut d = AttachDriver::new(Box::new(f.clone()));
@@ -455,13 +350,13 @@ mod tests {
         assert_eq!(d.stats().unpins, 1, "the orphan pin is swept");
 
         // A new agent over the same kernel state writes nothing.
-        let ops = f.0.lock().expect("lock").ops;
+        let ops = f.tc().ops;
         let mut again = AttachDriver::new(Box::new(f.clone()));
         again.link_up("weira", 10, true);
         again.link_up("weirb", 11, true);
         again.apply(false).expect("apply");
         assert_eq!(
-            f.0.lock().expect("lock").ops,
+            f.tc().ops,
             ops,
             "restart over unchanged state: no kernel writes"
         );
@@ -470,14 +365,10 @@ mod tests {
     #[test]
     fn a_link_that_is_not_up_gets_nothing_until_it_is_and_is_not_swept() {
         let f = fake();
-        f.0.lock()
-            .expect("lock")
+        f.tc()
             .pins
             .insert(("weirb".into(), FROM_ENDPOINT.into()), 7);
-        f.0.lock()
-            .expect("lock")
-            .attached
-            .insert((11, "Ingress".into(), 7));
+        f.tc().attached.insert((11, "Ingress".into(), 7));
         let mut d = AttachDriver::new(Box::new(f.clone()));
         d.link_up("weira", 10, false);
         d.link_up("weirb", 11, false);
@@ -504,20 +395,15 @@ mod tests {
         let mut d = AttachDriver::new(Box::new(f.clone()));
         d.link_up("weira", 10, true);
         d.apply(false).expect("apply");
-        f.0.lock().expect("lock").current = 8;
+        f.tc().current = 8;
         d.request_resync();
         d.apply(false).expect("apply");
         assert_eq!(d.stats().updates, 2, "both links updated in place");
         // Interface recreated with a new index under the same name: the pins are stale.
-        f.0.lock().expect("lock").ifindex.insert("weira".into(), 20);
+        f.tc().ifindex.insert("weira".into(), 20);
         d.link_up("weira", 20, true);
         d.apply(false).expect("apply");
         assert_eq!(d.stats().attaches, 4);
-        assert!(
-            f.0.lock()
-                .expect("lock")
-                .attached
-                .contains(&(20, "Ingress".into(), 8))
-        );
+        assert!(f.tc().attached.contains(&(20, "Ingress".into(), 8)));
     }
 }

@@ -1,19 +1,40 @@
 //! Batch map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_DELETE_BATCH`) on a map's fd: aya 0.16
 //! has none, and walking a large map entry by entry costs 2–3 syscalls per entry.
+//!
+//! Keys and values are `bytemuck::Pod` (every `maps-schema` map type derives it, which checks at
+//! compile time that it has no padding), so buffers are built and read with safe casts; `unsafe`
+//! is confined to the syscall layer below (the call itself and the kernel's `bpf_attr` union).
 
 use std::{
     io,
-    mem::{size_of, zeroed},
+    mem::size_of,
     os::fd::{AsRawFd as _, BorrowedFd},
 };
 
-use aya::Pod;
-use aya_obj::generated::{bpf_attr, bpf_cmd};
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_map_info};
+use bytemuck::Pod;
 
 /// Entries fetched per syscall.
 const CHUNK: u32 = 4096;
 
+/// An all-zero `bpf_attr` (what every command expects in the fields it does not use).
+fn new_attr() -> bpf_attr {
+    // SAFETY: `bpf_attr` is a C union of integers and integer arrays: all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The count a batch command wrote back (how many entries it processed).
+fn batch_count(attr: &bpf_attr) -> usize {
+    // SAFETY: batch commands use the `batch` member, and the kernel writes `count` back.
+    unsafe { attr.batch.count as usize }
+}
+
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
+    bpf_rc(cmd, attr).map(drop)
+}
+
+/// The syscall; its non-negative result (a new fd for `BPF_OBJ_GET`).
+fn bpf_rc(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, fully initialised `bpf_attr` for `cmd`, and every pointer inside
     // it points at a buffer large enough for the count it states.
     let rc = unsafe {
@@ -27,7 +48,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(rc)
     }
 }
 
@@ -68,15 +89,21 @@ pub fn check<K, V>(fd: BorrowedFd<'_>, prefix: bool) -> io::Result<()> {
 
 /// (key size, value size) of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
 fn sizes(fd: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
-    // SAFETY: plain data.
-    let mut info: aya_obj::generated::bpf_map_info = unsafe { zeroed() };
-    // SAFETY: plain data.
-    let mut attr: bpf_attr = unsafe { zeroed() };
+    // The info is read into plain bytes (the struct has no `Pod`) and its two fields taken from
+    // their offsets.
+    let mut info = vec![0u8; size_of::<bpf_map_info>()];
+    let mut attr = new_attr();
     attr.info.bpf_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
-    attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_map_info>()).unwrap_or(0);
-    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    attr.info.info_len = u32::try_from(info.len()).unwrap_or(0);
+    attr.info.info = info.as_mut_ptr() as u64;
     bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok((info.key_size as usize, info.value_size as usize))
+    let field = |offset: usize| {
+        bytemuck::pod_read_unaligned::<u32>(&info[offset..offset + size_of::<u32>()]) as usize
+    };
+    Ok((
+        field(std::mem::offset_of!(bpf_map_info, key_size)),
+        field(std::mem::offset_of!(bpf_map_info, value_size)),
+    ))
 }
 
 /// Every (key, value prefix) of a hash map whose values are `value_size` bytes, `value_size` ≥
@@ -106,13 +133,11 @@ fn lookup_batches<K: Pod, V: Pod>(
     let token_len = size_of::<K>().max(8);
     let mut in_token = vec![0u8; token_len];
     let mut out_token = vec![0u8; token_len];
-    // SAFETY: `K` is `Pod`: all-zero bytes are a valid value.
-    let mut keys: Vec<K> = vec![unsafe { zeroed() }; CHUNK as usize];
+    let mut keys: Vec<K> = vec![K::zeroed(); CHUNK as usize];
     let mut values = vec![0u8; CHUNK as usize * value_size];
     let mut first = true;
     loop {
-        // SAFETY: plain data.
-        let mut attr: bpf_attr = unsafe { zeroed() };
+        let mut attr = new_attr();
         attr.batch.in_batch = if first { 0 } else { in_token.as_ptr() as u64 };
         attr.batch.out_batch = out_token.as_mut_ptr() as u64;
         attr.batch.keys = keys.as_mut_ptr() as u64;
@@ -120,13 +145,9 @@ fn lookup_batches<K: Pod, V: Pod>(
         attr.batch.count = CHUNK;
         attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
         let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
-        // SAFETY: the kernel wrote how many entries it returned.
-        let count = unsafe { attr.batch.count } as usize;
-        for (i, key) in keys[..count].iter().enumerate() {
-            let value = &values[i * value_size..i * value_size + size_of::<V>()];
-            // SAFETY: `value` holds `size_of::<V>()` bytes and `V` is `Pod`.
-            let value: V = unsafe { std::ptr::read_unaligned(value.as_ptr().cast()) };
-            out.push((*key, value));
+        let count = batch_count(&attr);
+        for (key, value) in keys[..count].iter().zip(values.chunks_exact(value_size)) {
+            out.push((*key, bytemuck::pod_read_unaligned(&value[..size_of::<V>()])));
         }
         match result {
             Ok(()) => {}
@@ -149,21 +170,19 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<usize> {
     }
     let mut deleted = 0;
     for chunk in keys.chunks(CHUNK as usize) {
-        // SAFETY: plain data.
-        let mut attr: bpf_attr = unsafe { zeroed() };
-        attr.batch.keys = chunk.as_ptr() as u64;
+        let keys: &[u8] = bytemuck::cast_slice(chunk);
+        let mut attr = new_attr();
+        attr.batch.keys = keys.as_ptr() as u64;
         attr.batch.count = u32::try_from(chunk.len()).unwrap_or(CHUNK);
         attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
         match bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) {
-            // SAFETY: the kernel wrote how many it deleted.
-            Ok(()) => deleted += unsafe { attr.batch.count } as usize,
+            Ok(()) => deleted += batch_count(&attr),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // An entry vanished meanwhile (LRU or the programs): delete the rest one by one.
-                deleted += unsafe { attr.batch.count } as usize;
-                let done = unsafe { attr.batch.count } as usize;
+                let done = batch_count(&attr);
+                deleted += done;
                 for key in &chunk[done..] {
-                    // SAFETY: plain data.
-                    let mut attr: bpf_attr = unsafe { zeroed() };
+                    let mut attr = new_attr();
                     attr.__bindgen_anon_2.map_fd =
                         u32::try_from(fd.as_raw_fd()).unwrap_or_default();
                     attr.__bindgen_anon_2.key = std::ptr::from_ref(key) as u64;
@@ -185,15 +204,15 @@ pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, entries: &[(K, V)]) -> io::Res
     for chunk in entries.chunks(CHUNK as usize) {
         let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
         let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
-        // SAFETY: plain data.
-        let mut attr: bpf_attr = unsafe { zeroed() };
+        let (keys, values): (&[u8], &[u8]) =
+            (bytemuck::cast_slice(&keys), bytemuck::cast_slice(&values));
+        let mut attr = new_attr();
         attr.batch.keys = keys.as_ptr() as u64;
         attr.batch.values = values.as_ptr() as u64;
         attr.batch.count = u32::try_from(chunk.len()).unwrap_or(CHUNK);
         attr.batch.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
         let result = bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr);
-        // SAFETY: the kernel wrote how many it updated.
-        written += unsafe { attr.batch.count } as usize;
+        written += batch_count(&attr);
         result?;
     }
     Ok(written)
@@ -202,13 +221,12 @@ pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, entries: &[(K, V)]) -> io::Res
 /// One entry (`BPF_MAP_LOOKUP_ELEM`), `None` when absent. Unchecked (it runs per key): call
 /// [`check`] on the map first.
 pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
-    // SAFETY: `V` is `Pod`: all-zero bytes are a valid value.
-    let mut value: V = unsafe { zeroed() };
-    // SAFETY: plain data.
-    let mut attr: bpf_attr = unsafe { zeroed() };
+    let mut value = V::zeroed();
+    let mut attr = new_attr();
     attr.__bindgen_anon_2.map_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
-    attr.__bindgen_anon_2.key = std::ptr::from_ref(key) as u64;
-    attr.__bindgen_anon_2.__bindgen_anon_1.value = std::ptr::from_mut(&mut value) as u64;
+    attr.__bindgen_anon_2.key = bytemuck::bytes_of(key).as_ptr() as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value =
+        bytemuck::bytes_of_mut(&mut value).as_mut_ptr() as u64;
     match bpf(bpf_cmd::BPF_MAP_LOOKUP_ELEM, &mut attr) {
         Ok(()) => Ok(Some(value)),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
@@ -219,4 +237,29 @@ pub fn lookup<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> io::Result<Option<
 /// How many entries a hash map holds (keys only, `CHUNK` at a time).
 pub fn count<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<usize> {
     lookup_all::<K, V>(fd).map(|all| all.len())
+}
+
+/// The interface index the XDP link pinned at `pin` runs on (`BPF_OBJ_GET`, then
+/// `BPF_OBJ_GET_INFO_BY_FD`); 0 once its interface is gone (the link is then defunct).
+pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
+    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = new_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    // `path` outlives the call.
+    let rc = bpf_rc(bpf_cmd::BPF_OBJ_GET, &mut attr)?;
+    let raw = i32::try_from(rc).map_err(|_| io::Error::other("bpf() returned no fd"))?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `bpf_link_info` is a C struct of integers and a union of integer structs: all-zero
+    // is valid.
+    let mut info: aya_obj::generated::bpf_link_info = unsafe { std::mem::zeroed() };
+    let mut attr = new_attr();
+    attr.info.bpf_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+    attr.info.info_len = u32::try_from(size_of::<aya_obj::generated::bpf_link_info>()).unwrap_or(0);
+    attr.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    // SAFETY: for an XDP link the kernel fills the `xdp` member of the union.
+    Ok(unsafe { info.__bindgen_anon_1.xdp.ifindex })
 }

@@ -9,7 +9,8 @@ use std::{
     time::Duration,
 };
 
-use aya::{Pod, maps::MapData};
+use aya::maps::MapData;
+use bytemuck::Pod;
 use maps_schema::{
     CtEntry,
     conntrack::{
@@ -18,7 +19,10 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{batch, kernel::KernelError};
+use super::{
+    batch,
+    kernel::{CtIo, KernelError},
+};
 use crate::paths::Paths;
 
 /// Sweep timeouts (agent flags).
@@ -99,9 +103,12 @@ pub struct CtStats {
     pub evicted4: u64,
     /// LRU evictions, IPv6.
     pub evicted6: u64,
-    /// (created4, created6, entries4, entries6) after the last sweep; `None` after a flush.
+    /// (created4, created6, entries4, entries6) after the last sweep; `None` before the first.
     #[serde(skip)]
     pub baseline: Option<[u64; 4]>,
+    /// Entries flushed (IPv4, IPv6) since the last sweep: removed by the agent, not evicted.
+    #[serde(skip)]
+    pub flushed_since_sweep: [u64; 2],
 }
 
 /// One conntrack entry as operators read it.
@@ -159,7 +166,77 @@ pub fn map_names(layout: u32) -> (String, String) {
 
 fn entries<K: Pod>(name: &str, map: &MapData) -> Result<Vec<(K, CtEntry)>, KernelError> {
     let layout = maps_schema::maps::layout_version(name).unwrap_or(maps_schema::conntrack::LAYOUT);
-    crate::migrate::read_entries::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
+    super::ct_layout::read::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
+}
+
+/// The real [`CtIo`]: the pinned conntrack maps of one layout, opened per operation (a migration
+/// may replace the pins), read and deleted with batch syscalls.
+pub struct PinnedCt {
+    paths: Paths,
+    layout: u32,
+}
+
+impl PinnedCt {
+    /// The conntrack maps of layout `layout` under `paths`.
+    #[must_use]
+    pub fn new(paths: &Paths, layout: u32) -> Self {
+        Self {
+            paths: paths.clone(),
+            layout,
+        }
+    }
+
+    fn names(&self) -> (String, String) {
+        map_names(self.layout)
+    }
+
+    fn read<K: Pod>(&self, name: &str) -> Result<Vec<(K, CtEntry)>, KernelError> {
+        entries::<K>(name, &open(name, &self.paths.map_pin(name))?)
+    }
+
+    fn delete<K: Pod>(&self, name: &str, keys: &[K]) -> Result<u64, KernelError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let map = open(name, &self.paths.map_pin(name))?;
+        let n = batch::delete(map.fd().as_fd(), keys).map_err(|e| io_err(name, "delete", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    fn max(&self, name: &str) -> u64 {
+        open(name, &self.paths.map_pin(name))
+            .ok()
+            .and_then(|m| m.info().ok())
+            .map(|i| u64::from(i.max_entries()))
+            .unwrap_or_default()
+    }
+}
+
+impl CtIo for PinnedCt {
+    fn entries4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, KernelError> {
+        self.read(&self.names().0)
+    }
+
+    fn entries6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, KernelError> {
+        self.read(&self.names().1)
+    }
+
+    fn delete4(&mut self, keys: &[Ct4Key]) -> Result<u64, KernelError> {
+        self.delete(&self.names().0, keys)
+    }
+
+    fn delete6(&mut self, keys: &[Ct6Key]) -> Result<u64, KernelError> {
+        self.delete(&self.names().1, keys)
+    }
+
+    fn capacity(&self) -> (u64, u64) {
+        let (ct4, ct6) = self.names();
+        (self.max(&ct4), self.max(&ct6))
+    }
+
+    fn created(&self) -> Option<[u64; 2]> {
+        read_created(&self.paths)
+    }
 }
 
 /// Entries the programs created (IPv4, IPv6), summed over CPUs; `None` without the pin.
@@ -172,61 +249,50 @@ fn read_created(paths: &Paths) -> Option<[u64; 2]> {
     Some([sum(EVENT_CREATED4)?, sum(EVENT_CREATED6)?])
 }
 
-/// Removes expired entries from one map; returns (expired, remaining, capacity).
-fn sweep_map<K: Pod>(
-    name: &str,
-    path: &Path,
+fn expired<K: Copy>(
+    all: &[(K, CtEntry)],
+    now: u64,
     timeouts: &CtTimeouts,
     protocol: impl Fn(&K) -> u8,
-) -> Result<(u64, u64, u64), KernelError> {
-    let map = open(name, path)?;
-    let max = map
-        .info()
-        .map(|i| u64::from(i.max_entries()))
-        .unwrap_or_default();
-    let all = entries::<K>(name, &map)?;
-    let now = now_ns();
-    let expired: Vec<K> = all
-        .iter()
+) -> Vec<K> {
+    all.iter()
         .filter(|(k, v)| {
             now.saturating_sub(v.last_seen_ns)
                 > u64::try_from(timeouts.of(protocol(k), v).as_nanos()).unwrap_or(u64::MAX)
         })
         .map(|(k, _)| *k)
-        .collect();
-    let deleted =
-        batch::delete(map.fd().as_fd(), &expired).map_err(|e| io_err(name, "delete", e))?;
-    let deleted = u64::try_from(deleted).unwrap_or(0);
-    Ok((
-        deleted,
-        u64::try_from(all.len())
-            .unwrap_or(0)
-            .saturating_sub(deleted),
-        max,
-    ))
+        .collect()
 }
 
-/// Sweeps both families (conntrack layout `layout`) once.
-pub fn sweep(
-    paths: &Paths,
-    layout: u32,
+/// Sweeps both families once over `io`: removes expired entries and counts LRU evictions.
+pub fn sweep_with(
+    io: &mut dyn CtIo,
     timeouts: &CtTimeouts,
     stats: &mut CtStats,
 ) -> Result<(), KernelError> {
-    let (ct4, ct6) = map_names(layout);
     // Read before the maps: an entry created meanwhile is then counted as present, not evicted.
-    let created = read_created(paths);
-    let (e4, n4, m4) = sweep_map::<Ct4Key>(&ct4, &paths.map_pin(&ct4), timeouts, |k| k.protocol)?;
-    let (e6, n6, m6) = sweep_map::<Ct6Key>(&ct6, &paths.map_pin(&ct6), timeouts, |k| k.protocol)?;
+    let created = io.created();
+    let now = now_ns();
+    let all4 = io.entries4()?;
+    let e4 = io.delete4(&expired(&all4, now, timeouts, |k| k.protocol))?;
+    let all6 = io.entries6()?;
+    let e6 = io.delete6(&expired(&all6, now, timeouts, |k| k.protocol))?;
+    let len = |n: usize| u64::try_from(n).unwrap_or(0);
+    let (n4, n6) = (
+        len(all4.len()).saturating_sub(e4),
+        len(all6.len()).saturating_sub(e6),
+    );
+    let (m4, m6) = io.capacity();
+    let [f4, f6] = std::mem::take(&mut stats.flushed_since_sweep);
     if let Some([c4, c6]) = created {
         if let Some([p4, p6, q4, q6]) = stats.baseline {
-            // created = Δentries + removed by the agent + evicted.
+            // created = Δentries + removed by the agent (expired or flushed) + evicted.
             let evicted = |c: u64, p: u64, n: u64, q: u64, e: u64| {
                 (i128::from(c) - i128::from(p) - (i128::from(n) - i128::from(q)) - i128::from(e))
                     .clamp(0, i128::from(u64::MAX))
             };
-            stats.evicted4 += u64::try_from(evicted(c4, p4, n4, q4, e4)).unwrap_or(0);
-            stats.evicted6 += u64::try_from(evicted(c6, p6, n6, q6, e6)).unwrap_or(0);
+            stats.evicted4 += u64::try_from(evicted(c4, p4, n4, q4, e4 + f4)).unwrap_or(0);
+            stats.evicted6 += u64::try_from(evicted(c6, p6, n6, q6, e6 + f6)).unwrap_or(0);
         }
         (stats.created4, stats.created6) = (c4, c6);
         stats.baseline = Some([c4, c6, n4, n6]);
@@ -238,6 +304,82 @@ pub fn sweep(
     Ok(())
 }
 
+/// Sweeps both families (conntrack layout `layout`) once.
+pub fn sweep(
+    paths: &Paths,
+    layout: u32,
+    timeouts: &CtTimeouts,
+    stats: &mut CtStats,
+) -> Result<(), KernelError> {
+    sweep_with(&mut PinnedCt::new(paths, layout), timeouts, stats)
+}
+
+/// Deletes every entry over `io`; the deleted entries are the agent's removals, not evictions,
+/// in the next sweep's count. Returns how many.
+pub fn flush_with(io: &mut dyn CtIo, stats: &mut CtStats) -> Result<u64, KernelError> {
+    let k4: Vec<Ct4Key> = io.entries4()?.into_iter().map(|(k, _)| k).collect();
+    let k6: Vec<Ct6Key> = io.entries6()?.into_iter().map(|(k, _)| k).collect();
+    let n4 = io.delete4(&k4)?;
+    stats.flushed_since_sweep[0] += n4;
+    let n6 = io.delete6(&k6)?;
+    stats.flushed_since_sweep[1] += n6;
+    Ok(n4 + n6)
+}
+
+/// Conntrack upkeep as one serialized task: a sweep and a flush never overlap (each holds
+/// `lock` for its whole run), and both update the one set of counters.
+#[derive(Clone)]
+pub struct CtUpkeep {
+    /// Held by each sweep and flush for its whole run (`Api::ct_ops`).
+    pub lock: std::sync::Arc<std::sync::Mutex<()>>,
+    /// The counters, shared with metrics and the API.
+    pub stats: std::sync::Arc<std::sync::Mutex<CtStats>>,
+}
+
+impl CtUpkeep {
+    /// Over shared counters and lock.
+    #[must_use]
+    pub fn new(
+        lock: std::sync::Arc<std::sync::Mutex<()>>,
+        stats: std::sync::Arc<std::sync::Mutex<CtStats>>,
+    ) -> Self {
+        Self { lock, stats }
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, CtStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// One sweep; a flush waits for it (and it for a flush).
+    pub fn sweep(&self, io: &mut dyn CtIo, timeouts: &CtTimeouts) -> Result<(), KernelError> {
+        let _op = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut local = *self.stats();
+        let result = sweep_with(io, timeouts, &mut local);
+        if result.is_ok() {
+            *self.stats() = local;
+        }
+        result
+    }
+
+    /// One flush; never inside a sweep. Returns how many entries went.
+    pub fn flush(&self, io: &mut dyn CtIo) -> Result<u64, KernelError> {
+        let _op = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut local = *self.stats();
+        let result = flush_with(io, &mut local);
+        // What was deleted is recorded even when the flush stopped half way.
+        *self.stats() = local;
+        result
+    }
+}
+
 fn endpoint(addr: IpAddr, port: u16, protocol: u8) -> String {
     match (addr, protocol) {
         (_, 1 | 58) => addr.to_string(),
@@ -246,14 +388,13 @@ fn endpoint(addr: IpAddr, port: u16, protocol: u8) -> String {
     }
 }
 
-/// Every entry of both families (conntrack layout `layout`), for `weir bpf ct list`.
-pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
-    let (ct4, ct6) = map_names(layout);
+/// Every entry of both families over `io`, for `weir bpf ct list`.
+pub fn list_with(io: &dyn CtIo) -> Result<Vec<CtView>, KernelError> {
     let now = now_ns();
     let idle = |e: &CtEntry| now.saturating_sub(e.last_seen_ns) / 1_000_000_000;
     let age = |e: &CtEntry| now.saturating_sub(e.created_ns) / 1_000_000_000;
     let mut out = Vec::new();
-    for (k, v) in entries::<Ct4Key>(&ct4, &open(&ct4, &paths.map_pin(&ct4))?)? {
+    for (k, v) in io.entries4()? {
         out.push(CtView {
             protocol: k.protocol,
             a: endpoint(IpAddr::V4(Ipv4Addr::from(k.addr_a)), k.port_a, k.protocol),
@@ -263,7 +404,7 @@ pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
             age_secs: age(&v),
         });
     }
-    for (k, v) in entries::<Ct6Key>(&ct6, &open(&ct6, &paths.map_pin(&ct6))?)? {
+    for (k, v) in io.entries6()? {
         out.push(CtView {
             protocol: k.protocol,
             a: endpoint(IpAddr::V6(Ipv6Addr::from(k.addr_a)), k.port_a, k.protocol),
@@ -276,28 +417,125 @@ pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
     Ok(out)
 }
 
-/// Deletes every entry (conntrack layout `layout`, `weir bpf ct flush`); returns how many.
+/// Every entry of both families (conntrack layout `layout`), for `weir bpf ct list`.
+pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
+    list_with(&PinnedCt::new(paths, layout))
+}
+
+/// Deletes every entry (conntrack layout `layout`, `weir bpf ct flush`); returns how many. The
+/// agent's flush goes through [`CtUpkeep::flush`] instead, which keeps it out of the eviction count.
 pub fn flush(paths: &Paths, layout: u32) -> Result<u64, KernelError> {
-    let (ct4, ct6) = map_names(layout);
-    let (ct4, ct6) = (ct4.as_str(), ct6.as_str());
-    let m4 = open(ct4, &paths.map_pin(ct4))?;
-    let k4: Vec<Ct4Key> = entries::<Ct4Key>(ct4, &m4)?
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    let m6 = open(ct6, &paths.map_pin(ct6))?;
-    let k6: Vec<Ct6Key> = entries::<Ct6Key>(ct6, &m6)?
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    let n = batch::delete(m4.fd().as_fd(), &k4).map_err(|e| io_err(ct4, "delete", e))?
-        + batch::delete(m6.fd().as_fd(), &k6).map_err(|e| io_err(ct6, "delete", e))?;
-    Ok(u64::try_from(n).unwrap_or(0))
+    flush_with(&mut PinnedCt::new(paths, layout), &mut CtStats::default())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    };
+
     use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    fn flow(port: u16) -> Ct4Key {
+        Ct4Key {
+            addr_a: [10, 0, 0, 1],
+            addr_b: [10, 0, 0, 2],
+            port_a: port,
+            port_b: 80,
+            protocol: 6,
+            ..Ct4Key::default()
+        }
+    }
+
+    #[test]
+    fn a_flush_during_a_sweep_waits_for_it_and_is_not_counted_as_evictions() {
+        let kernel = FakeKernel::default();
+        kernel.ct().capacity = 100;
+        for port in 1..=3 {
+            kernel
+                .ct()
+                .create4(flow(port), CtEntry::new(now_ns(), FLAG_TCP_SYN_ACK));
+        }
+        let upkeep = CtUpkeep::new(Arc::default(), Arc::new(Mutex::new(CtStats::default())));
+        let timeouts = CtTimeouts::default();
+        upkeep
+            .sweep(&mut kernel.clone(), &timeouts)
+            .expect("first sweep");
+
+        // A sweep that has read the entries pauses; a flush starts meanwhile.
+        let (read_tx, read_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        kernel.ct().pause = Some((read_tx, go_rx));
+        let sweeping = {
+            let (upkeep, mut io) = (upkeep.clone(), kernel.clone());
+            std::thread::spawn(move || upkeep.sweep(&mut io, &timeouts))
+        };
+        read_rx.recv().expect("the sweep read the map");
+        let flushed = Arc::new(AtomicBool::new(false));
+        let flushing = {
+            let (upkeep, mut io, flushed) = (upkeep.clone(), kernel.clone(), Arc::clone(&flushed));
+            std::thread::spawn(move || {
+                let n = upkeep.flush(&mut io);
+                flushed.store(true, Ordering::SeqCst);
+                n
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !flushed.load(Ordering::SeqCst),
+            "the flush waits for the sweep in progress"
+        );
+        assert_eq!(kernel.ct().ct4.len(), 3, "nothing flushed mid-sweep");
+        go_tx.send(()).expect("let the sweep go on");
+        sweeping.join().expect("sweep thread").expect("sweep");
+        let n = flushing.join().expect("flush thread").expect("flush");
+        assert_eq!(n, 3, "the flush removed every entry");
+        assert!(kernel.ct().ct4.is_empty());
+
+        upkeep.sweep(&mut kernel.clone(), &timeouts).expect("sweep");
+        let stats = *upkeep.stats();
+        assert_eq!(stats.evicted4, 0, "flushed entries are not evictions");
+        assert_eq!(stats.entries4, 0);
+
+        // Positive control: an entry the kernel dropped (LRU) is counted.
+        kernel
+            .ct()
+            .create4(flow(7), CtEntry::new(now_ns(), FLAG_TCP_SYN_ACK));
+        kernel
+            .ct()
+            .create4(flow(8), CtEntry::new(now_ns(), FLAG_TCP_SYN_ACK));
+        kernel.ct().ct4.remove(&flow(7));
+        upkeep.sweep(&mut kernel.clone(), &timeouts).expect("sweep");
+        let stats = *upkeep.stats();
+        assert_eq!(
+            stats.evicted4, 1,
+            "an entry evicted by the kernel is counted"
+        );
+        assert_eq!(stats.entries4, 1);
+        assert_eq!(stats.sweeps, 4);
+    }
+
+    #[test]
+    fn a_sweep_removes_only_expired_entries() {
+        let kernel = FakeKernel::default();
+        let timeouts = CtTimeouts::default();
+        let old = now_ns().saturating_sub(
+            u64::try_from(timeouts.tcp_syn.as_nanos()).unwrap_or(u64::MAX) + 1_000_000_000,
+        );
+        kernel.ct().create4(flow(1), CtEntry::new(old, 0));
+        kernel
+            .ct()
+            .create4(flow(2), CtEntry::new(now_ns(), FLAG_TCP_SYN_ACK));
+        let mut stats = CtStats::default();
+        sweep_with(&mut kernel.clone(), &timeouts, &mut stats).expect("sweep");
+        assert_eq!(stats.expired4, 1);
+        assert_eq!(stats.entries4, 1);
+        assert!(kernel.ct().ct4.contains_key(&flow(2)));
+        assert_eq!(list_with(&kernel).expect("list").len(), 1);
+    }
 
     #[test]
     fn timeouts_follow_tcp_state() {

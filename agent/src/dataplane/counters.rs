@@ -9,7 +9,7 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel::KernelError;
+use super::kernel::{CountersIo, KernelError};
 use crate::paths::Paths;
 
 /// One counter slot.
@@ -27,28 +27,49 @@ pub struct CounterView {
     pub bytes: u64,
 }
 
-/// Every slot that counted something.
-pub fn read(paths: &Paths) -> Result<Vec<CounterView>, KernelError> {
-    let pin = paths.map_pin(maps_schema::maps::COUNTERS);
-    let open_err = |source| KernelError::OpenMap {
-        path: pin.display().to_string(),
-        source: Box::new(source),
-    };
-    let map = Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
-    let array: PerCpuArray<_, CounterValue> = PerCpuArray::try_from(map).map_err(open_err)?;
+/// The real [`CountersIo`]: the pinned per-CPU `counters` array.
+pub struct PinnedCounters {
+    array: PerCpuArray<MapData, CounterValue>,
+}
+
+impl PinnedCounters {
+    /// Opens the pinned counters.
+    pub fn open(paths: &Paths) -> Result<Self, KernelError> {
+        let pin = paths.map_pin(maps_schema::maps::COUNTERS);
+        let open_err = |source| KernelError::OpenMap {
+            path: pin.display().to_string(),
+            source: Box::new(source),
+        };
+        let map =
+            Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
+        Ok(Self {
+            array: PerCpuArray::try_from(map).map_err(open_err)?,
+        })
+    }
+}
+
+impl CountersIo for PinnedCounters {
+    fn slot(&self, index: u32) -> Result<(u64, u64), KernelError> {
+        let values = self
+            .array
+            .get(&index, 0)
+            .map_err(|source| KernelError::MapOp {
+                map: maps_schema::maps::COUNTERS.into(),
+                op: "read",
+                source: Box::new(source),
+            })?;
+        Ok(values
+            .iter()
+            .fold((0, 0), |(p, b), v| (p + v.packets, b + v.bytes)))
+    }
+}
+
+/// Every slot that counted something, over `io`.
+pub fn read_with(io: &dyn CountersIo) -> Result<Vec<CounterView>, KernelError> {
     let mut out = Vec::new();
     for &code in reason::ALL {
         for direction in 0..DIRECTIONS {
-            let values = array
-                .get(&counter_index(code, direction), 0)
-                .map_err(|source| KernelError::MapOp {
-                    map: maps_schema::maps::COUNTERS.into(),
-                    op: "read",
-                    source: Box::new(source),
-                })?;
-            let (packets, bytes) = values
-                .iter()
-                .fold((0, 0), |(p, b), v| (p + v.packets, b + v.bytes));
+            let (packets, bytes) = io.slot(counter_index(code, direction))?;
             if packets > 0 {
                 out.push(CounterView {
                     code,
@@ -61,4 +82,33 @@ pub fn read(paths: &Paths) -> Result<Vec<CounterView>, KernelError> {
         }
     }
     Ok(out)
+}
+
+/// Every slot that counted something.
+pub fn read(paths: &Paths) -> Result<Vec<CounterView>, KernelError> {
+    read_with(&PinnedCounters::open(paths)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    #[test]
+    fn only_slots_with_traffic_are_shown_by_name() {
+        let k = FakeKernel::default();
+        let index = counter_index(reason::DROP_PREFILTER_DENY, reason::DIR_PREFILTER);
+        k.counters().insert(index, (3, 180));
+        let shown = read_with(&k).expect("read");
+        assert_eq!(
+            shown,
+            vec![CounterView {
+                code: reason::DROP_PREFILTER_DENY,
+                reason: reason::name(reason::DROP_PREFILTER_DENY).to_owned(),
+                direction: reason::direction_name(reason::DIR_PREFILTER).to_owned(),
+                packets: 3,
+                bytes: 180,
+            }]
+        );
+    }
 }

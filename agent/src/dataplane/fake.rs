@@ -1,17 +1,47 @@
-//! In-memory fake of the kernel seam, for unit tests only.
+//! The one in-memory fake of the kernel seam (`kernel`), for unit tests only: a [`FakeKernel`]
+//! implements every seam trait (its maps are [`FakeMap`]s), and injects faults: every write
+//! dropped for a while, one link's attachments failing, a conntrack read paused mid-sweep.
 
 use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, BTreeSet, HashMap},
+    hash::Hash,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
 };
 
-use aya::maps::MapError;
+use attach::AttachMode;
+use aya::{maps::MapError, programs::TcAttachType};
+use maps_schema::{
+    CtEntry,
+    conntrack::{Ct4Key, Ct6Key},
+};
 
-use super::kernel::{KernelError, MapIo};
+use super::kernel::{Attacher, CountersIo, CtIo, Hook, KernelError, MapIo, PinIo, SysctlIo, XdpIo};
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Faults shared by every part of one fake kernel.
 #[derive(Default)]
+struct Faults {
+    /// Every map write, delete, attach, update, sweep and unpin fails while set.
+    drop_all: AtomicBool,
+}
+
+fn injected(what: &str) -> KernelError {
+    KernelError::Io {
+        op: "write",
+        what: what.to_owned(),
+        source: std::io::Error::other("fault injected by the fake kernel"),
+    }
+}
+
 struct Inner<K, V> {
-    entries: BTreeMap<K, V>,
+    entries: HashMap<K, V>,
     mutations: u64,
     fail_writes: u32,
 }
@@ -20,6 +50,7 @@ struct Inner<K, V> {
 pub(crate) struct FakeMap<K, V> {
     name: String,
     inner: Arc<Mutex<Inner<K, V>>>,
+    faults: Arc<Faults>,
 }
 
 impl<K, V> Clone for FakeMap<K, V> {
@@ -27,26 +58,31 @@ impl<K, V> Clone for FakeMap<K, V> {
         Self {
             name: self.name.clone(),
             inner: Arc::clone(&self.inner),
+            faults: Arc::clone(&self.faults),
         }
     }
 }
 
-impl<K: Ord + Clone, V: Clone> FakeMap<K, V> {
+impl<K: Eq + Hash + Clone, V: Clone> FakeMap<K, V> {
+    /// A map of its own (no shared faults).
     pub(crate) fn new(name: &str) -> Self {
+        Self::with_faults(name, Arc::default())
+    }
+
+    fn with_faults(name: &str, faults: Arc<Faults>) -> Self {
         Self {
             name: name.to_owned(),
             inner: Arc::new(Mutex::new(Inner {
-                entries: BTreeMap::new(),
+                entries: HashMap::new(),
                 mutations: 0,
                 fail_writes: 0,
             })),
+            faults,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K, V>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Inner<K, V>> {
+        lock(&self.inner)
     }
 
     /// Contents as if an earlier run had written them (not counted as mutations).
@@ -54,12 +90,23 @@ impl<K: Ord + Clone, V: Clone> FakeMap<K, V> {
         self.lock().entries.extend(entries.iter().cloned());
     }
 
-    pub(crate) fn contents(&self) -> Vec<(K, V)> {
+    /// Every entry, in no particular order.
+    pub(crate) fn unordered(&self) -> Vec<(K, V)> {
         self.lock()
             .entries
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    /// Every entry, sorted by key.
+    pub(crate) fn contents(&self) -> Vec<(K, V)>
+    where
+        K: Ord,
+    {
+        let mut all = self.unordered();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 
     pub(crate) fn mutations(&self) -> u64 {
@@ -71,16 +118,19 @@ impl<K: Ord + Clone, V: Clone> FakeMap<K, V> {
     }
 }
 
-impl<K: Ord + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V> {
+impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V> {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn read_all(&self) -> Result<Vec<(K, V)>, KernelError> {
-        Ok(self.contents())
+        Ok(self.unordered())
     }
 
     fn write(&mut self, key: &K, value: &V) -> Result<(), KernelError> {
+        if self.faults.drop_all.load(Ordering::Relaxed) {
+            return Err(injected(&self.name));
+        }
         let mut inner = self.lock();
         if inner.fail_writes > 0 {
             inner.fail_writes -= 1;
@@ -96,10 +146,364 @@ impl<K: Ord + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V> {
     }
 
     fn delete(&mut self, key: &K) -> Result<(), KernelError> {
+        if self.faults.drop_all.load(Ordering::Relaxed) {
+            return Err(injected(&self.name));
+        }
         let mut inner = self.lock();
         if inner.entries.remove(key).is_some() {
             inner.mutations += 1;
         }
+        Ok(())
+    }
+}
+
+/// The tc side: pins map (ifname, program) → program id; `attached` holds (ifindex, hook, id) of
+/// live attachments; `other` holds (ifname, program) attachments of the other mechanism.
+#[derive(Default)]
+pub(crate) struct TcState {
+    pub(crate) pins: BTreeMap<(String, String), u32>,
+    pub(crate) attached: BTreeSet<(u32, String, u32)>,
+    pub(crate) other: BTreeSet<(String, String)>,
+    pub(crate) current: u32,
+    pub(crate) ifindex: BTreeMap<String, u32>,
+    pub(crate) ops: u32,
+    /// Interfaces whose attach, update and sweep fail.
+    pub(crate) failing: BTreeSet<String>,
+}
+
+/// The XDP side: interface → program id of its pinned prefilter link.
+#[derive(Default)]
+pub(crate) struct XdpState {
+    pub(crate) pins: BTreeMap<String, u32>,
+    pub(crate) current: u32,
+    pub(crate) interfaces: BTreeSet<String>,
+    /// Pins whose link lost its interface (deleted and recreated under the same name).
+    pub(crate) defunct: BTreeSet<String>,
+}
+
+/// The conntrack side.
+#[derive(Default)]
+pub(crate) struct CtState {
+    pub(crate) ct4: HashMap<Ct4Key, CtEntry>,
+    pub(crate) ct6: HashMap<Ct6Key, CtEntry>,
+    pub(crate) created: [u64; 2],
+    pub(crate) capacity: u64,
+    /// When set, the next IPv4 read, once it has read, reports on the first channel and waits on
+    /// the second.
+    pub(crate) pause: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
+}
+
+impl CtState {
+    /// The programs created an IPv4 entry.
+    pub(crate) fn create4(&mut self, key: Ct4Key, entry: CtEntry) {
+        self.ct4.insert(key, entry);
+        self.created[0] += 1;
+    }
+}
+
+/// One fake kernel: every seam trait over shared in-memory state. Clones share it.
+#[derive(Clone, Default)]
+pub(crate) struct FakeKernel {
+    faults: Arc<Faults>,
+    pub(crate) tc: Arc<Mutex<TcState>>,
+    pub(crate) xdp: Arc<Mutex<XdpState>>,
+    pub(crate) ct: Arc<Mutex<CtState>>,
+    counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    sysctls: Arc<Mutex<BTreeMap<String, String>>>,
+    pins: Arc<Mutex<BTreeSet<String>>>,
+    pins_failing: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl FakeKernel {
+    /// A map of this kernel (it shares the kernel's faults).
+    pub(crate) fn map<K: Eq + Hash + Clone, V: Clone>(&self, name: &str) -> FakeMap<K, V> {
+        FakeMap::with_faults(name, Arc::clone(&self.faults))
+    }
+
+    /// While `on`, every kernel write fails.
+    pub(crate) fn drop_all_writes(&self, on: bool) {
+        self.faults.drop_all.store(on, Ordering::Relaxed);
+    }
+
+    fn dropping(&self) -> bool {
+        self.faults.drop_all.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn tc(&self) -> MutexGuard<'_, TcState> {
+        lock(&self.tc)
+    }
+
+    pub(crate) fn xdp(&self) -> MutexGuard<'_, XdpState> {
+        lock(&self.xdp)
+    }
+
+    pub(crate) fn ct(&self) -> MutexGuard<'_, CtState> {
+        lock(&self.ct)
+    }
+
+    /// A workload link appears (what the link watcher would report: `link_events`).
+    pub(crate) fn add_link(&self, ifname: &str, ifindex: u32) {
+        self.tc().ifindex.insert(ifname.to_owned(), ifindex);
+    }
+
+    /// A link disappears (with its attachments, as the kernel does).
+    pub(crate) fn remove_link(&self, ifname: &str) {
+        let mut s = self.tc();
+        if let Some(ifindex) = s.ifindex.remove(ifname) {
+            s.attached.retain(|(i, _, _)| *i != ifindex);
+        }
+    }
+
+    /// The link watcher's initial dump over this kernel's links: one `Up` per workload link
+    /// (all up), then `Synced` — the same events `linkwatch::watch` sends.
+    pub(crate) fn link_events(&self) -> Vec<crate::linkwatch::LinkEvent> {
+        use crate::linkwatch::LinkEvent;
+        let mut out: Vec<LinkEvent> = self
+            .tc()
+            .ifindex
+            .iter()
+            .filter(|(name, _)| name.starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX))
+            .map(|(ifname, ifindex)| LinkEvent::Up {
+                ifname: ifname.clone(),
+                ifindex: *ifindex,
+                up: true,
+            })
+            .collect();
+        out.push(LinkEvent::Synced);
+        out
+    }
+
+    /// Counter slots: index → (packets, bytes).
+    pub(crate) fn counters(&self) -> MutexGuard<'_, HashMap<u32, (u64, u64)>> {
+        lock(&self.counters)
+    }
+
+    /// `/proc/sys` as written: path → value.
+    pub(crate) fn sysctls(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
+        lock(&self.sysctls)
+    }
+
+    /// Map pin names.
+    pub(crate) fn pins(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        lock(&self.pins)
+    }
+
+    /// Map pins whose removal fails.
+    pub(crate) fn pins_failing(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        lock(&self.pins_failing)
+    }
+
+    fn tc_write(&self, ifname: &str) -> Result<MutexGuard<'_, TcState>, KernelError> {
+        let s = self.tc();
+        if self.dropping() || s.failing.contains(ifname) {
+            return Err(injected(ifname));
+        }
+        Ok(s)
+    }
+}
+
+fn key(ifname: &str, program: &str) -> (String, String) {
+    (ifname.to_owned(), program.to_owned())
+}
+
+impl Attacher for FakeKernel {
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
+        Ok(self.tc().pins.keys().cloned().collect())
+    }
+    fn has_pin(&self, ifname: &str, program: &str) -> bool {
+        self.tc().pins.contains_key(&key(ifname, program))
+    }
+    fn hook(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<Hook, KernelError> {
+        let s = self.tc();
+        let pinned = s.pins.get(&key(ifname, program)).copied();
+        let ours = pinned.filter(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
+        Ok(Hook {
+            ours,
+            leftovers: (pinned.is_some() && ours.is_none())
+                || s.other.contains(&key(ifname, program)),
+        })
+    }
+    fn current(&self, _program: &str) -> u32 {
+        self.tc().current
+    }
+    fn link_exists(&self, ifname: &str, ifindex: u32) -> bool {
+        self.tc().ifindex.get(ifname) == Some(&ifindex)
+    }
+    fn attach(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError> {
+        let mut s = self.tc_write(ifname)?;
+        let id = s.current;
+        assert_eq!(s.ifindex[ifname], ifindex);
+        // A stale pin at the same path is replaced by the new link's.
+        s.pins.insert(key(ifname, program), id);
+        s.attached.insert((ifindex, format!("{hook:?}"), id));
+        s.ops += 1;
+        Ok(())
+    }
+    fn update(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError> {
+        let mut s = self.tc_write(ifname)?;
+        let id = s.current;
+        let old = s.pins.insert(key(ifname, program), id).expect("pinned");
+        s.attached.remove(&(ifindex, format!("{hook:?}"), old));
+        s.attached.insert((ifindex, format!("{hook:?}"), id));
+        s.ops += 1;
+        Ok(())
+    }
+    fn sweep(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<u64, KernelError> {
+        let mut s = self.tc_write(ifname)?;
+        let ours = s
+            .pins
+            .get(&key(ifname, program))
+            .is_some_and(|id| s.attached.contains(&(ifindex, format!("{hook:?}"), *id)));
+        assert!(ours, "leftovers are swept only once ours is in place");
+        let removed = s.other.remove(&key(ifname, program));
+        s.ops += 1;
+        Ok(u64::from(removed))
+    }
+    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
+        let mut s = self.tc_write(ifname)?;
+        s.pins.remove(&key(ifname, program));
+        s.ops += 1;
+        Ok(())
+    }
+}
+
+impl XdpIo for FakeKernel {
+    fn pinned(&self) -> Result<Vec<String>, KernelError> {
+        Ok(self.xdp().pins.keys().cloned().collect())
+    }
+    fn pinned_program(&self, ifname: &str) -> Option<u32> {
+        self.xdp().pins.get(ifname).copied()
+    }
+    fn pin_is_live(&self, ifname: &str) -> bool {
+        let s = self.xdp();
+        s.pins.contains_key(ifname) && s.interfaces.contains(ifname) && !s.defunct.contains(ifname)
+    }
+    fn current(&self) -> u32 {
+        self.xdp().current
+    }
+    fn link_exists(&self, ifname: &str) -> bool {
+        self.xdp().interfaces.contains(ifname)
+    }
+    fn attach(&mut self, ifname: &str) -> Result<AttachMode, KernelError> {
+        if self.dropping() {
+            return Err(injected(ifname));
+        }
+        let mut s = self.xdp();
+        if !s.interfaces.contains(ifname) {
+            return Err(KernelError::Io {
+                op: "attach the prefilter to",
+                what: ifname.to_owned(),
+                source: std::io::Error::from_raw_os_error(libc::ENODEV),
+            });
+        }
+        let id = s.current;
+        s.defunct.remove(ifname);
+        Ok(match s.pins.insert(ifname.to_owned(), id) {
+            Some(_) => AttachMode::Replaced,
+            None => AttachMode::NewLink,
+        })
+    }
+    fn unpin(&mut self, ifname: &str) -> Result<(), KernelError> {
+        if self.dropping() {
+            return Err(injected(ifname));
+        }
+        self.xdp().pins.remove(ifname);
+        Ok(())
+    }
+}
+
+impl CtIo for FakeKernel {
+    fn entries4(&self) -> Result<Vec<(Ct4Key, CtEntry)>, KernelError> {
+        let (entries, pause) = {
+            let mut s = self.ct();
+            let entries: Vec<_> = s.ct4.iter().map(|(k, v)| (*k, *v)).collect();
+            (entries, s.pause.take())
+        };
+        if let Some((read, go)) = pause {
+            // Mid-sweep, the entries read: let the test act, then go on with what was read.
+            read.send(()).expect("the test waits for the read");
+            go.recv().expect("the test lets the sweep go on");
+        }
+        Ok(entries)
+    }
+    fn entries6(&self) -> Result<Vec<(Ct6Key, CtEntry)>, KernelError> {
+        Ok(self.ct().ct6.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn delete4(&mut self, keys: &[Ct4Key]) -> Result<u64, KernelError> {
+        if self.dropping() {
+            return Err(injected("ct4"));
+        }
+        let mut s = self.ct();
+        Ok(keys.iter().filter(|k| s.ct4.remove(k).is_some()).count() as u64)
+    }
+    fn delete6(&mut self, keys: &[Ct6Key]) -> Result<u64, KernelError> {
+        if self.dropping() {
+            return Err(injected("ct6"));
+        }
+        let mut s = self.ct();
+        Ok(keys.iter().filter(|k| s.ct6.remove(k).is_some()).count() as u64)
+    }
+    fn capacity(&self) -> (u64, u64) {
+        let c = self.ct().capacity;
+        (c, c)
+    }
+    fn created(&self) -> Option<[u64; 2]> {
+        Some(self.ct().created)
+    }
+}
+
+impl CountersIo for FakeKernel {
+    fn slot(&self, index: u32) -> Result<(u64, u64), KernelError> {
+        Ok(self.counters().get(&index).copied().unwrap_or_default())
+    }
+}
+
+impl SysctlIo for FakeKernel {
+    fn get(&self, path: &str) -> Option<String> {
+        self.sysctls().get(path).cloned()
+    }
+    fn set(&mut self, path: &str, value: &str) -> Result<(), std::io::Error> {
+        if self.dropping() {
+            return Err(std::io::Error::other("fault injected by the fake kernel"));
+        }
+        self.sysctls().insert(path.to_owned(), value.to_owned());
+        Ok(())
+    }
+}
+
+impl PinIo for FakeKernel {
+    fn map_pins(&self) -> Result<Vec<String>, KernelError> {
+        Ok(self.pins().iter().cloned().collect())
+    }
+    fn remove_map_pin(&mut self, name: &str) -> Result<(), KernelError> {
+        if self.dropping() || self.pins_failing().contains(name) {
+            return Err(injected(name));
+        }
+        self.pins().remove(name);
         Ok(())
     }
 }

@@ -2,16 +2,22 @@
 //!
 //! The first apply (and any after `request_resync`) reads the whole map back and classifies every
 //! key: already correct (nothing written), out of sync (written), orphan (deleted). Later applies
-//! touch only the keys a manager changed. A failure keeps the remaining keys dirty for the retry.
+//! touch only the keys a manager changed. A failing key does not stop the others: it stays dirty
+//! and is retried with backoff (`retry`); `apply_due` also holds back the writes a caller refuses
+//! (the security order of `plane`).
 
 use std::{
     collections::{HashMap, HashSet},
     hash::Hash,
+    time::Instant,
 };
 
 use serde::Serialize;
 
-use super::kernel::{KernelError, MapIo};
+use super::{
+    kernel::{KernelError, MapIo},
+    retry::Backoff,
+};
 
 /// What a driver did, for metrics and `weir status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -33,6 +39,8 @@ pub struct MapDriver<K, V> {
     dirty: HashSet<K>,
     resync: bool,
     stats: DriverStats,
+    backoff: Backoff<K>,
+    backoff_resync: Backoff<()>,
 }
 
 impl<K, V> MapDriver<K, V>
@@ -48,6 +56,8 @@ where
             dirty: HashSet::new(),
             resync: true,
             stats: DriverStats::default(),
+            backoff: Backoff::default(),
+            backoff_resync: Backoff::default(),
         }
     }
 
@@ -122,28 +132,81 @@ where
         self.stats
     }
 
-    /// Reconciles the kernel's map with the desired contents.
-    pub fn apply(&mut self) -> Result<(), KernelError> {
-        let result = if self.resync {
-            self.full_resync()
-        } else {
-            self.apply_dirty()
-        };
-        if result.is_err() {
-            self.stats.errors += 1;
-        }
-        result
+    /// True once the kernel's copy has been read back (since the last `request_resync`).
+    pub fn is_synced(&self) -> bool {
+        !self.resync
     }
 
-    fn full_resync(&mut self) -> Result<(), KernelError> {
-        let kernel: HashMap<K, V> = self.io.read_all()?.into_iter().collect();
+    /// Keys still to be written or deleted (after an apply: those that failed or waited).
+    pub fn pending_keys(&self) -> impl Iterator<Item = &K> {
+        self.dirty.iter()
+    }
+
+    /// Reconciles the kernel's map with the desired contents, retrying every dirty key now. A
+    /// failing key does not stop the others: it stays dirty and the first error is returned.
+    pub fn apply(&mut self) -> Result<(), KernelError> {
+        let pending = self.reconcile(None, &|_, _| true);
+        match pending.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Reconciles, leaving alone the keys in backoff at `now` and the writes `allow` refuses
+    /// (deletes always go: they only close). Returns what is left to do.
+    pub fn apply_due(&mut self, now: Instant, allow: &dyn Fn(&K, &V) -> bool) -> Pending {
+        self.reconcile(Some(now), allow)
+    }
+
+    fn reconcile(&mut self, now: Option<Instant>, allow: &dyn Fn(&K, &V) -> bool) -> Pending {
+        let mut pending = Pending {
+            driver: self.io.name().to_owned(),
+            ..Pending::default()
+        };
+        if self.resync {
+            match self.read_back(now) {
+                Ok(true) => {}
+                Ok(false) => pending.waiting += 1,
+                Err(e) => {
+                    pending.failed += 1;
+                    pending.error = Some(e);
+                }
+            }
+        }
+        if !self.resync {
+            self.apply_dirty(now, allow, &mut pending);
+        }
+        if pending.error.is_some() {
+            self.stats.errors += 1;
+        }
+        pending.retry_at = match (self.backoff.next_due(), self.backoff_resync.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        pending
+    }
+
+    /// Reads the whole map back and classifies every key; orphans become dirty deletes. False
+    /// when an earlier failed read back is still in backoff.
+    fn read_back(&mut self, now: Option<Instant>) -> Result<bool, KernelError> {
+        if let Some(now) = now
+            && !self.backoff_resync.is_due(&(), now)
+        {
+            return Ok(false);
+        }
+        let kernel: HashMap<K, V> = match self.io.read_all() {
+            Ok(all) => all.into_iter().collect(),
+            Err(e) => {
+                self.backoff_resync
+                    .failed(&(), now.unwrap_or_else(Instant::now));
+                return Err(e);
+            }
+        };
+        self.backoff_resync.succeeded(&());
         // The kernel's copy is the truth now: only what differs from it is dirty.
         self.dirty.clear();
         for (key, value) in &kernel {
-            if !self.desired.contains_key(key) {
-                self.io.delete(key)?;
-                self.stats.deletes += 1;
-            } else if self.desired.get(key) != Some(value) {
+            if self.desired.get(key) != Some(value) {
                 self.dirty.insert(key.clone());
             }
         }
@@ -152,25 +215,83 @@ where
                 self.dirty.insert(key.clone());
             }
         }
+        let dirty = &self.dirty;
+        self.backoff.retain(|k| dirty.contains(k));
         self.resync = false;
         self.stats.resyncs += 1;
-        self.apply_dirty()
+        Ok(true)
     }
 
-    fn apply_dirty(&mut self) -> Result<(), KernelError> {
+    fn apply_dirty(
+        &mut self,
+        now: Option<Instant>,
+        allow: &dyn Fn(&K, &V) -> bool,
+        pending: &mut Pending,
+    ) {
         let keys: Vec<K> = self.dirty.iter().cloned().collect();
         for key in keys {
-            match self.desired.get(&key) {
-                Some(value) => {
-                    self.io.write(&key, value)?;
-                    self.stats.writes += 1;
+            if let Some(now) = now
+                && !self.backoff.is_due(&key, now)
+            {
+                pending.waiting += 1;
+                continue;
+            }
+            let result = match self.desired.get(&key) {
+                Some(value) if !allow(&key, value) => {
+                    pending.held += 1;
+                    continue;
                 }
-                None => {
-                    self.io.delete(&key)?;
-                    self.stats.deletes += 1;
+                Some(value) => self.io.write(&key, value).map(|()| self.stats.writes += 1),
+                None => self.io.delete(&key).map(|()| self.stats.deletes += 1),
+            };
+            match result {
+                Ok(()) => {
+                    self.dirty.remove(&key);
+                    self.backoff.succeeded(&key);
+                }
+                Err(e) => {
+                    pending.failed += 1;
+                    self.backoff.failed(&key, now.unwrap_or_else(Instant::now));
+                    pending.error.get_or_insert(e);
                 }
             }
-            self.dirty.remove(&key);
+        }
+    }
+}
+
+/// What one apply of a driver left undone, for the apply report.
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// The driver (a map's name, or `attachments`).
+    pub driver: String,
+    /// Items whose kernel operation failed in this apply (now in backoff).
+    pub failed: usize,
+    /// Items not tried: still in backoff from an earlier failure.
+    pub waiting: usize,
+    /// Writes held back for security order (an endpoint whose policy is not written yet).
+    pub held: usize,
+    /// The first error of this apply.
+    pub error: Option<KernelError>,
+    /// When the earliest item in backoff may be retried.
+    pub retry_at: Option<Instant>,
+}
+
+impl Pending {
+    /// True when nothing is left to do.
+    pub fn is_clean(&self) -> bool {
+        self.failed == 0 && self.waiting == 0 && self.held == 0 && self.error.is_none()
+    }
+}
+
+impl std::fmt::Display for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} failed, {} waiting to retry, {} held",
+            self.driver, self.failed, self.waiting, self.held
+        )?;
+        if let Some(e) = &self.error {
+            write!(f, " ({e})")?;
         }
         Ok(())
     }

@@ -9,11 +9,22 @@ pub mod attachments;
 pub mod batch;
 pub mod conntrack;
 pub mod counters;
+pub mod ct_layout;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
+pub mod pins;
 pub mod plane;
+pub mod prefilter;
+pub mod retry;
 pub mod tc_links;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the `testing` feature uses part of the fake kernel"
+    )
+)]
 pub(crate) mod fake;

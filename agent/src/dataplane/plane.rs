@@ -2,7 +2,12 @@
 //! close), then identities, ipcache and policy, and the endpoint entries (whose isolation flags
 //! and addresses open an endpoint), so nothing is opened before the policy that guards it is in
 //! place; program replacements and sweeps of attachments come last, once the maps the new
-//! programs read are filled. A failed driver stops the apply there; its state stays dirty for the retry.
+//! programs read are filled. A failing key or link stays dirty and is retried with backoff while
+//! the other drivers proceed, except where that order requires waiting: an endpoint whose policy
+//! entries or identities are not written is not opened, and programs are not replaced while a map
+//! they read is not written.
+
+use std::{collections::HashSet, time::Instant};
 
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 use serde::Serialize;
@@ -10,9 +15,8 @@ use serde::Serialize;
 use super::{
     attachments::{AttachDriver, AttachStats},
     endpoints::EndpointsManager,
-    kernel::KernelError,
     kernel::Prefix,
-    map_driver::{DriverStats, MapDriver},
+    map_driver::{DriverStats, MapDriver, Pending},
 };
 
 /// Every driver and manager of the node.
@@ -57,22 +61,44 @@ impl Dataplane {
     }
 
     /// Before the first in-sync: only attach the deny-by-default programs to new workload links.
-    pub fn apply_before_in_sync(&mut self) -> Result<(), KernelError> {
-        self.attachments.apply(true)
+    pub fn apply_before_in_sync(&mut self) -> Result<(), ApplyError> {
+        ApplyError::from_pending(vec![self.attachments.apply_due(true, Instant::now())])
     }
 
-    /// A full apply, in security order: new links closed first; programs replaced on existing
-    /// links only after the maps they read are filled (a new object may bring new map versions).
-    pub fn apply(&mut self) -> Result<(), KernelError> {
-        self.attachments.apply(true)?;
-        self.ident4.apply()?;
-        self.ident6.apply()?;
-        self.ipcache4.apply()?;
-        self.ipcache6.apply()?;
-        self.policy.apply()?;
-        self.endpoints.apply()?;
-        self.attachments.apply(false)?;
-        Ok(())
+    /// A full apply, in security order: new links closed first; each map driver then writes what
+    /// it can (a failing key stays dirty, in backoff, and does not stop the other keys or
+    /// drivers); an endpoint entry is written only once its policy entries and identities are
+    /// (and the shared CIDR identities): until then it stays closed; programs are replaced on
+    /// existing links only once every map they read is written (a new object may bring new map
+    /// versions). The error names every driver with work left.
+    pub fn apply(&mut self) -> Result<(), ApplyError> {
+        let now = Instant::now();
+        let mut left = Vec::new();
+        let attach_new = self.attachments.apply_due(true, now);
+        left.push(self.ident4.apply_due(now, &|_, _| true));
+        left.push(self.ident6.apply_due(now, &|_, _| true));
+        left.push(self.ipcache4.apply_due(now, &|_, _| true));
+        left.push(self.ipcache6.apply_due(now, &|_, _| true));
+        left.push(self.policy.apply_due(now, &|_, _| true));
+        let gate = Gate::new(self);
+        left.push(
+            self.endpoints
+                .apply_due(now, &|_, info: &EndpointInfo| gate.opens(info)),
+        );
+        let maps_written = left.iter().all(|p| p.failed == 0 && p.waiting == 0);
+        if maps_written {
+            // One report for both passes: a link that failed in the first waits in the second.
+            let mut rest = self.attachments.apply_due(false, now);
+            rest.waiting = rest.waiting.saturating_sub(attach_new.failed);
+            rest.failed += attach_new.failed;
+            rest.error = attach_new.error.or(rest.error);
+            left.push(rest);
+        } else {
+            let mut held = attach_new;
+            held.held += self.attachments.pending_links();
+            left.push(held);
+        }
+        ApplyError::from_pending(left)
     }
 
     /// Counters.
@@ -88,5 +114,378 @@ impl Dataplane {
                 (self.policy.name().to_owned(), self.policy.stats()),
             ],
         }
+    }
+}
+
+/// What an apply left to do: every driver with failed, waiting or held work.
+#[derive(Debug, thiserror::Error)]
+pub struct ApplyError {
+    /// The drivers with work left, in apply order.
+    pub pending: Vec<Pending>,
+}
+
+impl ApplyError {
+    pub(crate) fn from_pending(pending: Vec<Pending>) -> Result<(), Self> {
+        let pending: Vec<Pending> = pending.into_iter().filter(|p| !p.is_clean()).collect();
+        if pending.is_empty() {
+            Ok(())
+        } else {
+            Err(Self { pending })
+        }
+    }
+
+    /// The drivers that still have work.
+    pub fn dirty_drivers(&self) -> Vec<&str> {
+        self.pending.iter().map(|p| p.driver.as_str()).collect()
+    }
+
+    /// When the earliest item in backoff may be retried (`None`: retry on the next change).
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.pending.iter().filter_map(|p| p.retry_at).min()
+    }
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the dataplane is not fully applied; retrying: ")?;
+        for (i, p) in self.pending.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which endpoint entries may be written now: not one whose policy entries or own address
+/// identities are still unwritten, and none while the kernel's copy of those maps is unknown or a
+/// CIDR identity (shared by every endpoint's policy) is unwritten.
+struct Gate {
+    closed: bool,
+    endpoint_ids: HashSet<u32>,
+    addrs4: HashSet<[u8; 4]>,
+    addrs6: HashSet<[u8; 16]>,
+}
+
+impl Gate {
+    fn new(dp: &Dataplane) -> Self {
+        let closed = !dp.policy.is_synced()
+            || !dp.ident4.is_synced()
+            || !dp.ident6.is_synced()
+            || !dp.ipcache4.is_synced()
+            || !dp.ipcache6.is_synced()
+            || dp.ipcache4.pending_keys().next().is_some()
+            || dp.ipcache6.pending_keys().next().is_some();
+        Self {
+            closed,
+            endpoint_ids: dp.policy.pending_keys().map(|k| k.endpoint_id).collect(),
+            addrs4: dp.ident4.pending_keys().copied().collect(),
+            addrs6: dp.ident6.pending_keys().copied().collect(),
+        }
+    }
+
+    fn opens(&self, info: &EndpointInfo) -> bool {
+        !self.closed
+            && !self.endpoint_ids.contains(&info.endpoint_id)
+            && !info
+                .ipv4
+                .iter()
+                .any(|a| *a != [0; 4] && self.addrs4.contains(a))
+            && !info
+                .ipv6
+                .iter()
+                .any(|a| *a != [0; 16] && self.addrs6.contains(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        net::IpAddr,
+        time::{Duration, Instant},
+    };
+
+    use maps_schema::{
+        maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY},
+        programs::{FROM_ENDPOINT, TO_ENDPOINT},
+    };
+
+    use super::*;
+    use crate::{
+        dataplane::{attachments::AttachDriver, endpoints, fake::FakeKernel},
+        registry::Endpoint,
+    };
+
+    struct Kernel {
+        k: FakeKernel,
+        endpoints: crate::dataplane::fake::FakeMap<u32, EndpointInfo>,
+        ident4: crate::dataplane::fake::FakeMap<[u8; 4], IdentityInfo>,
+        policy: crate::dataplane::fake::FakeMap<PolicyKey, PolicyValue>,
+    }
+
+    fn kernel() -> Kernel {
+        let k = FakeKernel::default();
+        k.tc().current = 7;
+        Kernel {
+            endpoints: k.map(ENDPOINTS),
+            ident4: k.map(IDENT4),
+            policy: k.map(POLICY),
+            k,
+        }
+    }
+
+    fn plane(kernel: &Kernel) -> Dataplane {
+        let k = &kernel.k;
+        Dataplane {
+            attachments: AttachDriver::new(Box::new(k.clone())),
+            endpoints: MapDriver::new(Box::new(kernel.endpoints.clone())),
+            endpoints_manager: EndpointsManager::new(),
+            ident4: MapDriver::new(Box::new(kernel.ident4.clone())),
+            ident6: MapDriver::new(Box::new(k.map::<[u8; 16], IdentityInfo>(IDENT6))),
+            ipcache4: MapDriver::new(Box::new(k.map::<Prefix<[u8; 4]>, IdentityInfo>(IPCACHE4))),
+            ipcache6: MapDriver::new(Box::new(k.map::<Prefix<[u8; 16]>, IdentityInfo>(IPCACHE6))),
+            policy: MapDriver::new(Box::new(kernel.policy.clone())),
+        }
+    }
+
+    fn policy_contents(kernel: &Kernel) -> Vec<(PolicyKey, PolicyValue)> {
+        let mut all = kernel.policy.unordered();
+        all.sort_by_key(|(k, _)| k.endpoint_id);
+        all
+    }
+
+    fn ifname(i: u32) -> String {
+        format!("weir{i}")
+    }
+
+    fn addr(i: u32) -> [u8; 4] {
+        [10, 0, 0, u8::try_from(i).expect("small")]
+    }
+
+    fn policy_key(endpoint_id: u32) -> PolicyKey {
+        PolicyKey {
+            endpoint_id,
+            peer_identity: 0,
+            port: 80,
+            protocol: 6,
+            direction: maps_schema::policy::INGRESS,
+        }
+    }
+
+    /// Endpoint `i` (id `i`) on link `weir{i}` (index 10 + i), with its identity and one policy entry.
+    fn add_endpoint(kernel: &Kernel, dp: &mut Dataplane, i: u32) -> EndpointInfo {
+        kernel.k.add_link(&ifname(i), 10 + i);
+        // The links as the link watcher reports them from this kernel.
+        for event in kernel.k.link_events() {
+            if let crate::linkwatch::LinkEvent::Up {
+                ifname,
+                ifindex,
+                up,
+            } = event
+            {
+                dp.attachments.link_up(&ifname, ifindex, up);
+                dp.endpoints_manager
+                    .link_up(&mut dp.endpoints, &ifname, ifindex);
+            }
+        }
+        let endpoint = Endpoint {
+            id: i,
+            container_id: format!("c{i}"),
+            ifname: "eth0".into(),
+            host_ifname: ifname(i),
+            netns: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
+            labels: std::collections::BTreeMap::new(),
+            handle: String::new(),
+            ips: vec![IpAddr::from(addr(i))],
+        };
+        let info = endpoints::entry(&endpoint, 100 + i, 0);
+        dp.endpoints_manager
+            .upsert(&mut dp.endpoints, &ifname(i), info);
+        dp.ident4.set(
+            addr(i),
+            IdentityInfo {
+                identity: 100 + i,
+                ..IdentityInfo::default()
+            },
+        );
+        dp.policy.set(policy_key(i), PolicyValue::default());
+        info
+    }
+
+    /// Applies until clean (bounded: backoff is at most 5 s per item).
+    fn converge(dp: &mut Dataplane) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match dp.apply() {
+                Ok(()) => return,
+                Err(e) if Instant::now() < deadline => {
+                    let wait = e
+                        .retry_at()
+                        .map_or(Duration::from_millis(5), |t| t - Instant::now().min(t));
+                    std::thread::sleep(wait.max(Duration::from_millis(1)));
+                }
+                Err(e) => panic!("no convergence: {e}"),
+            }
+        }
+    }
+
+    fn attached(k: &FakeKernel, ifindex: u32) -> bool {
+        let s = k.tc();
+        s.attached.contains(&(ifindex, "Ingress".into(), 7))
+            && s.attached.contains(&(ifindex, "Egress".into(), 7))
+    }
+
+    #[test]
+    fn a_failing_attachment_on_one_link_leaves_the_other_links_programmed() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        let infos: Vec<EndpointInfo> = (1..=3).map(|i| add_endpoint(&kernel, &mut dp, i)).collect();
+        kernel.k.tc().failing.insert(ifname(2));
+        let err = dp.apply().expect_err("weir2's attachment fails");
+        assert_eq!(err.dirty_drivers(), vec!["attachments"], "{err}");
+        assert!(err.to_string().contains("weir2"), "{err}");
+        for i in [1, 3] {
+            assert!(attached(&kernel.k, 10 + i), "weir{i} runs the programs");
+        }
+        assert!(!attached(&kernel.k, 12));
+        let written: Vec<u32> = kernel
+            .endpoints
+            .contents()
+            .iter()
+            .map(|(k, _)| *k)
+            .collect();
+        assert!(
+            written.contains(&11) && written.contains(&13),
+            "the other links' endpoints are programmed: {written:?}"
+        );
+        assert_eq!(policy_contents(&kernel).len(), 3);
+        assert!(dp.is_dirty(), "weir2 stays dirty");
+
+        // The link recovers: the retry (after its backoff) attaches it, and nothing else is rewritten.
+        let writes = kernel.endpoints.mutations() + kernel.policy.mutations();
+        kernel.k.tc().failing.clear();
+        converge(&mut dp);
+        assert!(attached(&kernel.k, 12));
+        assert!(!dp.is_dirty());
+        assert_eq!(
+            kernel.endpoints.mutations() + kernel.policy.mutations(),
+            writes + u64::from(!written.contains(&12)),
+            "only what was owed is written"
+        );
+        let mut want: Vec<(u32, EndpointInfo)> =
+            (1..=3).map(|i| (10 + i, infos[i as usize - 1])).collect();
+        want.sort_by_key(|(k, _)| *k);
+        assert_eq!(kernel.endpoints.contents(), want);
+    }
+
+    #[test]
+    fn an_endpoint_is_not_opened_before_its_policy_is_written_and_others_proceed() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        for i in 1..=2 {
+            add_endpoint(&kernel, &mut dp, i);
+        }
+        kernel.policy.fail_next_writes(1);
+        let err = dp.apply().expect_err("one policy write fails");
+        let with_policy: Vec<u32> = kernel
+            .policy
+            .unordered()
+            .iter()
+            .map(|(k, _)| k.endpoint_id)
+            .collect();
+        assert_eq!(with_policy.len(), 1, "the other policy entry is written");
+        let open: Vec<u32> = kernel
+            .endpoints
+            .contents()
+            .iter()
+            .map(|(_, v)| v.endpoint_id)
+            .collect();
+        assert_eq!(
+            open, with_policy,
+            "only the endpoint whose policy is written is opened ({err})"
+        );
+        assert!(
+            err.pending
+                .iter()
+                .any(|p| p.driver == ENDPOINTS && p.held == 1),
+            "{err}"
+        );
+        converge(&mut dp);
+        assert_eq!(kernel.endpoints.contents().len(), 2);
+    }
+
+    #[test]
+    fn a_kernel_dropping_every_write_then_recovering_converges_with_no_orphans() {
+        let kernel = kernel();
+        // An earlier run left orphans in the maps and a link pin of a vanished pod.
+        kernel.endpoints.preload(&[(99, EndpointInfo::default())]);
+        kernel
+            .policy
+            .preload(&[(policy_key(99), PolicyValue::default())]);
+        kernel
+            .ident4
+            .preload(&[(addr(99), IdentityInfo::default())]);
+        kernel
+            .k
+            .tc()
+            .pins
+            .insert(("weirgone".into(), FROM_ENDPOINT.into()), 7);
+        let mut dp = plane(&kernel);
+        let infos: Vec<EndpointInfo> = (1..=5).map(|i| add_endpoint(&kernel, &mut dp, i)).collect();
+
+        kernel.k.drop_all_writes(true);
+        for _ in 0..5 {
+            let err = dp.apply().expect_err("every write fails");
+            assert!(err.retry_at().is_some(), "failed items wait for a retry");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            kernel.endpoints.contents(),
+            vec![(99, EndpointInfo::default())],
+            "nothing opened while policy cannot be written"
+        );
+        kernel.k.drop_all_writes(false);
+        converge(&mut dp);
+
+        let want: Vec<(u32, EndpointInfo)> =
+            (1..=5).map(|i| (10 + i, infos[i as usize - 1])).collect();
+        assert_eq!(
+            kernel.endpoints.contents(),
+            want,
+            "exactly the desired endpoints"
+        );
+        assert_eq!(
+            policy_contents(&kernel),
+            (1..=5)
+                .map(|i| (policy_key(i), PolicyValue::default()))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(kernel.ident4.contents().len(), 5);
+        let pins: Vec<(String, String)> = kernel.k.tc().pins.keys().cloned().collect();
+        let mut want_pins: Vec<(String, String)> = (1..=5)
+            .flat_map(|i| {
+                [
+                    (ifname(i), FROM_ENDPOINT.to_owned()),
+                    (ifname(i), TO_ENDPOINT.to_owned()),
+                ]
+            })
+            .collect();
+        want_pins.sort();
+        assert_eq!(pins, want_pins, "the orphan pin is gone");
+        for i in 1..=5 {
+            assert!(attached(&kernel.k, 10 + i));
+        }
+        assert!(!dp.is_dirty());
+        // Converged: another apply writes nothing.
+        let before =
+            kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops);
+        dp.apply().expect("clean");
+        assert_eq!(
+            kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops),
+            before
+        );
     }
 }

@@ -12,7 +12,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hyper::Method;
 use tokio::sync::mpsc;
 
 use super::{
@@ -21,7 +20,7 @@ use super::{
 };
 use crate::{
     api::{
-        client::call,
+        client::{Client, Method},
         server::{self, Api},
         types::{AllocateResponse, EndpointRequest, EndpointView, Status},
     },
@@ -104,7 +103,12 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
                 let before = kernel.map_writes();
                 let status: Status = tokio::time::timeout(
                     ANSWER,
-                    call::<(), _>(&socket, Method::GET, "/v1/status", None),
+                    Client::new(&socket, Duration::from_secs(120)).call::<(), Status>(
+                        Method::GET,
+                        "/v1/status",
+                        None,
+                        "status",
+                    ),
                 )
                 .await
                 .expect("status answers within 30 s")
@@ -123,11 +127,11 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
     let before = kernel.map_writes();
     let alloc: AllocateResponse = tokio::time::timeout(
         ANSWER,
-        call(
-            &socket,
+        Client::new(&socket, Duration::from_secs(120)).call(
             Method::POST,
             "/v1/ipam/allocate",
             Some(&serde_json::json!({"handle": "wt-extra", "ipv4": 1})),
+            "allocate",
         ),
     )
     .await
@@ -160,11 +164,11 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
     let started = Instant::now();
     let view: EndpointView = tokio::time::timeout(
         Duration::from_secs(120),
-        call(
-            &socket,
+        Client::new(&socket, Duration::from_secs(120)).call(
             Method::PUT,
             "/v1/endpoints/cx:eth0",
             Some(&request),
+            "register",
         ),
     )
     .await

@@ -9,8 +9,9 @@ use std::{
     path::Path,
 };
 
-use aya::{Pod, maps::MapData};
+use aya::maps::MapData;
 use aya_obj::generated::bpf_map_type;
+use bytemuck::Pod;
 use maps_schema::{CtEntry, CtEntryV1};
 
 use crate::dataplane::batch;
@@ -22,21 +23,7 @@ const LOOKUP_LIMIT: usize = 131_072;
 /// copied again.
 const CLOCK_MARGIN_NS: u64 = 1_000_000_000;
 
-/// Every entry of a conntrack map of layout `version`, in the current layout. A layout newer
-/// than this release's is read as its prefix (layouts only append fields), so an older release
-/// can take the last entries of a rollback without knowing the newer layout.
-pub fn read<K: Pod>(fd: BorrowedFd<'_>, version: u32) -> io::Result<Vec<(K, CtEntry)>> {
-    match version {
-        1 => Ok(batch::lookup_all::<K, CtEntryV1>(fd)?
-            .into_iter()
-            .map(|(k, v)| (k, v.upgrade()))
-            .collect()),
-        v if v > maps_schema::conntrack::LAYOUT => {
-            batch::lookup_all_prefix::<K, CtEntry>(fd, batch::value_size(fd)?)
-        }
-        _ => batch::lookup_all::<K, CtEntry>(fd),
-    }
-}
+pub use crate::dataplane::ct_layout::read;
 
 /// Writes `entries` (current layout) into a map of layout `version`.
 pub fn write<K: Pod>(

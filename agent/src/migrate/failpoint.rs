@@ -27,13 +27,18 @@ pub fn hit(name: &str) {
     }
 }
 
+/// `WEIR_FAILPOINT` names no failpoint.
+#[derive(Debug, thiserror::Error)]
+#[error("{ENV}={name} names no failpoint; use one of {}", ALL.join(", "))]
+pub struct UnknownFailpoint {
+    /// What it names.
+    pub name: String,
+}
+
 /// An error naming the failpoint if `WEIR_FAILPOINT` is set to an unknown one.
-pub fn validate() -> Result<(), String> {
+pub fn validate() -> Result<(), UnknownFailpoint> {
     match std::env::var(ENV) {
-        Ok(v) if !ALL.contains(&v.as_str()) => Err(format!(
-            "{ENV}={v} names no failpoint; use one of {}",
-            ALL.join(", ")
-        )),
+        Ok(name) if !ALL.contains(&name.as_str()) => Err(UnknownFailpoint { name }),
         _ => Ok(()),
     }
 }

@@ -18,7 +18,8 @@ use std::{
     time::Instant,
 };
 
-use aya::{Pod, maps::MapData};
+use aya::maps::MapData;
+use bytemuck::Pod;
 use maps_schema::{
     Ct4Key, Ct6Key,
     conntrack::{LAYOUT, OLDEST_LAYOUT, value_size},
@@ -56,10 +57,18 @@ pub enum MigrateError {
         found: u32,
     },
     /// The eBPF object has no conntrack map (or two different layouts).
+    #[error("the eBPF object does not parse ({0}): rebuild it with `cargo xtask build-ebpf`")]
+    Object(#[source] aya_obj::ParseError),
+    /// The eBPF object's conntrack maps are missing, of two layouts, or of one unknown here.
     #[error(
-        "the eBPF object declares no usable conntrack maps ({0}): rebuild it with `cargo xtask build-ebpf`"
+        "the eBPF object declares no usable conntrack maps (ct4 layout {ct4:?}, ct6 layout {ct6:?}): rebuild it with `cargo xtask build-ebpf`"
     )]
-    Object(String),
+    ObjectLayouts {
+        /// The layout of its `ct4` map, if it has one.
+        ct4: Option<u32>,
+        /// The layout of its `ct6` map.
+        ct6: Option<u32>,
+    },
     /// Entries went missing during the copy (LRU eviction).
     #[error(
         "copying {map} lost {lost} entries to LRU eviction; raise --ct-max-entries and start again (the source is untouched)"
@@ -123,7 +132,7 @@ fn known(version: u32) -> bool {
 
 /// The conntrack layout of an eBPF object (from its map names: `ct4_v2` → 2).
 pub fn object_layout(object: &[u8]) -> Result<u32, MigrateError> {
-    let obj = aya_obj::Object::parse(object).map_err(|e| MigrateError::Object(e.to_string()))?;
+    let obj = aya_obj::Object::parse(object).map_err(MigrateError::Object)?;
     let layout = |stem: &str| {
         obj.maps
             .keys()
@@ -133,7 +142,7 @@ pub fn object_layout(object: &[u8]) -> Result<u32, MigrateError> {
     };
     match (layout(CT4_STEM), layout(CT6_STEM)) {
         (Some(a), Some(b)) if a == b && known(a) => Ok(a),
-        other => Err(MigrateError::Object(format!("layouts {other:?}"))),
+        (ct4, ct6) => Err(MigrateError::ObjectLayouts { ct4, ct6 }),
     }
 }
 

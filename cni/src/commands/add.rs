@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{CommandError, host_netlink};
 use crate::{
-    agent::{AgentClient, AllocateRequest, Endpoint},
+    agent::{AgentClient, AllocateRequest, EndpointRequest},
     attach,
     config::Config,
     env::Env,
@@ -75,8 +75,8 @@ pub(super) async fn add(
         ipv6: u32::from(requested.is_empty() && config.families.ipv6),
         pools: config.pools.clone(),
         ips: requested.clone(),
-        namespace: env.args.pod_namespace().map(str::to_owned),
-        pod: env.args.pod_name().map(str::to_owned),
+        namespace: env.args.pod_namespace().unwrap_or_default().to_owned(),
+        pod: env.args.pod_name().unwrap_or_default().to_owned(),
         container_id: att.container_id.to_owned(),
         expires_in_secs: config.allocation_expiry_secs,
     };
@@ -85,15 +85,15 @@ pub(super) async fn add(
     // The programs to attach are this agent's: its pin root, or a refusal when bpfRoot disagrees
     // (reported after the allocation, so the rollback below releases it).
     let mut adopted = config.clone();
-    let pin_root = adopted.adopt_agent_pin_root(allocation.bpf_root.as_deref());
+    let pin_root = adopted.adopt_agent_pin_root(allocation.agent_pin_root());
     // Attach the way the agent does (its driver would otherwise replace or keep ours); an agent
     // that does not say leaves the conflist's `tcAttach`.
     if let Some(mechanism) = allocation.tc_attach {
         adopted.tc_attach = mechanism;
     }
     let config = &adopted;
-    tracing::info!(handle = %att.handle, ips = ?allocation.ips, "allocated");
-    let ips = allocation.ips;
+    tracing::info!(handle = %att.handle, ips = ?allocation.allocation.ips, "allocated");
+    let ips = allocation.allocation.ips;
     failpoint("after-allocate").await;
 
     let mut endpoint_sent = false;
@@ -117,13 +117,13 @@ pub(super) async fn add(
         clock.lap("configure-pod");
         plumb::configure_host(&host_nl, &pair.host, &ips).await?;
         clock.lap("configure-host");
-        let endpoint = Endpoint {
+        let endpoint = EndpointRequest {
             container_id: att.container_id.to_owned(),
             ifname: att.ifname.to_owned(),
             host_ifname: att.host_ifname.clone(),
             netns: netns_path.display().to_string(),
-            namespace: env.args.pod_namespace().map(str::to_owned),
-            pod: env.args.pod_name().map(str::to_owned),
+            namespace: env.args.pod_namespace().unwrap_or_default().to_owned(),
+            pod: env.args.pod_name().unwrap_or_default().to_owned(),
             labels: config.labels.clone(),
             handle: att.handle.clone(),
             ips: ips.clone(),

@@ -89,7 +89,8 @@ pub(super) async fn check(
     }
     match client.get_endpoint(container_id, ifname).await? {
         None => drift.push(format!("the agent has no endpoint {container_id}:{ifname}")),
-        Some(ep) => {
+        Some(view) => {
+            let ep = &view.endpoint;
             let mut have = ep.ips.clone();
             let mut want = ips.clone();
             have.sort();

@@ -20,7 +20,7 @@ pub(super) async fn del(
     let mut pin_root = None;
     let agent_outcome = async {
         let deleted = client.delete_endpoint(container_id, ifname).await?;
-        pin_root.clone_from(&deleted.bpf_root);
+        pin_root = deleted.agent_pin_root().map(std::path::Path::to_owned);
         let released = client.release_handle(&handle).await?;
         tracing::info!(
             endpoint = deleted.deleted,

@@ -22,7 +22,7 @@ pub(super) async fn gc(config: &Config, client: &AgentClient) -> Result<(), Comm
     let host_nl = host_netlink()?;
     let mut failures = Vec::new();
     let mut code = None;
-    for ep in endpoints {
+    for ep in endpoints.into_iter().map(|view| view.endpoint) {
         let keep = !ep.handle.starts_with(&prefix)
             || valid
                 .iter()

@@ -87,9 +87,30 @@ pub enum CommandError {
         /// What failed.
         failures: Vec<String>,
     },
-    /// STATUS: ADD cannot be served.
-    #[error("{0}")]
-    NotAvailable(String),
+    /// STATUS: the agent cannot be asked.
+    #[error("weir-cni cannot serve ADD: {0}")]
+    AgentUnavailable(#[source] AgentError),
+    /// STATUS: the agent is not ready.
+    #[error(
+        "the weir agent is not ready yet (no first in-sync, or its dataplane is failing); see its log and `weir status`"
+    )]
+    AgentNotReady,
+    /// STATUS: a pool the conflist names does not exist.
+    #[error(
+        "pool {name} named in ipam.pools does not exist; create it (weir ipam pool add) or fix the conflist"
+    )]
+    NoSuchPool {
+        /// The pool.
+        name: String,
+    },
+    /// STATUS: no pool of a family the pod needs has free addresses.
+    #[error("no {family} pool has free addresses (pools: {pools:?}); add a pool or free addresses")]
+    NoFreeAddresses {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The pools of that family the conflist allows.
+        pools: Vec<String>,
+    },
     /// GC and STATUS exist from CNI 1.1.0 on.
     #[error(
         "{verb} is a CNI 1.1.0 command but the network configuration says cniVersion {version}; runtimes send {verb} only with a 1.1.0 conflist (weir agent --cni-version 1.1.0)"
@@ -119,7 +140,10 @@ impl CniCode for CommandError {
             Self::NoPrevResult | Self::NoValidAttachments => Code::InvalidConfig,
             Self::Drift(_) => Code::Drift,
             Self::Gc { code, .. } => *code,
-            Self::NotAvailable(_) => Code::NotAvailable,
+            Self::AgentUnavailable(_)
+            | Self::AgentNotReady
+            | Self::NoSuchPool { .. }
+            | Self::NoFreeAddresses { .. } => Code::NotAvailable,
             Self::NeedsNewerVersion { .. } => Code::IncompatibleVersion,
         }
     }
@@ -158,9 +182,9 @@ async fn with_agent_pin_root(
     config: &Config,
     client: &AgentClient,
 ) -> Result<Config, CommandError> {
-    let status = client.status().await?;
+    let status = client.status::<serde_json::Map<String, Value>>().await?;
     let mut config = config.clone();
-    config.adopt_agent_pin_root(status.bpf_root.as_deref())?;
+    config.adopt_agent_pin_root(status.agent_pin_root())?;
     Ok(config)
 }
 

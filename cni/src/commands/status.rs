@@ -9,19 +9,15 @@ use crate::{
 
 pub(super) async fn status(config: &Config, client: &AgentClient) -> Result<(), CommandError> {
     let status = client
-        .status()
+        .status::<serde_json::Map<String, serde_json::Value>>()
         .await
-        .map_err(|e| CommandError::NotAvailable(format!("weir-cni cannot serve ADD: {e}")))?;
+        .map_err(CommandError::AgentUnavailable)?;
     if !status.ready {
-        return Err(CommandError::NotAvailable(
-            "the weir agent is not ready yet (no first in-sync, or its dataplane is failing); see its log and `weir status`".to_owned(),
-        ));
+        return Err(CommandError::AgentNotReady);
     }
     for name in &config.pools {
         if !status.pools.iter().any(|p| &p.name == name) {
-            return Err(CommandError::NotAvailable(format!(
-                "pool {name} named in ipam.pools does not exist; create it (weir ipam pool add) or fix the conflist"
-            )));
+            return Err(CommandError::NoSuchPool { name: name.clone() });
         }
     }
     let wanted = |p: &&PoolStatus| config.pools.is_empty() || config.pools.contains(&p.name);
@@ -39,10 +35,10 @@ pub(super) async fn status(config: &Config, client: &AgentClient) -> Result<(), 
             .filter(|p| p.cidr.contains(':') == ipv6)
             .collect();
         if !candidates.iter().any(|p| !p.disabled && p.free > 0) {
-            let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
-            return Err(CommandError::NotAvailable(format!(
-                "no {family} pool has free addresses (pools: {names:?}); add a pool or free addresses"
-            )));
+            return Err(CommandError::NoFreeAddresses {
+                family,
+                pools: candidates.iter().map(|p| p.name.clone()).collect(),
+            });
         }
     }
     Ok(())

@@ -7,11 +7,10 @@
 
 use std::{path::Path, time::Duration};
 
-use hyper::Method;
 use ipam::ops::{Operation, Outcome};
 
 use agent::api::{
-    client::{ClientError, call},
+    client::{Client, ClientError},
     types::{IpamOpsRequest, NOT_THIS_DATASTORE},
 };
 
@@ -30,27 +29,25 @@ pub(super) async fn execute(
         datastore: format!("embedded:{}", file.display()),
         operation: op.clone(),
     };
-    let answer = tokio::time::timeout(
-        ANSWER_WITHIN,
-        call(socket, Method::POST, "/v1/ipam/ops", Some(&request)),
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!(
-            "the agent on {} did not answer within {} s; the operation may or may not have been applied: \
-             check with `weir ipam show`",
-            socket.display(),
-            ANSWER_WITHIN.as_secs()
-        )
-    })?;
+    let answer = Client::new(socket, ANSWER_WITHIN)
+        .post("/v1/ipam/ops", &request, "the ipam operation")
+        .await;
     match answer {
         Ok(outcome) => Ok(Some(outcome)),
         // Nothing was sent: nobody listens there (or we may not connect).
         Err(ClientError::Unreachable { .. }) => Ok(None),
         // An agent on another datastore, or one from before this API.
-        Err(ClientError::Api { code, .. }) if code == NOT_THIS_DATASTORE || code == "404" => {
+        Err(ClientError::Api { code, status, .. })
+            if code == NOT_THIS_DATASTORE || status == 404 =>
+        {
             Ok(None)
         }
+        Err(ClientError::Timeout { .. }) => Err(anyhow::anyhow!(
+            "the agent on {} did not answer within {} s; the operation may or may not have been applied: \
+             check with `weir ipam show`",
+            socket.display(),
+            ANSWER_WITHIN.as_secs()
+        )),
         // The agent ran the operation and it failed: its message is the datastore's own.
         Err(ClientError::Api { message, .. }) => Err(anyhow::anyhow!(message)),
         Err(e) => Err(e.into()),

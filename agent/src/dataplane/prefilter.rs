@@ -1,0 +1,690 @@
+//! The XDP prefilter for real: deny CIDRs (from `--prefilter-deny` and `--prefilter-deny-file`)
+//! in `prefilter4_v1`/`prefilter6_v1` through two map drivers (read back, write what differs,
+//! sweep the rest), and `xdp_prefilter` on exactly the interfaces `--prefilter-interfaces` names:
+//! a pinned link on any other interface is an orphan and its pin is removed, which detaches it.
+//! A failing interface stays dirty and is retried with backoff; the others proceed.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs, io,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use attach::AttachMode;
+use aya::programs::Xdp;
+use ipnetwork::IpNetwork;
+use maps_schema::{PrefilterEntry, programs::XDP_PREFILTER};
+
+use super::{
+    kernel::{KernelError, MapIo, Prefix, XdpIo},
+    map_driver::{MapDriver, Pending},
+    plane::ApplyError,
+    retry::Backoff,
+};
+use crate::paths::Paths;
+
+/// A deny file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DenyFileError {
+    /// The file cannot be read.
+    #[error("cannot read the prefilter deny file {path}: {source}; check --prefilter-deny-file")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A line is not a CIDR.
+    #[error(
+        "{path}:{line}: {text:?} is not a CIDR (write one address or CIDR per line, such as 192.0.2.0/24 or 2001:db8::/32; # starts a comment)"
+    )]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
+    },
+}
+
+/// One CIDR as the operator writes it (`192.0.2.0/24`, a bare address is a /32 or /128),
+/// normalised to its network address.
+#[must_use]
+pub fn parse_cidr(text: &str) -> Option<IpNetwork> {
+    let net: IpNetwork = text.trim().parse().ok()?;
+    IpNetwork::new(net.network(), net.prefix()).ok()
+}
+
+/// The CIDRs of a deny file: one per line; blank lines and `#` comments are skipped.
+pub fn read_deny_file(path: &Path) -> Result<Vec<IpNetwork>, DenyFileError> {
+    let text = fs::read_to_string(path).map_err(|source| DenyFileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        out.push(parse_cidr(line).ok_or_else(|| DenyFileError::Line {
+            path: path.to_owned(),
+            line: i + 1,
+            text: line.to_owned(),
+        })?);
+    }
+    Ok(out)
+}
+
+/// A cheap change detector for the deny file: (modification time, length), `None` when absent.
+#[must_use]
+pub fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let meta = fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// Rule ids written with each CIDR (not interpreted by the program; shown by `bpftool`).
+pub const RULE_FLAG: u32 = 1;
+/// CIDRs from the deny file.
+pub const RULE_FILE: u32 = 2;
+
+/// The prefilter's drivers: deny maps and XDP attachments.
+pub struct PrefilterDriver {
+    xdp: Box<dyn XdpIo>,
+    interfaces: BTreeSet<String>,
+    dirty: BTreeSet<String>,
+    resync: bool,
+    backoff: Backoff<String>,
+    deny4: MapDriver<Prefix<[u8; 4]>, PrefilterEntry>,
+    deny6: MapDriver<Prefix<[u8; 16]>, PrefilterEntry>,
+    modes: BTreeMap<String, AttachMode>,
+    hold_deny: bool,
+}
+
+impl PrefilterDriver {
+    /// Drivers over the seam; the first apply reads everything back.
+    pub fn new(
+        xdp: Box<dyn XdpIo>,
+        deny4: Box<dyn MapIo<Prefix<[u8; 4]>, PrefilterEntry>>,
+        deny6: Box<dyn MapIo<Prefix<[u8; 16]>, PrefilterEntry>>,
+    ) -> Self {
+        Self {
+            xdp,
+            interfaces: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            resync: true,
+            backoff: Backoff::default(),
+            deny4: MapDriver::new(deny4),
+            deny6: MapDriver::new(deny6),
+            modes: BTreeMap::new(),
+            hold_deny: false,
+        }
+    }
+
+    /// The interfaces that should run the prefilter. No kernel I/O.
+    pub fn set_interfaces(&mut self, interfaces: impl IntoIterator<Item = String>) {
+        let new: BTreeSet<String> = interfaces.into_iter().collect();
+        self.dirty
+            .extend(new.symmetric_difference(&self.interfaces).cloned());
+        self.interfaces = new;
+    }
+
+    /// The deny CIDRs, each with its rule id. No kernel I/O; only changes become dirty.
+    pub fn set_deny(&mut self, cidrs: impl IntoIterator<Item = (IpNetwork, u32)>) {
+        let mut v4 = std::collections::HashMap::new();
+        let mut v6 = std::collections::HashMap::new();
+        for (net, rule_id) in cidrs {
+            let value = PrefilterEntry { rule_id };
+            let len = u32::from(net.prefix());
+            match net.network() {
+                IpAddr::V4(a) => {
+                    v4.entry(Prefix {
+                        len,
+                        data: a.octets(),
+                    })
+                    .or_insert(value);
+                }
+                IpAddr::V6(a) => {
+                    v6.entry(Prefix {
+                        len,
+                        data: a.octets(),
+                    })
+                    .or_insert(value);
+                }
+            }
+        }
+        self.deny4.replace_all(v4);
+        self.deny6.replace_all(v6);
+    }
+
+    /// Number of deny CIDRs desired.
+    pub fn deny_len(&self) -> usize {
+        self.deny4.len() + self.deny6.len()
+    }
+
+    /// While set, the deny maps are left as the kernel holds them (no deny set is known yet:
+    /// the deny file was refused at start).
+    pub fn hold_deny(&mut self, hold: bool) {
+        self.hold_deny = hold;
+    }
+
+    /// True when an apply has work to do.
+    pub fn is_dirty(&self) -> bool {
+        self.resync
+            || !self.dirty.is_empty()
+            || (!self.hold_deny && (self.deny4.is_dirty() || self.deny6.is_dirty()))
+    }
+
+    /// The next apply reads the maps and the link pins back in full.
+    pub fn request_resync(&mut self) {
+        self.resync = true;
+        self.deny4.request_resync();
+        self.deny6.request_resync();
+    }
+
+    /// How each named interface's prefilter was attached by the applies so far.
+    pub fn modes(&self) -> Vec<(String, AttachMode)> {
+        self.modes.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// Reconciles: the deny maps first (a new interface then filters from its first packet),
+    /// then attachments to the named interfaces, then removal of links on other interfaces.
+    pub fn apply(&mut self) -> Result<(), ApplyError> {
+        let now = Instant::now();
+        let mut left = Vec::new();
+        if !self.hold_deny {
+            left.push(self.deny4.apply_due(now, &|_, _| true));
+            left.push(self.deny6.apply_due(now, &|_, _| true));
+        }
+        left.push(self.apply_links(now));
+        ApplyError::from_pending(left)
+    }
+
+    fn apply_links(&mut self, now: Instant) -> Pending {
+        let mut pending = Pending {
+            driver: "prefilter attachments".to_owned(),
+            ..Pending::default()
+        };
+        let mut todo = std::mem::take(&mut self.dirty);
+        if self.resync {
+            match self.xdp.pinned() {
+                Ok(pinned) => {
+                    todo.extend(pinned);
+                    todo.extend(self.interfaces.iter().cloned());
+                    self.resync = false;
+                }
+                Err(e) => {
+                    pending.failed += 1;
+                    pending.error = Some(e);
+                    todo.extend(self.interfaces.iter().cloned());
+                }
+            }
+        }
+        for ifname in todo {
+            if !self.backoff.is_due(&ifname, now) {
+                pending.waiting += 1;
+                self.dirty.insert(ifname);
+                continue;
+            }
+            match self.reconcile(&ifname) {
+                Ok(()) => self.backoff.succeeded(&ifname),
+                Err(e) => {
+                    tracing::warn!(ifname, error = %e, "prefilter attachment failed; retrying with backoff");
+                    pending.failed += 1;
+                    pending.error.get_or_insert(e);
+                    self.backoff.failed(&ifname, now);
+                    self.dirty.insert(ifname);
+                }
+            }
+        }
+        pending.retry_at = self.backoff.next_due();
+        pending
+    }
+
+    fn reconcile(&mut self, ifname: &str) -> Result<(), KernelError> {
+        if !self.interfaces.contains(ifname) {
+            if self.xdp.pinned_program(ifname).is_some() || self.has_pin(ifname)? {
+                self.xdp.unpin(ifname)?;
+                tracing::info!(
+                    ifname,
+                    "detached xdp_prefilter from an interface no longer named"
+                );
+            }
+            self.modes.remove(ifname);
+            return Ok(());
+        }
+        let current = self.xdp.current();
+        if self.xdp.pinned_program(ifname) == Some(current) && self.xdp.pin_is_live(ifname) {
+            self.modes
+                .entry(ifname.to_owned())
+                .or_insert(AttachMode::Unchanged);
+            return Ok(());
+        }
+        if self.xdp.pinned_program(ifname).is_some() && !self.xdp.pin_is_live(ifname) {
+            // The interface was recreated under this name: the pin holds a defunct link.
+            self.xdp.unpin(ifname)?;
+        }
+        let mode = self.xdp.attach(ifname)?;
+        tracing::info!(ifname, ?mode, "attached xdp_prefilter");
+        self.modes.insert(ifname.to_owned(), mode);
+        Ok(())
+    }
+
+    fn has_pin(&self, ifname: &str) -> Result<bool, KernelError> {
+        Ok(self.xdp.pinned()?.iter().any(|p| p == ifname))
+    }
+}
+
+/// Errors starting the prefilter.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefilterError {
+    /// The program or a deny map could not be opened.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The first apply failed (e.g. an interface that does not exist).
+    #[error("cannot set up the XDP prefilter: {0}; check --prefilter-interfaces")]
+    Apply(#[from] ApplyError),
+}
+
+/// The prefilter as the agent runs it: the deny set from the flag and the file, the driver, and
+/// the file's last fingerprint.
+pub struct Prefilter {
+    driver: PrefilterDriver,
+    flag: Vec<IpNetwork>,
+    file: Option<PathBuf>,
+    seen: Option<(std::time::SystemTime, u64)>,
+}
+
+/// How often the deny file is looked at, and how often the kernel state is read back in full.
+const POLL: std::time::Duration = std::time::Duration::from_millis(200);
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Prefilter {
+    /// Opens the pinned program and maps, applies once (attachments reported per interface).
+    pub fn start(
+        paths: &Paths,
+        interfaces: &[String],
+        deny: &[String],
+        file: Option<PathBuf>,
+    ) -> Result<(Self, Vec<(String, AttachMode)>), PrefilterError> {
+        use super::kernel::PinnedLpm;
+        use maps_schema::maps::{PREFILTER4, PREFILTER6};
+        let driver = PrefilterDriver::new(
+            Box::new(PinnedXdp::open(paths)?),
+            Box::new(PinnedLpm::open(PREFILTER4, &paths.map_pin(PREFILTER4))?),
+            Box::new(PinnedLpm::open(PREFILTER6, &paths.map_pin(PREFILTER6))?),
+        );
+        Self::start_with(driver, interfaces, deny, file)
+    }
+
+    fn start_with(
+        mut driver: PrefilterDriver,
+        interfaces: &[String],
+        deny: &[String],
+        file: Option<PathBuf>,
+    ) -> Result<(Self, Vec<(String, AttachMode)>), PrefilterError> {
+        driver.set_interfaces(interfaces.iter().cloned());
+        let flag = deny.iter().filter_map(|c| parse_cidr(c)).collect();
+        let mut this = Self {
+            driver,
+            flag,
+            file,
+            seen: None,
+        };
+        match &this.file {
+            Some(path) => {
+                this.seen = fingerprint(path);
+                match read_deny_file(path) {
+                    Ok(set) => this.set(&set),
+                    Err(e) => {
+                        // The last good set is what the pinned maps hold: left as it is until
+                        // the file is fixed.
+                        tracing::error!(error = %e, "prefilter deny file refused; the deny maps keep what they hold until it is fixed");
+                        this.driver.hold_deny(true);
+                    }
+                }
+            }
+            None => this.set(&[]),
+        }
+        this.driver.apply()?;
+        let modes = this.driver.modes();
+        Ok((this, modes))
+    }
+
+    fn set(&mut self, from_file: &[IpNetwork]) {
+        let flag = self.flag.iter().map(|n| (*n, RULE_FLAG));
+        self.driver
+            .set_deny(flag.chain(from_file.iter().map(|n| (*n, RULE_FILE))));
+    }
+
+    /// Rereads the deny file if it changed; a bad file is logged and the last good set stays.
+    pub fn reload(&mut self) {
+        let Some(path) = self.file.clone() else {
+            return;
+        };
+        let now = fingerprint(&path);
+        if now == self.seen {
+            return;
+        }
+        self.seen = now;
+        match read_deny_file(&path) {
+            Ok(set) => {
+                self.driver.hold_deny(false);
+                self.set(&set);
+                tracing::info!(path = %path.display(), cidrs = self.driver.deny_len(), "prefilter deny file reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prefilter deny file refused; the last good deny set stays in force");
+            }
+        }
+    }
+
+    /// Runs on its own thread until `stop`: reload the file, apply when dirty (failures retry
+    /// with backoff), read everything back now and then.
+    pub fn spawn(
+        mut self,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("weir-prefilter".into())
+            .spawn(move || {
+                let mut resync_at = Instant::now() + RESYNC;
+                let mut retry_at: Option<Instant> = None;
+                let mut last_error = String::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(POLL);
+                    self.reload();
+                    let now = Instant::now();
+                    if now >= resync_at {
+                        self.driver.request_resync();
+                        resync_at = now + RESYNC;
+                    }
+                    if !self.driver.is_dirty() || retry_at.is_some_and(|t| now < t) {
+                        continue;
+                    }
+                    match self.driver.apply() {
+                        Ok(()) => {
+                            retry_at = None;
+                            last_error.clear();
+                        }
+                        Err(e) => {
+                            retry_at = e.retry_at();
+                            let text = e.to_string();
+                            if text != last_error {
+                                tracing::warn!(error = %text, "prefilter apply incomplete; retrying");
+                                last_error = text;
+                            }
+                        }
+                    }
+                }
+            })
+    }
+}
+
+/// The real [`XdpIo`]: `xdp_prefilter` from its pin, links pinned at `links/<ifname>:xdp_prefilter`.
+pub struct PinnedXdp {
+    paths: Paths,
+    program: Xdp,
+}
+
+impl PinnedXdp {
+    /// Opens the pinned `xdp_prefilter` program.
+    pub fn open(paths: &Paths) -> Result<Self, KernelError> {
+        let pin = paths.prog_pin(XDP_PREFILTER);
+        let program =
+            Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface).map_err(|e| {
+                KernelError::Attach {
+                    op: "open",
+                    what: pin.display().to_string(),
+                    source: Box::new(e),
+                }
+            })?;
+        Ok(Self {
+            paths: paths.clone(),
+            program,
+        })
+    }
+}
+
+impl XdpIo for PinnedXdp {
+    fn pinned(&self) -> Result<Vec<String>, KernelError> {
+        let dir = self.paths.links_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(KernelError::Io {
+                    op: "list",
+                    what: dir.display().to_string(),
+                    source,
+                });
+            }
+        };
+        Ok(entries
+            .filter_map(Result::ok)
+            .filter_map(|e| crate::paths::parse_link_pin(&e.file_name().to_string_lossy()))
+            .filter(|(_, program)| program == XDP_PREFILTER)
+            .map(|(ifname, _)| ifname)
+            .collect())
+    }
+
+    fn pinned_program(&self, ifname: &str) -> Option<u32> {
+        attach::pinned_link_program(&self.paths.link_pin(ifname, XDP_PREFILTER))
+    }
+
+    fn pin_is_live(&self, ifname: &str) -> bool {
+        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
+        match (
+            super::batch::xdp_link_ifindex(&pin),
+            nix::net::if_::if_nametoindex(ifname),
+        ) {
+            (Ok(on), Ok(now)) => on == now,
+            _ => false,
+        }
+    }
+
+    fn current(&self) -> u32 {
+        self.program.info().map(|i| i.id()).unwrap_or_default()
+    }
+
+    fn link_exists(&self, ifname: &str) -> bool {
+        nix::net::if_::if_nametoindex(ifname).is_ok()
+    }
+
+    fn attach(&mut self, ifname: &str) -> Result<AttachMode, KernelError> {
+        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
+        attach::attach_xdp(&mut self.program, XDP_PREFILTER, ifname, &pin).map_err(|e| {
+            KernelError::Attach {
+                op: "attach",
+                what: format!("{XDP_PREFILTER} to {ifname}"),
+                source: Box::new(e),
+            }
+        })
+    }
+
+    fn unpin(&mut self, ifname: &str) -> Result<(), KernelError> {
+        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
+        match fs::remove_file(&pin) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(KernelError::Io {
+                op: "unpin",
+                what: pin.display().to_string(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    fn driver(
+        k: &FakeKernel,
+    ) -> (
+        PrefilterDriver,
+        crate::dataplane::fake::FakeMap<Prefix<[u8; 4]>, PrefilterEntry>,
+    ) {
+        let deny4 = k.map("prefilter4_v1");
+        let d = PrefilterDriver::new(
+            Box::new(k.clone()),
+            Box::new(deny4.clone()),
+            Box::new(k.map::<Prefix<[u8; 16]>, PrefilterEntry>("prefilter6_v1")),
+        );
+        (d, deny4)
+    }
+
+    fn net(s: &str) -> IpNetwork {
+        parse_cidr(s).expect("cidr")
+    }
+
+    #[test]
+    fn deny_cidrs_are_read_back_written_and_swept() {
+        let k = FakeKernel::default();
+        let (mut d, deny4) = driver(&k);
+        let stale = Prefix {
+            len: 8,
+            data: [198, 0, 0, 0],
+        };
+        deny4.preload(&[(stale, PrefilterEntry { rule_id: 1 })]);
+        d.set_deny([
+            (net("10.246.0.7/24"), RULE_FILE),
+            (net("192.0.2.1"), RULE_FLAG),
+        ]);
+        d.apply().expect("apply");
+        assert_eq!(
+            deny4.contents(),
+            vec![
+                (
+                    Prefix {
+                        len: 24,
+                        data: [10, 246, 0, 0]
+                    },
+                    PrefilterEntry { rule_id: RULE_FILE }
+                ),
+                (
+                    Prefix {
+                        len: 32,
+                        data: [192, 0, 2, 1]
+                    },
+                    PrefilterEntry { rule_id: RULE_FLAG }
+                ),
+            ],
+            "normalised, written, and the stale CIDR swept"
+        );
+        let writes = deny4.mutations();
+        d.set_deny([
+            (net("10.246.0.0/24"), RULE_FILE),
+            (net("192.0.2.1/32"), RULE_FLAG),
+        ]);
+        assert!(!d.is_dirty(), "the same set is no change");
+        d.apply().expect("apply");
+        assert_eq!(deny4.mutations(), writes);
+    }
+
+    #[test]
+    fn links_on_interfaces_no_longer_named_are_removed_and_a_failing_one_does_not_block() {
+        let k = FakeKernel::default();
+        {
+            let mut x = k.xdp();
+            x.current = 5;
+            x.interfaces.extend(["eth1".to_owned(), "eth2".to_owned()]);
+            // A link of an earlier run on an interface the operator no longer names.
+            x.pins.insert("eth9".into(), 5);
+        }
+        let (mut d, _) = driver(&k);
+        d.set_interfaces(["eth1".to_owned(), "eth2".to_owned(), "eth3".to_owned()]);
+        let err = d.apply().expect_err("eth3 does not exist");
+        assert!(err.to_string().contains("eth3"), "{err}");
+        assert_eq!(
+            k.xdp().pins.keys().cloned().collect::<Vec<_>>(),
+            vec!["eth1".to_owned(), "eth2".to_owned()],
+            "the named interfaces run the prefilter; the orphan is detached"
+        );
+        assert_eq!(
+            d.modes(),
+            vec![
+                ("eth1".to_owned(), AttachMode::NewLink),
+                ("eth2".to_owned(), AttachMode::NewLink)
+            ]
+        );
+        // A restart naming only eth1: eth2's link goes, eth1's is unchanged.
+        let (mut again, _) = driver(&k);
+        again.set_interfaces(["eth1".to_owned()]);
+        again.apply().expect("apply");
+        assert_eq!(
+            k.xdp().pins.keys().cloned().collect::<Vec<_>>(),
+            vec!["eth1".to_owned()]
+        );
+        assert_eq!(
+            again.modes(),
+            vec![("eth1".to_owned(), AttachMode::Unchanged)]
+        );
+        // eth1 recreated under the same name: its pin holds a defunct link, replaced by a new one.
+        k.xdp().defunct.insert("eth1".into());
+        let (mut recreated, _) = driver(&k);
+        recreated.set_interfaces(["eth1".to_owned()]);
+        recreated.apply().expect("apply");
+        assert_eq!(
+            recreated.modes(),
+            vec![("eth1".to_owned(), AttachMode::NewLink)]
+        );
+        assert!(!k.xdp().defunct.contains("eth1"));
+        // A new program replaces through the pin.
+        k.xdp().current = 6;
+        let (mut upgraded, _) = driver(&k);
+        upgraded.set_interfaces(["eth1".to_owned()]);
+        upgraded.apply().expect("apply");
+        assert_eq!(upgraded.modes()[0].1, AttachMode::Replaced);
+        assert_eq!(k.xdp().pins["eth1"], 6);
+    }
+
+    #[test]
+    fn a_deny_file_refused_at_start_leaves_the_maps_as_they_are_until_it_is_fixed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("deny");
+        fs::write(&path, "bogus\n").expect("write");
+        let k = FakeKernel::default();
+        let (d, deny4) = driver(&k);
+        let last_good = Prefix {
+            len: 24,
+            data: [10, 246, 0, 0],
+        };
+        deny4.preload(&[(last_good, PrefilterEntry { rule_id: RULE_FILE })]);
+        let (mut p, _) = Prefilter::start_with(d, &[], &[], Some(path.clone())).expect("starts");
+        assert_eq!(deny4.contents().len(), 1, "the pinned set is kept");
+        assert_eq!(deny4.mutations(), 0);
+        fs::write(&path, "10.1.0.0/16\n").expect("write");
+        p.seen = None;
+        p.reload();
+        p.driver.apply().expect("apply");
+        assert_eq!(
+            deny4.contents(),
+            vec![(
+                Prefix {
+                    len: 16,
+                    data: [10, 1, 0, 0]
+                },
+                PrefilterEntry { rule_id: RULE_FILE }
+            )],
+            "a good file replaces it"
+        );
+    }
+
+    #[test]
+    fn a_bad_line_names_the_file_and_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("deny");
+        fs::write(&path, "# deny list\n10.0.0.0/8\n\n2001:db8::/32 # docs\n").expect("write");
+        let got = read_deny_file(&path).expect("valid file");
+        assert_eq!(got, vec![net("10.0.0.0/8"), net("2001:db8::/32")]);
+        fs::write(&path, "10.0.0.0/8\n10.0.0.300/8\n").expect("write");
+        let err = read_deny_file(&path).expect_err("bad line").to_string();
+        assert!(err.contains(&format!("{}:2:", path.display())), "{err}");
+    }
+}

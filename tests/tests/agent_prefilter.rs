@@ -1,0 +1,246 @@
+//! The agent's XDP prefilter for real: a deny CIDR added to `--prefilter-deny-file` drops real
+//! traffic on the named interface while another source passes (and traffic passed before the
+//! deny); a bad file keeps the last good set; a restart that no longer names the interface
+//! detaches its XDP link and removes its pin (checked with `ip`, `bpftool net` and `bpftool link`
+//! from outside), while the interface still named keeps its link; a named interface recreated
+//! while the agent was away gets the prefilter again at the next start.
+
+use std::{
+    net::{Ipv4Addr, UdpSocket},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use maps_schema::programs::XDP_PREFILTER;
+use tests::{
+    agent_proc::{AgentDirs, AgentProcess},
+    bpf::{PinRoot, bpftool},
+    netns::{NetNs, VethPair},
+    privileged::require_root,
+};
+
+const DENIED: Ipv4Addr = Ipv4Addr::new(10, 246, 0, 1);
+const ALLOWED: Ipv4Addr = Ipv4Addr::new(10, 247, 0, 1);
+const TARGET: Ipv4Addr = Ipv4Addr::new(10, 248, 0, 1);
+
+fn xdp_prog_id(ns: &NetNs, ifname: &str) -> Option<u64> {
+    let out = ns.exec(&["ip", "-j", "-d", "link", "show", "dev", ifname]);
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j prints JSON");
+    links[0]["xdp"]["prog"]["id"].as_u64()
+}
+
+/// The interfaces of `ns` with an XDP program, as `bpftool net` shows them.
+fn bpftool_net_xdp(ns: &NetNs) -> Vec<String> {
+    let out = ns.exec(&["bpftool", "-j", "net", "show"]);
+    let shown: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bpftool net prints JSON");
+    shown[0]["xdp"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|x| x["devname"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// XDP bpf links (`bpftool link`) running program `prog`.
+fn xdp_links_running(prog: u64) -> usize {
+    bpftool(&["link", "show"])
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|l| l["type"] == "xdp" && l["prog_id"].as_u64() == Some(prog))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Datagrams from `src` that reach the receiver within `wait`.
+fn received_from(sender: &NetNs, src: Ipv4Addr, rx: &UdpSocket, wait: Duration) -> usize {
+    let tx = sender.run(move || UdpSocket::bind((src, 0)).expect("bind sender"));
+    let port = rx.local_addr().expect("addr").port();
+    let deadline = Instant::now() + wait;
+    let (mut got, mut buf) = (0, [0u8; 16]);
+    while Instant::now() < deadline && got < 3 {
+        tx.send_to(b"weir", (TARGET, port)).expect("send");
+        if let Ok((_, from)) = rx.recv_from(&mut buf) {
+            got += usize::from(from.ip() == src);
+        }
+    }
+    got
+}
+
+/// Waits (bounded) until traffic from `src` no longer arrives.
+fn wait_dropped(sender: &NetNs, src: Ipv4Addr, rx: &UdpSocket) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if received_from(sender, src, rx, Duration::from_millis(500)) == 0 {
+            return true;
+        }
+    }
+    false
+}
+
+fn write(path: &Path, text: &str) {
+    // Through a rename, as editors and config managers write: the reader never sees half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write deny file");
+    std::fs::rename(&tmp, path).expect("rename deny file");
+}
+
+#[test]
+fn a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_its_link() {
+    if !require_root(
+        "a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_its_link",
+    ) {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let (node, sender) = (NetNs::new(), NetNs::new());
+    let told = VethPair::new(&node, "p", &sender, "q");
+    let kept = VethPair::new(&node, "k", &sender, "l");
+    for src in [DENIED, ALLOWED] {
+        sender.exec(&["ip", "addr", "add", &format!("{src}/32"), "dev", &told.b]);
+    }
+    sender.exec(&[
+        "ip",
+        "route",
+        "add",
+        &format!("{TARGET}/32"),
+        "dev",
+        &told.b,
+    ]);
+    node.exec(&["ip", "addr", "add", &format!("{TARGET}/32"), "dev", &told.a]);
+    node.exec(&["ip", "route", "add", "10.246.0.0/15", "dev", &told.a]);
+    let rx = node.run(|| UdpSocket::bind((TARGET, 0)).expect("bind receiver"));
+    rx.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+
+    let deny = dirs.path("prefilter-deny");
+    write(&deny, "# nothing denied yet\n");
+    let deny_flag = deny.display().to_string();
+    let interfaces = format!("{},{}", told.a, kept.a);
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &[
+            "--prefilter-interfaces",
+            &interfaces,
+            "--prefilter-deny-file",
+            &deny_flag,
+            "--prefilter-deny",
+            "192.0.2.0/24",
+        ],
+    );
+    let prog = xdp_prog_id(&node, &told.a).expect("xdp_prefilter on the named interface");
+    assert_eq!(xdp_prog_id(&node, &kept.a), Some(prog));
+    assert_eq!(
+        xdp_links_running(prog),
+        2,
+        "one pinned XDP link per named interface"
+    );
+
+    // Before the deny: both sources pass (the positive control for the drop below).
+    assert!(
+        received_from(&sender, DENIED, &rx, Duration::from_secs(10)) > 0,
+        "traffic from 10.246.0.1 passes before it is denied"
+    );
+    assert!(received_from(&sender, ALLOWED, &rx, Duration::from_secs(10)) > 0);
+
+    // The deny CIDR added to the file: its traffic drops; another source still passes.
+    write(&deny, "# test deny list\n10.246.0.0/24\n");
+    assert!(
+        wait_dropped(&sender, DENIED, &rx),
+        "traffic from the deny CIDR drops once the file names it"
+    );
+    assert_eq!(
+        received_from(&sender, DENIED, &rx, Duration::from_millis(1500)),
+        0,
+        "and keeps dropping"
+    );
+    assert!(
+        received_from(&sender, ALLOWED, &rx, Duration::from_secs(10)) > 0,
+        "traffic from outside the deny CIDR passes"
+    );
+
+    // A bad file (which would lift the deny if it were applied): the last good set stays.
+    write(&deny, "192.0.2.0/24\nnot-a-cidr\n");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        received_from(&sender, DENIED, &rx, Duration::from_millis(1500)),
+        0,
+        "a refused file keeps the last good deny set"
+    );
+    assert!(received_from(&sender, ALLOWED, &rx, Duration::from_secs(10)) > 0);
+
+    // Restart without the interface in the flag: its link goes, the other stays.
+    assert!(agent.terminate().success());
+    let kept_only = kept.a.clone();
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &[
+            "--prefilter-interfaces",
+            &kept_only,
+            "--prefilter-deny-file",
+            &deny_flag,
+        ],
+    );
+    assert_eq!(
+        xdp_prog_id(&node, &told.a),
+        None,
+        "the interface no longer named runs no XDP program"
+    );
+    let on = bpftool_net_xdp(&node);
+    assert!(
+        !on.contains(&told.a) && on.contains(&kept.a),
+        "bpftool net shows XDP only on {}: {on:?}",
+        kept.a
+    );
+    assert_eq!(
+        xdp_links_running(prog),
+        1,
+        "the unnamed interface's XDP link is gone; the named one's stays"
+    );
+    assert!(
+        !root
+            .paths()
+            .link_pin(&told.a, XDP_PREFILTER)
+            .symlink_metadata()
+            .is_ok(),
+        "its link pin is removed"
+    );
+    assert_eq!(agent.started["prefilter"][0][0], kept.a.as_str());
+    assert_eq!(agent.started["prefilter"][0][1], "unchanged");
+    // And its traffic is no longer filtered.
+    assert!(
+        received_from(&sender, DENIED, &rx, Duration::from_secs(10)) > 0,
+        "without the prefilter on it, the interface passes the once-denied source"
+    );
+    assert!(agent.terminate().success());
+
+    // The named interface deleted and recreated under the same name while the agent is away: its
+    // pin holds a defunct link, so the next start attaches anew instead of calling it unchanged.
+    let (kept_a, kept_b) = (kept.a.clone(), kept.b.clone());
+    drop(kept);
+    let recreated = VethPair::named(&node, &kept_a, &sender, &kept_b);
+    assert_eq!(xdp_prog_id(&node, &recreated.a), None, "a new interface");
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--prefilter-interfaces", &kept_only],
+    );
+    assert_eq!(
+        xdp_prog_id(&node, &recreated.a),
+        Some(prog),
+        "the recreated interface runs the prefilter again"
+    );
+    assert_eq!(agent.started["prefilter"][0][1], "new-link");
+    assert_eq!(xdp_links_running(prog), 1, "the defunct link is gone");
+    assert!(agent.terminate().success());
+}
