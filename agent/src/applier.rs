@@ -1,24 +1,46 @@
-//! The throttled apply loop: a thread that wakes on a change (or a retry timer), applies the
-//! drivers under the node lock, and publishes the generation it applied. Before the first
-//! in-sync it only attaches programs to new workload links. Failures keep the state dirty and
-//! retry with backoff; after too many in a row the agent turns not-ready and asks to exit.
+//! The one dataplane loop (Felix's `InternalDataplane`): one thread owns the [`Node`] — the
+//! calculation, the managers and the drivers. Sources (the API, the policy files, the link
+//! watcher; the registry is read when the node opens) send typed [`Command`]s over a channel. The
+//! loop takes everything queued as one batch, updates the node, applies when anything is dirty
+//! (throttled; a failure keeps the state dirty and retries with backoff), and publishes a
+//! [`Snapshot`] that every reader uses instead of the node. A write resolves once the generation
+//! carrying it is applied; it fails only when its own generation is not applied within its
+//! timeout. Before the first in-sync only new workload links get the deny-by-default programs.
+//! After [`MAX_FAILURES`] failed applies in a row the agent turns not-ready and asks to exit.
+//!
+//! The kernel I/O of an apply runs on this thread, never on the async runtime: while it runs,
+//! commands queue (they form the next batch) and readers keep reading the last snapshot.
 
 use std::{
-    sync::{Arc, Condvar, Mutex, PoisonError},
+    collections::BTreeMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::node::Node;
+use crate::{
+    api::types::EndpointView,
+    linkwatch::LinkEvent,
+    node::{Node, NodeError},
+    paths::Paths,
+    policy::{load::PolicyFileError, model::PolicySet},
+    registry::Endpoint,
+    snapshot::{self, Snapshot},
+    trace::{TraceRequest, TraceResult},
+};
 
-/// What the applier has achieved, published to waiters.
+#[cfg(test)]
+mod tests;
+
+/// What the loop has achieved, published in every snapshot.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct Applied {
     /// The newest generation fully applied (0: none yet).
     pub generation: u64,
-    /// True once an apply after the first in-sync succeeded and the last apply did not fail.
+    /// True once an apply after the first in-sync succeeded, the last apply did not fail and
+    /// every source is live.
     pub ready: bool,
     /// The last apply error, if the last apply failed.
     pub error: Option<String>,
@@ -26,137 +48,566 @@ pub struct Applied {
     pub failures: u32,
     /// Applies done.
     pub applies: u64,
-}
-
-/// Shared between the API, the link watcher and the applier thread.
-pub struct Shared {
-    /// The node's desired state.
-    pub node: Mutex<Node>,
-    wake: Condvar,
-    pending: Mutex<bool>,
-    applied: watch::Sender<Applied>,
+    /// A source that is down (the link watcher, while it is restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_error: Option<String>,
 }
 
 /// Consecutive failures after which the agent gives up (the DaemonSet restarts it).
 pub const MAX_FAILURES: u32 = 20;
 const MIN_INTERVAL: Duration = Duration::from_millis(2);
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The loop wakes at least this often, queued commands or not.
+const IDLE: Duration = Duration::from_millis(500);
+/// At most this many commands form one batch (the next batch follows at once).
+const MAX_BATCH: usize = 4096;
 
-impl Shared {
-    /// Wraps the node.
-    pub fn new(node: Node) -> Arc<Self> {
-        let (applied, _) = watch::channel(Applied::default());
-        Arc::new(Self {
-            node: Mutex::new(node),
-            wake: Condvar::new(),
-            pending: Mutex::new(false),
+/// Errors of the loop as its callers see them.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// The loop is gone (shutting down, or it failed).
+    #[error(
+        "the dataplane loop has stopped (the agent is shutting down or failed); retry once it is back"
+    )]
+    Stopped,
+    /// This write's generation was not applied in time.
+    #[error("the dataplane did not apply the change within {seconds} s: {reason}")]
+    NotApplied {
+        /// The caller's timeout.
+        seconds: u64,
+        /// The last apply error, or that the apply is still under way.
+        reason: String,
+    },
+    /// The loop thread could not be started.
+    #[error("cannot start the dataplane loop thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// A write that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The node refused it (bad input, or its state could not be persisted).
+    #[error(transparent)]
+    Refused(#[from] NodeError),
+    /// The loop did not take it or did not apply it.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+}
+
+/// A write's two answers: accepted or refused at once, then applied (or not, by its deadline).
+pub struct Done<T> {
+    accepted: oneshot::Sender<Result<T, NodeError>>,
+    applied: oneshot::Sender<Result<u64, LoopError>>,
+    timeout: Duration,
+}
+
+/// The accepted write, waiting for its generation.
+pub struct Pending<T> {
+    /// What the node answered (the stored endpoint, the removed one, …).
+    pub value: T,
+    applied: oneshot::Receiver<Result<u64, LoopError>>,
+}
+
+impl<T> Pending<T> {
+    /// Resolves with the applied generation once the write's generation is in the kernel.
+    pub async fn applied(self) -> Result<u64, LoopError> {
+        self.applied.await.unwrap_or(Err(LoopError::Stopped))
+    }
+}
+
+/// A typed delta or request for the loop.
+pub enum Command {
+    /// A link or node-address event from the link watcher.
+    Link(LinkEvent),
+    /// The link watcher stopped and is being restarted: not ready until it has synced again.
+    LinkWatcherDown(String),
+    /// The policy files were read and every document is valid.
+    Policies {
+        /// The policies and namespaces.
+        set: PolicySet,
+        /// Refusals (none).
+        errors: Vec<PolicyFileError>,
+    },
+    /// The policy files changed but a document is bad: the last good policies stay in force.
+    PoliciesRefused(Vec<PolicyFileError>),
+    /// Register (or replace) an endpoint.
+    UpsertEndpoint(Endpoint, Done<EndpointView>),
+    /// Remove an endpoint (by key); answers the removed one.
+    DeleteEndpoint(String, Done<Option<Endpoint>>),
+    /// `weir policy trace` on the desired state.
+    /// A trace on the desired state; with the pin root, also through the loaded programs.
+    Trace(
+        TraceRequest,
+        u8,
+        Option<Paths>,
+        oneshot::Sender<TraceResult>,
+    ),
+    /// End the loop.
+    Stop,
+}
+
+/// How the sources and readers reach the loop. Cheap to clone.
+#[derive(Clone)]
+pub struct LoopHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// Workload links as sent to the loop (ahead of the snapshot while an apply runs): a CNI
+    /// that just created its veth waits for it here, and its endpoint command follows the
+    /// link's in the channel.
+    links: Arc<watch::Sender<BTreeMap<String, u32>>>,
+}
+
+impl LoopHandle {
+    /// Sends a delta.
+    pub fn send(&self, command: Command) -> Result<(), LoopError> {
+        let link = match &command {
+            Command::Link(LinkEvent::Up {
+                ifname, ifindex, ..
+            }) => Some((ifname.clone(), Some(*ifindex))),
+            Command::Link(LinkEvent::Gone { ifname }) => Some((ifname.clone(), None)),
+            _ => None,
+        };
+        self.tx.send(command).map_err(|_| LoopError::Stopped)?;
+        if let Some((ifname, ifindex)) = link {
+            self.links.send_if_modified(|links| match ifindex {
+                Some(ifindex) => links.insert(ifname, ifindex) != Some(ifindex),
+                None => links.remove(&ifname).is_some(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The latest snapshot.
+    #[must_use]
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.snapshot.borrow())
+    }
+
+    /// Follows the snapshots.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshot.clone()
+    }
+
+    /// Registers an endpoint; the answer carries its view, and resolves once applied.
+    pub async fn upsert_endpoint(
+        &self,
+        endpoint: Endpoint,
+        timeout: Duration,
+    ) -> Result<Pending<EndpointView>, WriteError> {
+        self.write(timeout, |done| Command::UpsertEndpoint(endpoint, done))
+            .await
+    }
+
+    /// Removes an endpoint; the answer carries the removed one, and resolves once applied.
+    pub async fn delete_endpoint(
+        &self,
+        key: String,
+        timeout: Duration,
+    ) -> Result<Pending<Option<Endpoint>>, WriteError> {
+        self.write(timeout, |done| Command::DeleteEndpoint(key, done))
+            .await
+    }
+
+    async fn write<T>(
+        &self,
+        timeout: Duration,
+        command: impl FnOnce(Done<T>) -> Command,
+    ) -> Result<Pending<T>, WriteError> {
+        let (accepted, accepted_rx) = oneshot::channel();
+        let (applied, applied_rx) = oneshot::channel();
+        self.send(command(Done {
+            accepted,
             applied,
+            timeout,
+        }))?;
+        let value = accepted_rx.await.map_err(|_| LoopError::Stopped)??;
+        Ok(Pending {
+            value,
+            applied: applied_rx,
         })
     }
 
-    /// Locks the node (a poisoned lock is still usable: its state is always consistent between calls).
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, Node> {
-        self.node.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Traces a packet on the desired state and, given the agent's paths, through the loaded
+    /// programs with `BPF_PROG_TEST_RUN` beside it (`observe::ktrace`).
+    pub async fn trace(
+        &self,
+        request: TraceRequest,
+        protocol: u8,
+        kernel: Option<Paths>,
+    ) -> Result<TraceResult, LoopError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Trace(request, protocol, kernel, tx))?;
+        rx.await.map_err(|_| LoopError::Stopped)
     }
 
-    /// Asks the applier to run.
-    pub fn kick(&self) {
-        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.wake.notify_one();
+    /// Waits (bounded) until the link watcher has reported workload link `ifname` to the loop.
+    pub async fn wait_link(&self, ifname: &str, timeout: Duration) -> bool {
+        let mut rx = self.links.subscribe();
+        let seen = rx.wait_for(|links| links.contains_key(ifname));
+        matches!(tokio::time::timeout(timeout, seen).await, Ok(Ok(_)))
     }
 
-    /// Subscribes to applier progress.
-    pub fn subscribe(&self) -> watch::Receiver<Applied> {
-        self.applied.subscribe()
-    }
-
-    /// The applier's latest state.
-    pub fn applied(&self) -> Applied {
-        self.applied.borrow().clone()
-    }
-
-    /// Waits until `generation` is applied (true), or `timeout` passes / the applier is failing (false).
-    pub async fn wait_applied(&self, generation: u64, timeout: Duration) -> Result<(), String> {
-        self.kick();
-        let mut rx = self.subscribe();
-        let wait = rx.wait_for(|a| a.generation >= generation || a.failures > 0);
-        match tokio::time::timeout(timeout, wait).await {
-            Ok(Ok(a)) if a.generation >= generation => Ok(()),
-            Ok(Ok(a)) => Err(a
-                .error
-                .clone()
-                .unwrap_or_else(|| "the dataplane apply failed".into())),
-            Ok(Err(_)) => Err("the applier stopped".into()),
-            Err(_) => Err(format!(
-                "the dataplane did not apply the change within {} s",
-                timeout.as_secs()
-            )),
+    /// Asks the loop to end (it finishes the apply under way first).
+    pub fn stop(&self) {
+        // A loop that is already gone needs no stop.
+        if self.send(Command::Stop).is_err() {
+            tracing::debug!("the dataplane loop had already stopped");
         }
     }
+}
 
-    /// Runs the apply loop on the current thread until `stop` returns true.
-    pub fn run(&self, stop: &dyn Fn() -> bool) {
-        let mut backoff = Duration::ZERO;
-        let mut last = Instant::now() - MIN_INTERVAL;
-        while !stop() {
-            {
-                let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-                let wait = if backoff.is_zero() {
-                    Duration::from_millis(500)
-                } else {
-                    backoff
+/// Starts the loop on its own thread; it owns `node` from now on.
+pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), LoopError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let links = BTreeMap::new();
+    let (publish, snapshot) =
+        watch::channel(Arc::new(Snapshot::of(&node, &links, Applied::default())));
+    let dataplane_loop = DataplaneLoop {
+        node,
+        rx,
+        publish,
+        applied: Applied::default(),
+        links,
+        waiters: Vec::new(),
+        changed: Changed::default(),
+        link_watcher_down: false,
+        retry_at: None,
+        backoff: Duration::ZERO,
+        last_apply: Instant::now() - MIN_INTERVAL,
+    };
+    let thread = std::thread::Builder::new()
+        .name("weir-dataplane".into())
+        .spawn(move || dataplane_loop.run())
+        .map_err(LoopError::Spawn)?;
+    let links = Arc::new(watch::Sender::new(BTreeMap::new()));
+    Ok((
+        LoopHandle {
+            tx,
+            snapshot,
+            links,
+        },
+        thread,
+    ))
+}
+
+struct Waiter {
+    generation: u64,
+    deadline: Instant,
+    timeout: Duration,
+    tx: oneshot::Sender<Result<u64, LoopError>>,
+}
+
+/// What changed since the last snapshot (the parts of a snapshot that are rebuilt).
+#[derive(Default)]
+struct Changed {
+    any: bool,
+    endpoints: bool,
+    links: bool,
+    rules: bool,
+}
+
+struct DataplaneLoop {
+    node: Node,
+    rx: mpsc::UnboundedReceiver<Command>,
+    publish: watch::Sender<Arc<Snapshot>>,
+    applied: Applied,
+    /// Workload links the watcher reported (the API waits for a CNI's link to appear here).
+    links: BTreeMap<String, u32>,
+    waiters: Vec<Waiter>,
+    changed: Changed,
+    link_watcher_down: bool,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    last_apply: Instant,
+}
+
+impl DataplaneLoop {
+    fn run(mut self) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the dataplane loop's timer; the loop ends");
+                return;
+            }
+        };
+        let mut stop = false;
+        while !stop {
+            let wait = self.next_wake();
+            let rx = &mut self.rx;
+            let first = runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+            let mut batch = 0;
+            match first {
+                Ok(Some(command)) => {
+                    stop |= self.handle(command);
+                    batch += 1;
+                }
+                // Every sender is gone: nothing can reach the loop any more.
+                Ok(None) => stop = true,
+                Err(_) => {}
+            }
+            while !stop && batch < MAX_BATCH {
+                let Ok(command) = self.rx.try_recv() else {
+                    break;
                 };
-                let (mut pending, _) = self
-                    .wake
-                    .wait_timeout_while(pending, wait, |p| !*p)
-                    .unwrap_or_else(PoisonError::into_inner);
-                *pending = false;
+                stop |= self.handle(command);
+                batch += 1;
             }
-            let since = last.elapsed();
-            if since < MIN_INTERVAL {
-                std::thread::sleep(MIN_INTERVAL - since);
+            if stop {
+                break;
             }
-            last = Instant::now();
-            let mut node = self.lock();
-            let generation = node.generation();
-            let in_sync = node.in_sync();
-            let already = self.applied.borrow().clone();
-            if already.generation >= generation
-                && already.error.is_none()
-                && !node.dataplane.is_dirty()
-            {
-                continue;
+            self.apply_if_due();
+            // Readers first: a write that resolves finds its change in the snapshot.
+            self.publish();
+            self.resolve_waiters();
+            self.expire_waiters();
+        }
+        tracing::info!("dataplane loop stopped");
+    }
+
+    /// When the loop must look again even if no command arrives: a retry after backoff, a
+    /// waiter's deadline, or the idle tick.
+    fn next_wake(&self) -> Duration {
+        let now = Instant::now();
+        let mut at = now + IDLE;
+        if let Some(retry) = self.retry_at {
+            at = at.min(retry);
+        }
+        for w in &self.waiters {
+            at = at.min(w.deadline);
+        }
+        at.saturating_duration_since(now)
+    }
+
+    /// Takes one command into the node (no kernel I/O); true for `Stop`.
+    fn handle(&mut self, command: Command) -> bool {
+        self.changed.any = true;
+        match command {
+            Command::Link(event) => self.on_link(&event),
+            Command::LinkWatcherDown(error) => {
+                self.link_watcher_down = true;
+                self.applied.ready = false;
+                self.applied.source_error = Some(format!(
+                    "the link watcher stopped ({error}); it is being restarted"
+                ));
             }
-            let result = if in_sync {
-                node.dataplane.apply()
-            } else {
-                node.dataplane.apply_before_in_sync()
-            };
-            drop(node);
-            self.applied.send_modify(|a| {
-                a.applies += 1;
-                match &result {
-                    Ok(()) if in_sync => {
-                        a.generation = generation;
-                        a.ready = true;
-                        a.error = None;
-                        a.failures = 0;
-                    }
-                    Ok(()) => {}
-                    Err(e) => {
-                        a.failures += 1;
-                        a.error = Some(e.to_string());
-                        a.ready = false;
-                    }
+            Command::Policies { set, errors } => {
+                match self.node.set_policies(set, errors) {
+                    Ok(_) => tracing::info!(
+                        policies = self.node.summary().policies,
+                        "policy files reloaded"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
                 }
-            });
-            match result {
-                Ok(()) => backoff = Duration::ZERO,
-                Err(e) => {
-                    tracing::warn!(error = %e, "dataplane apply failed; retrying");
-                    backoff = (backoff * 2).clamp(Duration::from_millis(50), MAX_BACKOFF);
+                self.changed.endpoints = true;
+                self.changed.rules = true;
+            }
+            Command::PoliciesRefused(errors) => {
+                for e in &errors {
+                    tracing::warn!(error = %e, "policy document refused; the last good policies stay in force");
+                }
+                self.node.policy_refused(errors);
+            }
+            Command::UpsertEndpoint(endpoint, done) => {
+                let result = self
+                    .node
+                    .upsert_endpoint(endpoint)
+                    .map(|(stored, _, generation)| {
+                        (snapshot::view(&self.node, &stored), generation)
+                    });
+                self.changed.endpoints = true;
+                self.changed.rules = true;
+                self.accept(done, result);
+            }
+            Command::DeleteEndpoint(key, done) => {
+                let result = self.node.delete_endpoint(&key);
+                self.changed.endpoints = true;
+                self.changed.rules = true;
+                self.accept(done, result);
+            }
+            Command::Trace(request, protocol, kernel, reply) => {
+                let mut result = crate::trace::trace(&self.node, &request, protocol);
+                if let Some(paths) = &kernel {
+                    crate::observe::api::add_kernel_trace(
+                        paths,
+                        &self.node,
+                        &request,
+                        protocol,
+                        &mut result,
+                    );
+                }
+                // A caller that went away needs no answer.
+                let _unanswered = reply.send(result);
+            }
+            Command::Stop => return true,
+        }
+        false
+    }
+
+    fn on_link(&mut self, event: &LinkEvent) {
+        match event {
+            LinkEvent::Up {
+                ifname, ifindex, ..
+            } => {
+                if self.links.insert(ifname.clone(), *ifindex) != Some(*ifindex) {
+                    self.changed.links = true;
+                    self.changed.endpoints = true;
+                }
+            }
+            LinkEvent::Gone { ifname } => {
+                if self.links.remove(ifname).is_some() {
+                    self.changed.links = true;
+                    self.changed.endpoints = true;
+                }
+            }
+            LinkEvent::Address { .. } => {
+                self.changed.endpoints = true;
+                self.changed.rules = true;
+            }
+            LinkEvent::Synced => {
+                if std::mem::take(&mut self.link_watcher_down) {
+                    tracing::info!("the link watcher is back and synced");
+                }
+                self.applied.source_error = None;
+            }
+        }
+        self.node.on_link(event);
+    }
+
+    /// Answers a write at once; once accepted, it waits for its generation.
+    fn accept<T>(&mut self, done: Done<T>, result: Result<(T, u64), NodeError>) {
+        match result {
+            Ok((value, generation)) => {
+                if done.accepted.send(Ok(value)).is_ok() {
+                    self.waiters.push(Waiter {
+                        generation,
+                        deadline: Instant::now() + done.timeout,
+                        timeout: done.timeout,
+                        tx: done.applied,
+                    });
+                }
+            }
+            Err(e) => {
+                // The caller may have gone; the refusal is logged by nobody else.
+                if let Err(Err(e)) = done.accepted.send(Err(e)) {
+                    tracing::debug!(error = %e, "a refused write's caller went away");
                 }
             }
         }
+    }
+
+    fn needs_apply(&self) -> bool {
+        self.node.generation() > self.applied.generation
+            || self.applied.error.is_some()
+            || self.node.dataplane.is_dirty()
+    }
+
+    fn apply_if_due(&mut self) {
+        if !self.needs_apply() {
+            return;
+        }
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        let since = self.last_apply.elapsed();
+        if since < MIN_INTERVAL {
+            std::thread::sleep(MIN_INTERVAL - since);
+        }
+        let generation = self.node.generation();
+        let in_sync = self.node.in_sync();
+        let result = if in_sync {
+            self.node.dataplane.apply()
+        } else {
+            self.node.dataplane.apply_before_in_sync()
+        };
+        self.last_apply = Instant::now();
+        self.changed.any = true;
+        let a = &mut self.applied;
+        a.applies += 1;
+        match result {
+            Ok(()) => {
+                self.backoff = Duration::ZERO;
+                self.retry_at = None;
+                if in_sync {
+                    a.generation = generation;
+                    a.ready = !self.link_watcher_down;
+                    a.error = None;
+                    a.failures = 0;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, failures = a.failures + 1, "dataplane apply failed; retrying");
+                a.failures += 1;
+                a.error = Some(e.to_string());
+                a.ready = false;
+                self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+                self.retry_at = Some(self.last_apply + self.backoff);
+            }
+        }
+    }
+
+    fn resolve_waiters(&mut self) {
+        let applied = self.applied.generation;
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|w| w.generation <= applied);
+        self.waiters = waiting;
+        for w in done {
+            // A caller that went away needs no answer.
+            let _unanswered = w.tx.send(Ok(applied));
+        }
+    }
+
+    fn expire_waiters(&mut self) {
+        let now = Instant::now();
+        let reason = self
+            .applied
+            .error
+            .clone()
+            .unwrap_or_else(|| "the apply is still under way".to_owned());
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .filter(|w| !w.tx.is_closed())
+            .partition(|w| w.deadline <= now);
+        self.waiters = waiting;
+        for w in expired {
+            let _unanswered = w.tx.send(Err(LoopError::NotApplied {
+                seconds: w.timeout.as_secs(),
+                reason: reason.clone(),
+            }));
+        }
+    }
+
+    fn publish(&mut self) {
+        let changed = std::mem::take(&mut self.changed);
+        if !changed.any {
+            return;
+        }
+        let previous = Arc::clone(&self.publish.borrow());
+        let snapshot = Snapshot {
+            applied: self.applied.clone(),
+            summary: self.node.summary(),
+            endpoints: if changed.endpoints {
+                Arc::new(snapshot::endpoint_views(&self.node))
+            } else {
+                Arc::clone(&previous.endpoints)
+            },
+            links: if changed.links {
+                Arc::new(self.links.clone())
+            } else {
+                Arc::clone(&previous.links)
+            },
+            rules: if changed.rules {
+                Arc::new(snapshot::rules(&self.node))
+            } else {
+                Arc::clone(&previous.rules)
+            },
+            stats: self.node.dataplane.stats(),
+        };
+        self.publish.send_replace(Arc::new(snapshot));
     }
 }

@@ -1,6 +1,7 @@
-//! `weir agent`: load (reusing unchanged pinned programs), restore the registry, watch links,
-//! serve the API and metrics, run the apply loop; on SIGTERM exit leaving every pin and attachment
-//! in place so traffic keeps its verdicts while the agent is away.
+//! `weir agent`: load (reusing unchanged pinned programs), restore the registry, start the
+//! dataplane loop (which owns the node) and its sources (link watcher, policy files, the API),
+//! serve the API and metrics from the loop's snapshots; on SIGTERM exit leaving every pin and
+//! attachment in place so traffic keeps its verdicts while the agent is away.
 
 use std::{
     collections::BTreeSet,
@@ -12,12 +13,11 @@ use std::{
 };
 
 use serde::Serialize;
-use tokio::sync::mpsc;
 
 use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
-    applier::{MAX_FAILURES, Shared},
+    applier::{self, Command, LoopError, LoopHandle, MAX_FAILURES},
     attach::{AttachError, AttachMode},
     config::Config,
     dataplane::{
@@ -32,7 +32,7 @@ use crate::{
         tc_links::TcLinks,
     },
     ipam_service::{IpamService, IpamServiceError},
-    linkwatch::{self, LinkEvent},
+    link_source, linkwatch,
     loader::{self, LoadReport},
     metrics,
     migrate::{self, MigrateError, MigrationReport},
@@ -88,6 +88,9 @@ pub enum DaemonError {
         "the dataplane failed {0} times in a row; exiting so the agent is restarted (traffic stays fail-closed)"
     )]
     Failing(u32),
+    /// The dataplane loop could not be started.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
     /// The first apply did not complete.
     #[error("the first dataplane apply did not complete within {0} s: {1}")]
     NotReady(u64, String),
@@ -170,74 +173,26 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let node = Node::open(&paths, dataplane, policies, policy_errors)?;
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
-    let shared = Shared::new(node);
+    // The dataplane loop on its own thread: it owns the node from now on.
+    let (dataplane_loop, loop_thread) = applier::spawn(node)?;
 
-    // Apply loop on its own thread.
-    let stop = Arc::new(AtomicBool::new(false));
-    let applier = {
-        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
-        std::thread::Builder::new()
-            .name("weir-apply".into())
-            .spawn(move || shared.run(&|| stop.load(Ordering::Relaxed)))
-            .map_err(io_err("start the apply thread"))?
-    };
-
-    // Link watcher → node.
-    let (tx, mut rx) = mpsc::unbounded_channel::<LinkEvent>();
-    tokio::spawn(async move {
-        if let Err(e) = linkwatch::watch(tx).await {
-            tracing::error!(error = %e, "link watcher stopped");
-        }
-    });
-    {
-        let (shared, paths) = (Arc::clone(&shared), paths.clone());
-        tokio::spawn(async move {
-            while let Some(event) = rx.recv().await {
-                if let LinkEvent::Up { ifname, .. } = &event
-                    && let Err(e) = node_setup::workload_link_sysctls(&paths, ifname)
-                {
-                    tracing::warn!(error = %e, "workload link sysctl");
-                }
-                shared.lock().on_link(&event);
-                shared.kick();
+    // Link watcher → loop (restarted with backoff when it dies).
+    let sysctl_paths = paths.clone();
+    tokio::spawn(link_source::supervise(
+        dataplane_loop.clone(),
+        linkwatch::watch,
+        move |ifname| {
+            if let Err(e) = node_setup::workload_link_sysctls(&sysctl_paths, ifname) {
+                tracing::warn!(error = %e, "workload link sysctl");
             }
-        });
-    }
+        },
+    ));
 
-    // Policy files: hot reload (a cheap stat of the directory every 50 ms).
-    {
-        let shared = Arc::clone(&shared);
-        let dir = paths.policy_dir.clone();
-        tokio::spawn(async move {
-            let mut seen = policy::load::fingerprint(&dir);
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let now = policy::load::fingerprint(&dir);
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                let (set, errors) = policy::load::load_dir(&dir);
-                let mut node = shared.lock();
-                if errors.is_empty() {
-                    match node.set_policies(set, errors) {
-                        Ok(_) => tracing::info!(
-                            policies = node.summary().policies,
-                            "policy files reloaded"
-                        ),
-                        Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
-                    }
-                } else {
-                    for e in &errors {
-                        tracing::warn!(error = %e, "policy document refused; the last good policies stay in force");
-                    }
-                    node.policy_refused(errors);
-                }
-                drop(node);
-                shared.kick();
-            }
-        });
-    }
+    // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
+    tokio::spawn(policy_source(
+        dataplane_loop.clone(),
+        paths.policy_dir.clone(),
+    ));
 
     // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
     let ipam = IpamService::open(
@@ -266,24 +221,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     // Wait for the first in-sync apply, then serve.
     let ready_timeout = Duration::from_secs(60);
-    let generation = { shared.lock().generation() };
-    let mut watch = shared.subscribe();
+    let mut watch = dataplane_loop.subscribe();
     let first = tokio::time::timeout(
         ready_timeout,
-        watch.wait_for(|a| a.ready || a.failures >= MAX_FAILURES),
+        watch.wait_for(|s| s.applied.ready || s.applied.failures >= MAX_FAILURES),
     )
-    .await;
-    match first {
-        Ok(Ok(a)) if a.ready => {}
+    .await
+    .map(|r| r.map(|s| s.applied.clone()));
+    let generation = match first {
+        Ok(Ok(a)) if a.ready => a.generation,
         Ok(Ok(a)) => return Err(DaemonError::Failing(a.failures)),
         _ => {
-            let error = shared
-                .applied()
+            let applied = dataplane_loop.snapshot().applied.clone();
+            let error = applied
                 .error
+                .or(applied.source_error)
                 .unwrap_or_else(|| "links not synced".into());
             return Err(DaemonError::NotReady(ready_timeout.as_secs(), error));
         }
-    }
+    };
     tracing::info!(generation, "dataplane in sync");
     // Every link runs this object's programs now: merge the conntrack delta, drop old pins.
     if !pending.is_empty() {
@@ -310,6 +266,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Conntrack upkeep on its own thread.
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
+    let stop = Arc::new(AtomicBool::new(false));
     {
         // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
         let upkeep = conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats));
@@ -336,7 +293,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
     let api = Arc::new(Api {
-        shared: Arc::clone(&shared),
+        dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
         node: config.node.clone(),
         paths: paths.clone(),
@@ -350,12 +307,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
         .await
         .map_err(io_err(format!("listen on {}", config.metrics)))?;
-    let metrics_state = metrics::MetricsState {
-        shared: Arc::clone(&shared),
-        ct: Arc::clone(&ct_stats),
-        programs: program_report.clone(),
-        paths: paths.clone(),
-    };
+    let metrics_state = metrics::MetricsState::new(
+        dataplane_loop.subscribe(),
+        Arc::clone(&ct_stats),
+        program_report.clone(),
+        paths.clone(),
+    );
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 
     // Ready: tell the runtime how to use us.
@@ -406,22 +363,24 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => tracing::warn!(error = %e, "cannot serialise the start report"),
     }
 
-    let result = wait_for_shutdown(&shared, api_task, term, int).await;
+    let result = wait_for_shutdown(&dataplane_loop, api_task, term, int).await;
     stop.store(true, Ordering::Relaxed);
-    shared.kick();
-    let _ = applier.join();
+    dataplane_loop.stop();
+    if loop_thread.join().is_err() {
+        tracing::error!("the dataplane loop thread panicked");
+    }
     let _ = std::fs::remove_file(&paths.api_socket);
     tracing::info!("shutting down; programs, maps and attachments stay pinned");
     result
 }
 
 async fn wait_for_shutdown(
-    shared: &Shared,
+    dataplane_loop: &LoopHandle,
     api_task: tokio::task::JoinHandle<std::io::Result<()>>,
     mut term: tokio::signal::unix::Signal,
     mut int: tokio::signal::unix::Signal,
 ) -> Result<(), DaemonError> {
-    let mut watch = shared.subscribe();
+    let mut watch = dataplane_loop.subscribe();
     tokio::select! {
         _ = term.recv() => { tracing::info!("SIGTERM"); Ok(()) }
         _ = int.recv() => { tracing::info!("SIGINT"); Ok(()) }
@@ -429,8 +388,31 @@ async fn wait_for_shutdown(
             Ok(Err(e)) => Err(DaemonError::Io { what: "serve the API socket".into(), source: e }),
             _ => Err(DaemonError::Io { what: "serve the API socket".into(), source: std::io::Error::other("the server stopped") }),
         },
-        failing = watch.wait_for(|a| a.failures >= MAX_FAILURES) => {
-            Err(DaemonError::Failing(failing.map(|a| a.failures).unwrap_or(MAX_FAILURES)))
+        failing = watch.wait_for(|s| s.applied.failures >= MAX_FAILURES) => {
+            Err(DaemonError::Failing(failing.map(|s| s.applied.failures).unwrap_or(MAX_FAILURES)))
+        }
+    }
+}
+
+/// The policy directory as a source of the loop: re-read when its fingerprint changes (a cheap
+/// stat every 50 ms); a valid set replaces the policies, a bad document keeps the last good ones.
+async fn policy_source(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
+    let mut seen = policy::load::fingerprint(&dir);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = policy::load::fingerprint(&dir);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let (set, errors) = policy::load::load_dir(&dir);
+        let command = if errors.is_empty() {
+            Command::Policies { set, errors }
+        } else {
+            Command::PoliciesRefused(errors)
+        };
+        if dataplane_loop.send(command).is_err() {
+            return;
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Where things live: `paths` (every path and name), `config` (the validated configuration),
 //! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (the tc/XDP
-//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` main loop).
+//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` wiring), `applier` (the one
+//! dataplane loop that owns the node), `snapshot` (what it publishes for every reader).
 
 pub mod api;
 pub mod applier;
@@ -16,6 +17,7 @@ pub mod fsutil;
 pub mod identity;
 pub mod install_cni;
 pub mod ipam_service;
+pub mod link_source;
 pub mod linkwatch;
 pub mod loader;
 pub mod logging;
@@ -28,11 +30,17 @@ pub mod observe;
 pub mod paths;
 pub mod policy;
 pub mod programs;
+pub mod reference;
 pub mod registry;
+pub mod snapshot;
+pub mod synthetic;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
 pub mod uninstall;
+
+#[cfg(test)]
+mod inprocess;
 
 /// The eBPF object the agent loads (built by `build.rs` through the same builder as
 /// `cargo xtask build-ebpf`).

@@ -1,171 +1,330 @@
-//! Metrics and health on `--metrics` (127.0.0.1:9972): `/metrics` (Prometheus text, built at
-//! scrape time from the drivers' counters), `/healthz`, `/readyz`.
+//! Metrics and health on `--metrics` (127.0.0.1:9972): `/metrics` (Prometheus text), `/healthz`,
+//! `/readyz`. The registry is built once; its collectors read the snapshot the dataplane loop
+//! published last and the conntrack sweep's counters at scrape time.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
 use prometheus_client::{
-    encoding::text::encode,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, text::encode},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
+use tokio::sync::watch;
 
-use crate::applier::Shared;
+use crate::{dataplane::conntrack::CtStats, snapshot::Snapshot};
 
-type Labels = Vec<(String, String)>;
+type Label = [(&'static str, String); 1];
 
-fn render(
-    shared: &Shared,
-    ct: &crate::dataplane::conntrack::CtStats,
-    programs: &[(String, u32, bool)],
-    paths: &crate::paths::Paths,
-) -> String {
-    let mut registry = Registry::with_prefix("weir");
-    let writes = Family::<Labels, Counter>::default();
-    let deletes = Family::<Labels, Counter>::default();
-    let errors = Family::<Labels, Counter>::default();
-    let stats = shared.lock().dataplane.stats();
-    for (map, s) in &stats.maps {
-        let l = vec![("driver".to_owned(), map.clone())];
-        writes.get_or_create(&l).inc_by(s.writes);
-        deletes.get_or_create(&l).inc_by(s.deletes);
-        errors.get_or_create(&l).inc_by(s.errors);
+fn counter_family(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    values: &[(Label, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in values {
+        ConstCounter::new(*value).encode(metric.encode_family(labels)?)?;
     }
-    let a = stats.attachments;
-    let l = vec![("driver".to_owned(), "tc-attachments".to_owned())];
-    writes.get_or_create(&l).inc_by(a.attaches + a.updates);
-    deletes.get_or_create(&l).inc_by(a.unpins);
-    errors.get_or_create(&l).inc_by(a.errors);
-    registry.register(
-        "driver_writes",
-        "Kernel writes (map entries written, programs attached or replaced)",
-        writes,
-    );
-    registry.register(
-        "driver_deletes",
-        "Kernel deletes (map entries deleted, links unpinned)",
-        deletes,
-    );
-    registry.register("driver_errors", "Failed applies", errors);
-    let applied = shared.applied();
-    let ready = Gauge::<i64>::default();
-    ready.set(i64::from(applied.ready));
-    registry.register("ready", "1 when the dataplane is in sync", ready);
-    let applies = Counter::<u64>::default();
-    applies.inc_by(applied.applies);
-    registry.register("applies", "Apply loop runs", applies);
-    let ct_entries = Family::<Labels, Gauge<i64>>::default();
-    let ct_capacity = Family::<Labels, Gauge<i64>>::default();
-    let ct_expired = Family::<Labels, Counter>::default();
-    let ct_created = Family::<Labels, Counter>::default();
-    let ct_evicted = Family::<Labels, Counter>::default();
-    for (family, entries, max, expired, created, evicted) in [
-        (
-            "ipv4",
-            ct.entries4,
-            ct.max4,
-            ct.expired4,
-            ct.created4,
-            ct.evicted4,
-        ),
-        (
-            "ipv6",
-            ct.entries6,
-            ct.max6,
-            ct.expired6,
-            ct.created6,
-            ct.evicted6,
-        ),
-    ] {
-        let l = vec![("family".to_owned(), family.to_owned())];
-        ct_entries
-            .get_or_create(&l)
-            .set(i64::try_from(entries).unwrap_or(i64::MAX));
-        ct_capacity
-            .get_or_create(&l)
-            .set(i64::try_from(max).unwrap_or(i64::MAX));
-        ct_expired.get_or_create(&l).inc_by(expired);
-        ct_created.get_or_create(&l).inc_by(created);
-        ct_evicted.get_or_create(&l).inc_by(evicted);
-    }
-    registry.register(
-        "conntrack_entries",
-        "Conntrack entries at the last sweep (pressure: divide by capacity)",
-        ct_entries,
-    );
-    registry.register("conntrack_capacity", "Conntrack map capacity", ct_capacity);
-    registry.register(
-        "conntrack_expired",
-        "Expired conntrack entries removed by the sweep",
-        ct_expired,
-    );
-    registry.register(
-        "conntrack_created",
-        "Conntrack entries the programs created (since the map was created)",
-        ct_created,
-    );
-    registry.register(
-        "conntrack_evicted",
-        "Conntrack entries the kernel evicted because the LRU map was full (derived at each sweep; full-map insert failures are the ct-insert-failed drop reason)",
-        ct_evicted,
-    );
-    let loads = Family::<Labels, Counter>::default();
-    for (name, _, reused) in programs {
-        let l = vec![
-            ("program".to_owned(), name.clone()),
-            ("reused".to_owned(), reused.to_string()),
-        ];
-        loads.get_or_create(&l).inc();
-    }
-    registry.register(
-        "program_loads",
-        "Programs loaded at start (reused: the pinned program was kept)",
-        loads,
-    );
-    crate::observe::metrics::collect(&mut registry, shared, paths);
-    let mut out = String::new();
-    if encode(&mut out, &registry).is_err() {
-        out.clear();
-    }
-    out
+    Ok(())
 }
 
-async fn metrics(State(state): State<Arc<MetricsState>>) -> String {
-    let ct = *state
-        .ct
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    render(&state.shared, &ct, &state.programs, &state.paths)
+fn gauge_family(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    values: &[(Label, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in values {
+        ConstGauge::new(i64::try_from(*value).unwrap_or(i64::MAX))
+            .encode(metric.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// The drivers' counters and the loop's progress, from the latest snapshot.
+#[derive(Debug)]
+struct DataplaneCollector(watch::Receiver<Arc<Snapshot>>);
+
+impl Collector for DataplaneCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = Arc::clone(&self.0.borrow());
+        let driver = |name: &str| [("driver", name.to_owned())];
+        let stats = &snapshot.stats;
+        let a = stats.attachments;
+        let mut writes: Vec<_> = stats
+            .maps
+            .iter()
+            .map(|(m, s)| (driver(m), s.writes))
+            .collect();
+        let mut deletes: Vec<_> = stats
+            .maps
+            .iter()
+            .map(|(m, s)| (driver(m), s.deletes))
+            .collect();
+        let mut errors: Vec<_> = stats
+            .maps
+            .iter()
+            .map(|(m, s)| (driver(m), s.errors))
+            .collect();
+        writes.push((driver("tc-attachments"), a.attaches + a.updates));
+        deletes.push((driver("tc-attachments"), a.unpins));
+        errors.push((driver("tc-attachments"), a.errors));
+        counter_family(
+            &mut encoder,
+            "driver_writes",
+            "Kernel writes (map entries written, programs attached or replaced)",
+            &writes,
+        )?;
+        counter_family(
+            &mut encoder,
+            "driver_deletes",
+            "Kernel deletes (map entries deleted, links unpinned)",
+            &deletes,
+        )?;
+        counter_family(&mut encoder, "driver_errors", "Failed applies", &errors)?;
+        let applied = &snapshot.applied;
+        ConstGauge::new(i64::from(applied.ready)).encode(encoder.encode_descriptor(
+            "ready",
+            "1 when the dataplane is in sync",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        ConstCounter::new(applied.applies).encode(encoder.encode_descriptor(
+            "applies",
+            "Apply loop runs",
+            None,
+            MetricType::Counter,
+        )?)?;
+        ConstGauge::new(i64::try_from(applied.generation).unwrap_or(i64::MAX)).encode(
+            encoder.encode_descriptor(
+                "applied_generation",
+                "The newest desired-state generation in the kernel",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
+        ConstGauge::new(i64::try_from(snapshot.summary.endpoints).unwrap_or(i64::MAX)).encode(
+            encoder.encode_descriptor(
+                "endpoints",
+                "Registered endpoints",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
+        Ok(())
+    }
+}
+
+/// The conntrack sweep's counters.
+#[derive(Debug)]
+struct ConntrackCollector(Arc<Mutex<CtStats>>);
+
+impl Collector for ConntrackCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let ct = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let family = |f: &str| [("family", f.to_owned())];
+        let (v4, v6) = (family("ipv4"), family("ipv6"));
+        gauge_family(
+            &mut encoder,
+            "conntrack_entries",
+            "Conntrack entries at the last sweep (pressure: divide by capacity)",
+            &[(v4.clone(), ct.entries4), (v6.clone(), ct.entries6)],
+        )?;
+        gauge_family(
+            &mut encoder,
+            "conntrack_capacity",
+            "Conntrack map capacity",
+            &[(v4.clone(), ct.max4), (v6.clone(), ct.max6)],
+        )?;
+        counter_family(
+            &mut encoder,
+            "conntrack_expired",
+            "Expired conntrack entries removed by the sweep",
+            &[(v4.clone(), ct.expired4), (v6.clone(), ct.expired6)],
+        )?;
+        counter_family(
+            &mut encoder,
+            "conntrack_created",
+            "Conntrack entries the programs created (since the map was created)",
+            &[(v4.clone(), ct.created4), (v6.clone(), ct.created6)],
+        )?;
+        counter_family(
+            &mut encoder,
+            "conntrack_evicted",
+            "Conntrack entries the kernel evicted because the LRU map was full (derived at each sweep; full-map insert failures are the ct-insert-failed drop reason)",
+            &[(v4, ct.evicted4), (v6, ct.evicted6)],
+        )
+    }
+}
+
+/// The programs loaded at start (fixed for the process's life).
+#[derive(Debug)]
+struct ProgramsCollector(Vec<(String, u32, bool)>);
+
+impl Collector for ProgramsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut metric = encoder.encode_descriptor(
+            "program_loads",
+            "Programs loaded at start (reused: the pinned program was kept)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, _, reused) in &self.0 {
+            let labels = [("program", name.clone()), ("reused", reused.to_string())];
+            ConstCounter::new(1u64).encode(metric.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the metrics server reads.
+pub struct MetricsState {
+    registry: Registry,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+}
+
+impl MetricsState {
+    /// Builds the registry once: collectors over the loop's snapshots, the conntrack counters
+    /// and the programs loaded at start (name, id, reused).
+    #[must_use]
+    pub fn new(
+        snapshot: watch::Receiver<Arc<Snapshot>>,
+        ct: Arc<Mutex<CtStats>>,
+        programs: Vec<(String, u32, bool)>,
+        paths: crate::paths::Paths,
+    ) -> Self {
+        let mut registry = Registry::with_prefix("weir");
+        registry.register_collector(Box::new(DataplaneCollector(snapshot.clone())));
+        registry.register_collector(Box::new(crate::observe::metrics::DatapathCollector {
+            snapshot: snapshot.clone(),
+            paths,
+        }));
+        registry.register_collector(Box::new(ConntrackCollector(ct)));
+        registry.register_collector(Box::new(ProgramsCollector(programs)));
+        Self { registry, snapshot }
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+async fn metrics(State(state): State<Arc<MetricsState>>) -> (StatusCode, String) {
+    match state.render() {
+        Ok(text) => (StatusCode::OK, text),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the metrics");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot encode the metrics; see the agent's log\n".to_owned(),
+            )
+        }
+    }
 }
 
 async fn readyz(State(state): State<Arc<MetricsState>>) -> (StatusCode, &'static str) {
-    if state.shared.applied().ready {
+    if state.snapshot.borrow().applied.ready {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
 }
 
-/// What the metrics server reads.
-pub struct MetricsState {
-    /// Node state and applier.
-    pub shared: Arc<Shared>,
-    /// Conntrack sweep counters.
-    pub ct: Arc<std::sync::Mutex<crate::dataplane::conntrack::CtStats>>,
-    /// Programs loaded at start: (name, id, reused).
-    pub programs: Vec<(String, u32, bool)>,
-    /// Pins (the datapath counters are read from them at scrape time).
-    pub paths: crate::paths::Paths,
-}
-
 /// Serves until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<MetricsState>) {
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<MetricsState>) {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(shared);
+        .with_state(state);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "metrics server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        applier::{self, Command},
+        inprocess::harness::{self, FakeKernel},
+        linkwatch::LinkEvent,
+        synthetic::{self, Sizes},
+    };
+
+    async fn wait(rx: &mut watch::Receiver<Arc<Snapshot>>, ok: impl Fn(&Snapshot) -> bool) {
+        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| ok(s)))
+            .await
+            .expect("within 30 s")
+            .expect("the loop runs");
+    }
+
+    #[tokio::test]
+    async fn one_registry_renders_the_latest_snapshot_at_every_scrape() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let paths = harness::paths(dir.path());
+        let sizes = Sizes {
+            endpoints: 3,
+            namespaces: 1,
+            policies: 1,
+        };
+        synthetic::write(&paths, sizes).expect("sources");
+        let kernel = FakeKernel::new();
+        let (handle, thread) = applier::spawn(harness::open_node(&paths, &kernel)).expect("loop");
+        let ct = Arc::new(Mutex::new(CtStats::default()));
+        let state = MetricsState::new(
+            handle.subscribe(),
+            Arc::clone(&ct),
+            vec![("from_endpoint".into(), 7, true)],
+            paths.clone(),
+        );
+        let before = state.render().expect("render");
+        assert!(before.contains("weir_ready 0"), "{before}");
+        assert!(
+            before.contains(r#"weir_driver_writes_total{driver="policy_v1"} 0"#),
+            "{before}"
+        );
+
+        for i in 0..sizes.endpoints {
+            let ifname = synthetic::host_ifname(i);
+            kernel.links.add(&ifname, 10 + u32::try_from(i).expect("i"));
+            handle
+                .send(Command::Link(LinkEvent::Up {
+                    ifname,
+                    ifindex: 10 + u32::try_from(i).expect("i"),
+                    up: true,
+                }))
+                .expect("send");
+        }
+        handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+        let mut rx = handle.subscribe();
+        wait(&mut rx, |s| s.applied.ready).await;
+        ct.lock().expect("ct").entries4 = 42;
+        let after = state.render().expect("render");
+        let endpoints = kernel.endpoints.contents().len();
+        assert_eq!(endpoints, sizes.endpoints);
+        for line in [
+            "weir_ready 1".to_owned(),
+            format!(r#"weir_driver_writes_total{{driver="endpoints_v1"}} {endpoints}"#),
+            r#"weir_driver_writes_total{driver="tc-attachments"} 6"#.to_owned(),
+            r#"weir_conntrack_entries{family="ipv4"} 42"#.to_owned(),
+            r#"weir_program_loads_total{program="from_endpoint",reused="true"} 1"#.to_owned(),
+            "weir_endpoints 3".to_owned(),
+        ] {
+            assert!(
+                after.lines().any(|l| l == line),
+                "/metrics lacks {line}:\n{after}"
+            );
+        }
+        handle.stop();
+        thread.join().expect("join");
     }
 }

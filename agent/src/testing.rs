@@ -9,10 +9,7 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     thread::JoinHandle,
     time::Duration,
 };
@@ -21,7 +18,7 @@ use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
 
 use crate::{
     api::server::{self, Api},
-    applier::Shared,
+    applier::{self, Command, LoopError, LoopHandle},
     dataplane::{
         attachments::AttachDriver, endpoints::EndpointsManager, fake::FakeKernel,
         map_driver::MapDriver, plane::Dataplane,
@@ -62,8 +59,7 @@ pub struct TestAgent {
     kernel: FakeKernel,
     dir: tempfile::TempDir,
     socket: PathBuf,
-    shared: Arc<Shared>,
-    stop: Arc<AtomicBool>,
+    dataplane: LoopHandle,
     applier: Option<JoinHandle<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -97,15 +93,10 @@ impl TestAgent {
             Default::default(),
             Vec::new(),
         )?;
-        let shared = Shared::new(node);
-        let stop = Arc::new(AtomicBool::new(false));
-        let applier = {
-            let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
-            std::thread::Builder::new()
-                .name("weir-test-apply".into())
-                .spawn(move || shared.run(&|| stop.load(Ordering::Relaxed)))
-                .map_err(TestAgentError::Thread)?
-        };
+        let (dataplane, applier) = applier::spawn(node).map_err(|e| match e {
+            LoopError::Spawn(e) => TestAgentError::Thread(e),
+            other => TestAgentError::NotReady(other.to_string()),
+        })?;
         let pools: Vec<String> = POOLS.iter().map(|&p| p.to_owned()).collect();
         let ipam = IpamService::open(
             &format!("embedded:{}", paths.state_dir.join("ipam.redb").display()),
@@ -118,7 +109,7 @@ impl TestAgent {
         )
         .await?;
         let api = Arc::new(Api {
-            shared: Arc::clone(&shared),
+            dataplane: dataplane.clone(),
             ipam: Arc::new(ipam),
             node: NODE.to_owned(),
             paths: paths.clone(),
@@ -136,21 +127,29 @@ impl TestAgent {
             kernel,
             dir,
             socket,
-            shared,
-            stop,
+            dataplane,
             applier: Some(applier),
             server,
         };
         // The link dump over the fake kernel (no links yet): the first apply makes it ready.
-        let mut generation = 0;
         for event in agent.kernel.link_events() {
-            generation = agent.event(&event);
+            agent.event(event);
         }
-        agent
-            .shared
-            .wait_applied(generation, Duration::from_secs(20))
-            .await
-            .map_err(TestAgentError::NotReady)?;
+        let mut snapshots = agent.dataplane.subscribe();
+        match tokio::time::timeout(
+            Duration::from_secs(20),
+            snapshots.wait_for(|s| s.applied.ready),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            _ => {
+                let applied = agent.dataplane.snapshot().applied.clone();
+                return Err(TestAgentError::NotReady(format!(
+                    "not ready within 20 s: {applied:?}"
+                )));
+            }
+        }
         agent.wait_for_socket().await?;
         Ok(agent)
     }
@@ -171,17 +170,17 @@ impl TestAgent {
     /// are attached): the fake kernel has the link, and the link watcher reports it.
     pub fn link_created(&self, ifname: &str, ifindex: u32) {
         self.kernel.add_link(ifname, ifindex);
-        self.event(&LinkEvent::Up {
+        self.event(LinkEvent::Up {
             ifname: ifname.to_owned(),
             ifindex,
             up: false,
         });
     }
 
-    fn event(&self, event: &LinkEvent) -> u64 {
-        let generation = self.shared.lock().on_link(event);
-        self.shared.kick();
-        generation
+    fn event(&self, event: LinkEvent) {
+        if self.dataplane.send(Command::Link(event)).is_err() {
+            tracing::error!("the test agent's dataplane loop has stopped");
+        }
     }
 
     async fn wait_for_socket(&self) -> Result<(), TestAgentError> {
@@ -201,8 +200,7 @@ impl TestAgent {
 impl Drop for TestAgent {
     fn drop(&mut self) {
         self.server.abort();
-        self.stop.store(true, Ordering::Relaxed);
-        self.shared.kick();
+        self.dataplane.stop();
         if let Some(applier) = self.applier.take()
             && applier.join().is_err()
         {

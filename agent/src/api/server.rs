@@ -1,11 +1,9 @@
-//! The API server: axum over the agent's unix socket (mode 0600).
+//! The API server: axum over the agent's unix socket (mode 0600). Reads come from the snapshot
+//! the dataplane loop publishes; writes are commands to the loop that answer once the generation
+//! carrying them is applied. No handler takes a lock the loop holds across kernel I/O.
 
 use std::{
-    collections::BTreeSet,
-    os::unix::fs::PermissionsExt as _,
-    path::Path,
-    sync::Arc,
-    time::{Duration, Instant},
+    collections::BTreeSet, os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration,
 };
 
 use axum::{
@@ -26,7 +24,7 @@ use super::{
     },
 };
 use crate::{
-    applier::Shared,
+    applier::{LoopError, LoopHandle, WriteError},
     dataplane::conntrack::{self, CtStats, CtView},
     ipam_service::{AllocateRequest, IpamService, IpamServiceError},
     registry::{self, Endpoint},
@@ -41,8 +39,8 @@ const ALLOCATE_BUDGET: Duration = Duration::from_secs(30);
 
 /// What the handlers share.
 pub struct Api {
-    /// Node state and applier.
-    pub shared: Arc<Shared>,
+    /// The dataplane loop: its snapshot for reads, its commands for writes.
+    pub dataplane: LoopHandle,
     /// IPAM.
     pub ipam: Arc<IpamService>,
     /// Node name.
@@ -104,15 +102,28 @@ pub async fn serve(path: &Path, api: Arc<Api>) -> std::io::Result<()> {
     axum::serve(listener, router(api)).await
 }
 
+fn loop_error(e: LoopError) -> ApiError {
+    ApiError::unavailable(e.to_string())
+}
+
+fn write_error(e: WriteError) -> ApiError {
+    match e {
+        WriteError::Refused(e) => e.into(),
+        WriteError::Loop(e) => loop_error(e),
+    }
+}
+
 async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
-    let (summary, dataplane) = {
-        let node = api.shared.lock();
-        (
-            node.summary(),
-            serde_json::to_value(node.dataplane.stats()).unwrap_or_default(),
+    let snapshot = api.dataplane.snapshot();
+    let summary = snapshot.summary.clone();
+    let dataplane = serde_json::to_value(&snapshot.stats).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot serialise the driver counters: {e}"),
         )
-    };
-    let applied = api.shared.applied();
+    })?;
+    let applied = snapshot.applied.clone();
     // A datastore that cannot be read is the caller's error to see, not an empty pool list.
     let pools = api.ipam.pools().await?;
     Ok(Json(Status {
@@ -204,9 +215,11 @@ async fn policy_trace(
             req.protocol
         ))
     })?;
-    let node = api.shared.lock();
-    let mut result = crate::trace::trace(&node, &req, proto);
-    crate::observe::api::add_kernel_trace(&api.paths, &node, &req, proto, &mut result);
+    let result = api
+        .dataplane
+        .trace(req, proto, Some(api.paths.clone()))
+        .await
+        .map_err(loop_error)?;
     Ok(Json(result))
 }
 
@@ -231,30 +244,18 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     Ok(Json(serde_json::json!({"flushed": n})))
 }
 
-fn view(api: &Api, endpoint: &Endpoint) -> EndpointView {
-    let node = api.shared.lock();
-    EndpointView {
-        endpoint: endpoint.clone(),
-        identity: node.identity(endpoint),
-        ifindex: node
-            .dataplane
-            .endpoints_manager
-            .ifindex(&endpoint.host_ifname),
-    }
-}
-
 async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {
-    let endpoints: Vec<Endpoint> = api.shared.lock().endpoints().cloned().collect();
-    Ok(Json(endpoints.iter().map(|e| view(&api, e)).collect()))
+    let snapshot = api.dataplane.snapshot();
+    Ok(Json(snapshot.endpoints.values().cloned().collect()))
 }
 
 async fn get_endpoint(
     State(api): State<Arc<Api>>,
     UrlPath(key): UrlPath<String>,
 ) -> ApiResult<EndpointView> {
-    let endpoint = api.shared.lock().endpoint(&key).cloned();
-    match endpoint {
-        Some(e) => Ok(Json(view(&api, &e))),
+    let snapshot = api.dataplane.snapshot();
+    match snapshot.endpoint(&key) {
+        Some(view) => Ok(Json(view.clone())),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not-found",
@@ -288,22 +289,15 @@ async fn put_endpoint(
         )));
     }
     // The CNI created the host link just before: wait (bounded) until the link watcher saw it.
-    let deadline = Instant::now() + LINK_TIMEOUT;
-    while api
-        .shared
-        .lock()
+    if !api
         .dataplane
-        .endpoints_manager
-        .ifindex(&req.host_ifname)
-        .is_none()
+        .wait_link(&req.host_ifname, LINK_TIMEOUT)
+        .await
     {
-        if Instant::now() > deadline {
-            return Err(ApiError::invalid(format!(
-                "host interface {} does not exist on this node; create the veth before registering",
-                req.host_ifname
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        return Err(ApiError::invalid(format!(
+            "host interface {} does not exist on this node; create the veth before registering",
+            req.host_ifname
+        )));
     }
     let endpoint = Endpoint {
         id: 0,
@@ -322,13 +316,15 @@ async fn put_endpoint(
         handle: req.handle,
         ips: req.ips,
     };
-    let (stored, _identity, generation) = api.shared.lock().upsert_endpoint(endpoint)?;
-    api.ipam.confirm(&stored.handle).await?;
-    api.shared
-        .wait_applied(generation, APPLY_TIMEOUT)
+    let pending = api
+        .dataplane
+        .upsert_endpoint(endpoint, APPLY_TIMEOUT)
         .await
-        .map_err(ApiError::unavailable)?;
-    Ok(Json(view(&api, &stored)))
+        .map_err(write_error)?;
+    api.ipam.confirm(&pending.value.endpoint.handle).await?;
+    let view = pending.value.clone();
+    pending.applied().await.map_err(loop_error)?;
+    Ok(Json(view))
 }
 
 #[derive(Deserialize)]
@@ -342,11 +338,13 @@ async fn delete_endpoint(
     UrlPath(key): UrlPath<String>,
     Query(query): Query<DeleteQuery>,
 ) -> ApiResult<DeleteResponse> {
-    let (removed, generation) = api.shared.lock().delete_endpoint(&key)?;
-    api.shared
-        .wait_applied(generation, APPLY_TIMEOUT)
+    let pending = api
+        .dataplane
+        .delete_endpoint(key, APPLY_TIMEOUT)
         .await
-        .map_err(ApiError::unavailable)?;
+        .map_err(write_error)?;
+    let removed = pending.value.clone();
+    pending.applied().await.map_err(loop_error)?;
     let mut released = Vec::new();
     if query.release
         && let Some(endpoint) = &removed

@@ -26,7 +26,7 @@ mod groups;
 mod layered;
 mod peers;
 mod policies;
-mod rule_ids;
+pub(crate) mod rule_ids;
 mod slab;
 
 #[cfg(test)]

@@ -20,13 +20,13 @@ const SPACE: u32 = maps_schema::maps::RULE_HITS_MAX - 1;
 
 /// Live rule ids and where each came from.
 #[derive(Default)]
-pub(super) struct RuleIds {
+pub(crate) struct RuleIds {
     refs: HashMap<u32, RuleRef>,
 }
 
 impl RuleIds {
     /// An id for `rule` (which must not hold one already).
-    pub(super) fn allocate(&mut self, rule: RuleRef) -> u32 {
+    pub(crate) fn allocate(&mut self, rule: RuleRef) -> u32 {
         if self.refs.len() >= SPACE as usize {
             tracing::warn!(policy = %rule.policy, index = rule.index, "every rule id is taken; this rule shares id 0 (traces and hit counters cannot name it)");
             return 0;

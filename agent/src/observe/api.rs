@@ -14,11 +14,19 @@ use crate::{
 };
 
 /// `GET /v1/policy/rules`: every rule the agent compiled, with the packets and bytes it decided.
+/// The rule names come from the loop's published snapshot; the counters from the pinned map.
 pub async fn rules(State(api): State<Arc<Api>>) -> Result<Json<Vec<RuleHitsView>>, ApiError> {
-    let node = api.shared.lock();
-    rule_hits::read_raw(&api.paths, &rule_hits::rule_ids(&node))
-        .map(|raw| Json(rule_hits::views(&node, &raw)))
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+    let rules = Arc::clone(&api.dataplane.snapshot().rules);
+    let paths = api.paths.clone();
+    let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
+    tokio::task::spawn_blocking(move || {
+        rule_hits::read_raw(&paths, &rule_hits::rule_ids(&rules))
+            .map(|raw| rule_hits::views(&rules, &raw))
+    })
+    .await
+    .map_err(|e| internal(format!("the rule hits reader failed: {e}")))?
+    .map(Json)
+    .map_err(|e| internal(e.to_string()))
 }
 
 /// Runs the kernel trace beside the user-space one; a failure is reported in the answer.

@@ -11,10 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use prometheus_client::{
-    metrics::{counter::Counter, family::Family},
-    registry::Registry,
-};
+use prometheus_client::metrics::{counter::Counter, family::Family};
 
 use super::rule_hits::RuleHitsView;
 use crate::dataplane::counters::CounterView;
@@ -29,7 +26,11 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// Registers the verdict and rule counters read from the maps.
-pub fn register(registry: &mut Registry, counters: &[CounterView], rules: &[RuleHitsView]) {
+pub fn families(
+    counters: &[CounterView],
+    rules: &[RuleHitsView],
+) -> Vec<(&'static str, &'static str, Family<Labels, Counter>)> {
+    let mut out = Vec::new();
     let drops = Family::<Labels, Counter>::default();
     let drop_bytes = Family::<Labels, Counter>::default();
     let mut forwards: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -51,26 +52,26 @@ pub fn register(registry: &mut Registry, counters: &[CounterView], rules: &[Rule
         fwd.get_or_create(&l).inc_by(packets);
         fwd_bytes.get_or_create(&l).inc_by(bytes);
     }
-    registry.register(
+    out.push((
         "drop_count",
         "Packets the programs dropped, by drop reason and direction (weir bpf counters)",
         drops,
-    );
-    registry.register(
+    ));
+    out.push((
         "drop_bytes",
         "Bytes of the packets the programs dropped, by drop reason and direction",
         drop_bytes,
-    );
-    registry.register(
+    ));
+    out.push((
         "forward_count",
         "Packets the programs passed (every pass reason), by direction",
         fwd,
-    );
-    registry.register(
+    ));
+    out.push((
         "forward_bytes",
         "Bytes of the packets the programs passed, by direction",
         fwd_bytes,
-    );
+    ));
     let packets = Family::<Labels, Counter>::default();
     let bytes = Family::<Labels, Counter>::default();
     for r in rules {
@@ -87,37 +88,51 @@ pub fn register(registry: &mut Registry, counters: &[CounterView], rules: &[Rule
         packets.get_or_create(&l).inc_by(r.packets);
         bytes.get_or_create(&l).inc_by(r.bytes);
     }
-    registry.register(
-        "policy_rule_packets",
-        "Packets each policy rule decided (new flows on the isolated side and stateless packets; established packets conntrack passes are not counted)",
-        packets,
-    );
-    registry.register(
+    out.push(("policy_rule_packets", "Packets each policy rule decided (new flows on the isolated side and stateless packets; established packets conntrack passes are not counted)", packets));
+    out.push((
         "policy_rule_bytes",
         "Bytes of the packets each policy rule decided",
         bytes,
-    );
+    ));
+    out
 }
 
-/// Reads both maps and registers their metrics; a map that cannot be read (no programs loaded
-/// yet) is logged and left out of this scrape.
-pub fn collect(
-    registry: &mut Registry,
-    shared: &crate::applier::Shared,
-    paths: &crate::paths::Paths,
-) {
-    let counters = crate::dataplane::counters::read(paths).unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read the verdict counters for /metrics");
-        Vec::new()
-    });
-    let rules = {
-        let node = shared.lock();
-        super::rule_hits::read_raw(paths, &super::rule_hits::rule_ids(&node))
-            .map(|raw| super::rule_hits::views(&node, &raw))
+/// The datapath's counters at scrape time: verdicts from `counters_v1`, rule hits from
+/// `rule_hits_v1` named by the loop's latest snapshot. A map that cannot be read is logged and
+/// its metrics left out of that scrape.
+#[derive(Debug)]
+pub struct DatapathCollector {
+    /// The loop's snapshots (rule names).
+    pub snapshot: tokio::sync::watch::Receiver<std::sync::Arc<crate::snapshot::Snapshot>>,
+    /// Where the pinned maps are.
+    pub paths: crate::paths::Paths,
+}
+
+impl prometheus_client::collector::Collector for DatapathCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let counters = crate::dataplane::counters::read(&self.paths).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the verdict counters for /metrics");
+            Vec::new()
+        });
+        let rules = std::sync::Arc::clone(&self.snapshot.borrow().rules);
+        let hits = super::rule_hits::read_raw(&self.paths, &super::rule_hits::rule_ids(&rules))
+            .map(|raw| super::rule_hits::views(&rules, &raw))
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot read the rule hit counters for /metrics");
                 Vec::new()
-            })
-    };
-    register(registry, &counters, &rules);
+            });
+        for (name, help, family) in families(&counters, &hits) {
+            let metric = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            prometheus_client::encoding::EncodeMetric::encode(&family, metric)?;
+        }
+        Ok(())
+    }
 }

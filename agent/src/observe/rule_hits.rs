@@ -7,7 +7,9 @@ use aya::maps::{Map, MapData, PerCpuArray};
 use maps_schema::{CounterValue, maps::RULE_HITS_MAX};
 use serde::{Deserialize, Serialize};
 
-use crate::{dataplane::kernel::KernelError, node::Node, paths::Paths};
+use std::collections::BTreeMap;
+
+use crate::{dataplane::kernel::KernelError, paths::Paths, policy::compile::RuleRef};
 
 /// One rule's hits.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -26,9 +28,9 @@ pub struct RuleHitsView {
     pub bytes: u64,
 }
 
-/// The rule ids the node has handed out (ids are spread over `1..RULE_HITS_MAX`).
-pub fn rule_ids(node: &Node) -> Vec<u32> {
-    node.rules().into_iter().map(|(id, _)| id).collect()
+/// The rule ids in force (ids are spread over `1..RULE_HITS_MAX`).
+pub fn rule_ids(rules: &BTreeMap<u32, RuleRef>) -> Vec<u32> {
+    rules.keys().copied().collect()
 }
 
 /// Slot 0 (ids beyond the array, and rules that share id 0) and the slots of `ids`: packets and
@@ -62,10 +64,10 @@ pub fn read_raw(paths: &Paths, ids: &[u32]) -> Result<Vec<(u32, u64, u64)>, Kern
 }
 
 /// Every rule the node knows (with its hits, zero included) and every other slot with hits.
-pub fn views(node: &Node, raw: &[(u32, u64, u64)]) -> Vec<RuleHitsView> {
+pub fn views(rules: &BTreeMap<u32, RuleRef>, raw: &[(u32, u64, u64)]) -> Vec<RuleHitsView> {
     let mut out = Vec::new();
     for &(rule_id, packets, bytes) in raw {
-        match node.rule(rule_id) {
+        match rules.get(&rule_id) {
             Some(r) => out.push(RuleHitsView {
                 rule_id,
                 policy: r.policy.clone(),

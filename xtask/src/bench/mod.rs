@@ -8,6 +8,7 @@ mod cni;
 mod cri;
 mod datapath;
 mod ipam;
+mod policy;
 
 use std::path::Path;
 
@@ -23,6 +24,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("agent", agent::run),
     ("attach", attach::run),
     ("cri", cri::run),
+    ("policy", policy::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool, only: Option<&str>) -> Result<()> {

@@ -1,0 +1,253 @@
+//! Unit tests of the loop: batching, readiness, waiters that fail only on their own deadline,
+//! backoff after failures, the link watcher's restart.
+
+use std::time::Duration;
+
+use super::*;
+use crate::{
+    inprocess::harness::{self, FakeKernel},
+    synthetic::{self, Sizes},
+};
+
+const SMALL: Sizes = Sizes {
+    endpoints: 4,
+    namespaces: 2,
+    policies: 2,
+};
+
+fn setup() -> (tempfile::TempDir, crate::paths::Paths, FakeKernel) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let paths = harness::paths(dir.path());
+    synthetic::write(&paths, SMALL).expect("sources");
+    let kernel = FakeKernel::new();
+    for i in 0..SMALL.endpoints {
+        kernel.links.add(
+            &synthetic::host_ifname(i),
+            100 + u32::try_from(i).expect("i"),
+        );
+    }
+    (dir, paths, kernel)
+}
+
+fn links_of(kernel: &FakeKernel, handle: &LoopHandle) {
+    for (ifname, ifindex) in kernel.links.interfaces() {
+        handle
+            .send(Command::Link(LinkEvent::Up {
+                ifname,
+                ifindex,
+                up: true,
+            }))
+            .expect("send");
+    }
+}
+
+async fn wait(handle: &LoopHandle, what: &str, ok: impl Fn(&Snapshot) -> bool) -> Arc<Snapshot> {
+    let mut rx = handle.subscribe();
+    match tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| ok(s))).await {
+        Ok(Ok(s)) => Arc::clone(&s),
+        _ => panic!("{what}: not within 30 s: {:?}", handle.snapshot().applied),
+    }
+}
+
+fn endpoint(i: usize) -> Endpoint {
+    synthetic::endpoint(SMALL, i)
+}
+
+#[tokio::test]
+async fn nothing_but_attachments_before_in_sync_then_everything_and_ready() {
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    links_of(&kernel, &handle);
+    wait(&handle, "attached before in-sync", |_| {
+        kernel.links.attached_links().len() == SMALL.endpoints
+    })
+    .await;
+    assert_eq!(
+        kernel.map_writes(),
+        0,
+        "no map write before the first in-sync"
+    );
+    assert!(!handle.snapshot().applied.ready);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    let s = wait(&handle, "ready", |s| s.applied.ready).await;
+    assert_eq!(s.applied.generation, s.summary.generation);
+    assert!(kernel.state() == harness::expected(&paths, &kernel.links.interfaces()));
+    handle.stop();
+    thread.join().expect("join");
+}
+
+#[tokio::test]
+async fn a_write_resolves_once_applied_and_fails_only_on_its_own_deadline() {
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    links_of(&kernel, &handle);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    wait(&handle, "ready", |s| s.applied.ready).await;
+
+    // A failing write: the key stays dirty, the apply retries with backoff.
+    kernel.policy.fail_next_writes(1_000_000);
+    kernel.ident4.fail_next_writes(1_000_000);
+    let mut changed = endpoint(0);
+    changed.labels.insert("app".into(), "a9".into());
+    let short = handle
+        .upsert_endpoint(changed, Duration::from_millis(400))
+        .await
+        .expect("accepted");
+    let started = Instant::now();
+    let error = short.applied().await.expect_err("cannot be applied");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it waited for its own deadline, not the first failure: {:?}",
+        started.elapsed()
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("write on map"),
+        "names the last error: {message}"
+    );
+    let failing = handle.snapshot().applied.clone();
+    assert!(failing.failures >= 1 && !failing.ready, "{failing:?}");
+    assert!(
+        failing.failures < 10,
+        "backoff: not one retry per loop turn ({} failures)",
+        failing.failures
+    );
+
+    // Another write while a failure is pending: it is not failed for it, and resolves once
+    // the kernel recovers.
+    let waiting = handle
+        .upsert_endpoint(endpoint(1), Duration::from_secs(30))
+        .await
+        .expect("accepted");
+    kernel.policy.fail_next_writes(0);
+    kernel.ident4.fail_next_writes(0);
+    let generation = waiting.applied().await.expect("applied after recovery");
+    let s = handle.snapshot();
+    assert!(s.applied.ready && s.applied.generation >= generation);
+    assert!(kernel.state() == harness::expected(&paths, &kernel.links.interfaces()));
+    handle.stop();
+    thread.join().expect("join");
+}
+
+#[tokio::test]
+async fn a_refused_write_answers_at_once_and_commands_are_batched() {
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    links_of(&kernel, &handle);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    wait(&handle, "ready", |s| s.applied.ready).await;
+    let applies = handle.snapshot().applied.applies;
+
+    let mut bad = endpoint(0);
+    bad.ips.clear();
+    bad.container_id.clear();
+    assert!(matches!(
+        handle.upsert_endpoint(bad, Duration::from_secs(5)).await,
+        Err(WriteError::Refused(_))
+    ));
+    // Many deltas queued at once are taken as one batch: far fewer applies than deltas.
+    for round in 0..200 {
+        for (ifname, ifindex) in kernel.links.interfaces() {
+            handle
+                .send(Command::Link(LinkEvent::Up {
+                    ifname,
+                    ifindex,
+                    up: round % 2 == 0,
+                }))
+                .expect("send");
+        }
+    }
+    let last = handle
+        .delete_endpoint("c3:eth0".into(), Duration::from_secs(30))
+        .await
+        .expect("accepted");
+    assert!(last.value.is_some(), "c3 existed");
+    last.applied().await.expect("applied");
+    let s = handle.snapshot();
+    assert!(
+        s.applied.applies - applies < 100,
+        "800 link deltas and a delete took {} applies",
+        s.applied.applies - applies
+    );
+    assert!(s.endpoint("c3:eth0").is_none());
+    assert_eq!(s.summary.endpoints, SMALL.endpoints - 1);
+    handle.stop();
+    thread.join().expect("join");
+}
+
+#[tokio::test]
+async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    let runs = Arc::new(AtomicU32::new(0));
+    let (die_tx, die_rx) = tokio::sync::watch::channel(false);
+    // The first run dumps every link, then dies when told; the next run no longer sees c0's link.
+    let watcher = {
+        let (links, runs) = (kernel.links.clone(), Arc::clone(&runs));
+        move |tx: mpsc::UnboundedSender<LinkEvent>| {
+            let run = runs.fetch_add(1, Ordering::SeqCst);
+            let mut dump = links.interfaces();
+            if run > 0 {
+                dump.remove(&synthetic::host_ifname(0));
+            }
+            let mut die = die_rx.clone();
+            async move {
+                for (ifname, ifindex) in dump {
+                    let _closed = tx.send(LinkEvent::Up {
+                        ifname,
+                        ifindex,
+                        up: true,
+                    });
+                }
+                let _closed = tx.send(LinkEvent::Synced);
+                if run == 0 {
+                    let _gone = die.wait_for(|d| *d).await;
+                    return Err(crate::linkwatch::LinkWatchError::Socket(
+                        std::io::Error::other("netlink socket closed"),
+                    ));
+                }
+                std::future::pending().await
+            }
+        }
+    };
+    let task = tokio::spawn(crate::link_source::supervise(
+        handle.clone(),
+        watcher,
+        |_| {},
+    ));
+    wait(&handle, "ready", |s| s.applied.ready).await;
+    let before = kernel.state();
+    assert_eq!(before.endpoints.len(), SMALL.endpoints);
+
+    die_tx.send(true).expect("die");
+    let s = wait(&handle, "not ready", |s| !s.applied.ready).await;
+    assert!(
+        s.applied
+            .source_error
+            .as_deref()
+            .is_some_and(|e| e.contains("netlink socket closed")),
+        "{:?}",
+        s.applied
+    );
+    let s = wait(&handle, "ready again", |s| {
+        s.applied.ready && runs.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(s.applied.source_error.is_none());
+    assert_eq!(
+        s.links.len(),
+        SMALL.endpoints - 1,
+        "the vanished link is gone"
+    );
+    let after = kernel.state();
+    assert_eq!(
+        after.endpoints.len(),
+        SMALL.endpoints - 1,
+        "its endpoint entry is removed"
+    );
+    task.abort();
+    handle.stop();
+    thread.join().expect("join");
+}

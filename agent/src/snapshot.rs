@@ -1,0 +1,81 @@
+//! What the dataplane loop publishes after every batch (a `watch` of an `Arc<Snapshot>`): every
+//! read of the API and of the metrics comes from here, never from the node itself, so no reader
+//! waits for the loop (or for the kernel I/O of an apply).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::{
+    api::types::EndpointView,
+    applier::Applied,
+    dataplane::plane::DataplaneStats,
+    node::{Node, NodeSummary},
+    policy::compile::RuleRef,
+};
+
+/// The node as the loop last published it.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Apply progress and readiness.
+    pub applied: Applied,
+    /// The node's summary (endpoints, links, in-sync, generation, policies, refusals).
+    pub summary: NodeSummary,
+    /// Every endpoint with its identity and ifindex, by key (`container:ifname`). Shared with the
+    /// previous snapshot when no endpoint changed.
+    pub endpoints: Arc<BTreeMap<String, EndpointView>>,
+    /// Workload links the link watcher reported (host ifname → ifindex).
+    pub links: Arc<BTreeMap<String, u32>>,
+    /// Rule id → where the rule came from (`weir policy trace` and the rule hit counters name
+    /// them; ids are hashed, not dense: `calc::rule_ids`).
+    pub rules: Arc<BTreeMap<u32, RuleRef>>,
+    /// Driver counters.
+    pub stats: DataplaneStats,
+}
+
+impl Snapshot {
+    /// The snapshot of a node before the loop ran.
+    #[must_use]
+    pub fn of(node: &Node, links: &BTreeMap<String, u32>, applied: Applied) -> Self {
+        Self {
+            applied,
+            summary: node.summary(),
+            endpoints: Arc::new(endpoint_views(node)),
+            links: Arc::new(links.clone()),
+            rules: Arc::new(rules(node)),
+            stats: node.dataplane.stats(),
+        }
+    }
+
+    /// One endpoint.
+    #[must_use]
+    pub fn endpoint(&self, key: &str) -> Option<&EndpointView> {
+        self.endpoints.get(key)
+    }
+}
+
+/// Every endpoint as the API shows it.
+#[must_use]
+pub fn endpoint_views(node: &Node) -> BTreeMap<String, EndpointView> {
+    node.endpoints().map(|e| (e.key(), view(node, e))).collect()
+}
+
+/// One endpoint as the API shows it.
+#[must_use]
+pub fn view(node: &Node, endpoint: &crate::registry::Endpoint) -> EndpointView {
+    EndpointView {
+        endpoint: endpoint.clone(),
+        identity: node.identity(endpoint),
+        ifindex: node
+            .dataplane
+            .endpoints_manager
+            .ifindex(&endpoint.host_ifname),
+    }
+}
+
+/// The rules in force by id.
+#[must_use]
+pub fn rules(node: &Node) -> BTreeMap<u32, RuleRef> {
+    node.rules()
+        .into_iter()
+        .map(|(id, rule)| (id, rule.clone()))
+        .collect()
+}

@@ -1,0 +1,567 @@
+//! `cargo xtask bench policy`: the calculation and the dataplane loop on the real kernel maps,
+//! in process (issue 10's benchmark). The maps are the agent's own, created and pinned by its
+//! loader under a `wt*` pin root of the benchmark's (removed at the end); there are no veths (the
+//! attachment driver sees every link in place), so what is measured is sources → calculation →
+//! map drivers → kernel maps.
+//! - full compute: 1,000 endpoints in 50 namespaces and 500 NetworkPolicies (selectors over pod
+//!   and namespace labels, ports and ranges, CIDRs with exceptions), from the registry and policy
+//!   files on disk to every entry in the kernel maps, from empty maps;
+//! - one pod's label change (the API's endpoint command) until its generation is in the kernel:
+//!   latency, and the writes it caused against those a fresh full compile before and after calls
+//!   for;
+//! - one policy edit (the policy source's command) likewise;
+//! - `GET /v1/status` over the real unix socket while the loop converges 10,000 endpoints.
+//!
+//! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, few rounds.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use agent::{
+    api::{
+        client::{Client, Method},
+        server::{self, Api},
+        types::Status,
+    },
+    applier::{self, Command, LoopHandle},
+    dataplane::{
+        attachments::{AttachDriver, Attacher, Hook},
+        endpoints::EndpointsManager,
+        kernel::{KernelError, PinnedHash, PinnedLpm},
+        map_driver::MapDriver,
+        plane::Dataplane,
+    },
+    ipam_service::IpamService,
+    linkwatch::LinkEvent,
+    node::Node,
+    paths::Paths,
+    programs::Programs,
+    reference,
+    synthetic::{self, Sizes},
+};
+use anyhow::{Context as _, Result};
+use serde_json::json;
+use tests::{agent_proc::AgentDirs, bpf::PinRoot};
+
+/// Every workload link already runs the programs (the benchmark has no veths).
+struct LinksInPlace;
+
+impl Attacher for LinksInPlace {
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
+        Ok(Vec::new())
+    }
+    fn has_pin(&self, _: &str, _: &str) -> bool {
+        false
+    }
+    fn hook(
+        &mut self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: aya::programs::TcAttachType,
+    ) -> Result<Hook, KernelError> {
+        Ok(Hook {
+            ours: Some(1),
+            leftovers: false,
+        })
+    }
+    fn current(&self, _: &str) -> u32 {
+        1
+    }
+    fn link_exists(&self, _: &str, _: u32) -> bool {
+        true
+    }
+    fn attach(
+        &mut self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: aya::programs::TcAttachType,
+    ) -> Result<(), KernelError> {
+        Ok(())
+    }
+    fn update(
+        &mut self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: aya::programs::TcAttachType,
+    ) -> Result<(), KernelError> {
+        Ok(())
+    }
+    fn sweep(
+        &mut self,
+        _: &str,
+        _: u32,
+        _: &str,
+        _: aya::programs::TcAttachType,
+    ) -> Result<u64, KernelError> {
+        Ok(0)
+    }
+    fn unpin(&mut self, _: &str, _: &str) -> Result<(), KernelError> {
+        Ok(())
+    }
+}
+
+/// The agent's maps, created and pinned by its loader under `paths.bpf_root`.
+fn dataplane(paths: &Paths) -> Result<Dataplane> {
+    use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
+    drop(Programs::load(paths, agent::EBPF_OBJECT, &[])?);
+    let pin = |n: &str| paths.map_pin(n);
+    Ok(Dataplane {
+        attachments: AttachDriver::new(Box::new(LinksInPlace)),
+        endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
+        endpoints_manager: EndpointsManager::new(),
+        ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),
+        ident6: MapDriver::new(Box::new(PinnedHash::open(IDENT6, &pin(IDENT6))?)),
+        ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &pin(IPCACHE4))?)),
+        ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &pin(IPCACHE6))?)),
+        policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &pin(POLICY))?)),
+    })
+}
+
+fn links(sizes: Sizes) -> BTreeMap<String, u32> {
+    (0..sizes.endpoints)
+        .map(|i| {
+            (
+                synthetic::host_ifname(i),
+                1_000_000 + u32::try_from(i).unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Kernel writes and deletes of every map driver so far.
+fn writes(handle: &LoopHandle) -> u64 {
+    handle
+        .snapshot()
+        .stats
+        .maps
+        .iter()
+        .map(|(_, s)| s.writes + s.deletes)
+        .sum()
+}
+
+async fn wait(
+    handle: &LoopHandle,
+    what: &str,
+    ok: impl Fn(&agent::snapshot::Snapshot) -> bool,
+) -> Result<()> {
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(Duration::from_secs(300), rx.wait_for(|s| ok(s)))
+        .await
+        .with_context(|| {
+            format!(
+                "{what}: not within 300 s; the loop reports {:?}",
+                handle.snapshot().applied
+            )
+        })?
+        .with_context(|| format!("{what}: the loop stopped"))?;
+    Ok(())
+}
+
+/// Opens the node over fresh maps and starts the loop; returns the program load time too.
+fn open(paths: &Paths) -> Result<(LoopHandle, std::thread::JoinHandle<()>, f64)> {
+    let t = Instant::now();
+    let dataplane = dataplane(paths)?;
+    let load = t.elapsed().as_secs_f64();
+    let (set, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+    anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
+    let node = Node::open(paths, dataplane, set, Vec::new())?;
+    let (handle, thread) = applier::spawn(node)?;
+    Ok((handle, thread, load))
+}
+
+/// Sends every link and `Synced`, as the link watcher's first dump does.
+fn feed_links(handle: &LoopHandle, links: &BTreeMap<String, u32>) -> Result<()> {
+    for (ifname, ifindex) in links {
+        handle.send(Command::Link(LinkEvent::Up {
+            ifname: ifname.clone(),
+            ifindex: *ifindex,
+            up: true,
+        }))?;
+    }
+    handle.send(Command::Link(LinkEvent::Synced))?;
+    Ok(())
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[at.min(v.len() - 1)]
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+struct Changes {
+    label_ms: Vec<f64>,
+    label_writes: u64,
+    label_expected: usize,
+    policy_ms: Vec<f64>,
+    policy_writes: u64,
+    policy_expected: usize,
+    parse_ms: Vec<f64>,
+}
+
+/// Edits `pol3`'s first port between 83 and 93 (`round` even: to 93).
+fn edit_policy(paths: &Paths, round: usize) -> Result<()> {
+    let file = paths.policy_dir.join("synthetic.yaml");
+    let text = std::fs::read_to_string(&file)?;
+    let (from, to) = if round.is_multiple_of(2) {
+        ("port: 83}", "port: 93}")
+    } else {
+        ("port: 93}", "port: 83}")
+    };
+    let at = text.find("name: pol3, namespace").context("pol3")?;
+    let offset = text[at..].find(from).context("pol3's port")? + at;
+    std::fs::write(
+        &file,
+        format!("{}{to}{}", &text[..offset], &text[offset + from.len()..]),
+    )?;
+    Ok(())
+}
+
+async fn changes(
+    paths: &Paths,
+    handle: &LoopHandle,
+    links: &BTreeMap<String, u32>,
+    rounds: usize,
+) -> Result<Changes> {
+    let mut out = Changes {
+        label_ms: Vec::new(),
+        label_writes: 0,
+        label_expected: 0,
+        policy_ms: Vec::new(),
+        policy_writes: 0,
+        policy_expected: 0,
+        parse_ms: Vec::new(),
+    };
+    for round in 0..rounds {
+        // The first two rounds (one each way) are checked against the reference compile.
+        let check = round < 2;
+        let before = if check {
+            Some(reference::compile(paths, links)?)
+        } else {
+            None
+        };
+        let mut endpoint = handle
+            .snapshot()
+            .endpoint("c1:eth0")
+            .context("endpoint c1")?
+            .endpoint
+            .clone();
+        let app = if round.is_multiple_of(2) { "a21" } else { "a1" };
+        endpoint.labels.insert("app".into(), app.into());
+        let w = writes(handle);
+        let t = Instant::now();
+        handle
+            .upsert_endpoint(endpoint, Duration::from_secs(60))
+            .await?
+            .applied()
+            .await?;
+        out.label_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Some(before) = before {
+            let after = reference::compile(paths, links)?;
+            out.label_writes = out.label_writes.max(writes(handle) - w);
+            out.label_expected = out.label_expected.max(before.diff(&after).len());
+            anyhow::ensure!(
+                writes(handle) - w == before.diff(&after).len() as u64,
+                "label change round {round}: {} writes, {} expected",
+                writes(handle) - w,
+                before.diff(&after).len()
+            );
+        }
+
+        let before = if check {
+            Some(reference::compile(paths, links)?)
+        } else {
+            None
+        };
+        edit_policy(paths, round)?;
+        let t = Instant::now();
+        let (set, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+        out.parse_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(errors.is_empty(), "edited policy refused: {errors:?}");
+        let generation = handle.snapshot().summary.generation;
+        let w = writes(handle);
+        let t = Instant::now();
+        handle.send(Command::Policies { set, errors })?;
+        wait(handle, "policy edit", |s| s.applied.generation > generation).await?;
+        out.policy_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Some(before) = before {
+            let after = reference::compile(paths, links)?;
+            let expected = before.diff(&after).len();
+            out.policy_writes = out.policy_writes.max(writes(handle) - w);
+            out.policy_expected = out.policy_expected.max(expected);
+            anyhow::ensure!(
+                writes(handle) - w == expected as u64,
+                "policy edit round {round}: {} writes, {expected} expected",
+                writes(handle) - w
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `GET /v1/status` latencies over the real socket while the loop converges `sizes`.
+async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> {
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let mut paths = root.paths();
+    paths.state_dir = dirs.path("state");
+    paths.policy_dir = dirs.path("policies");
+    paths.api_socket = dirs.path("weir.sock");
+    synthetic::write(&paths, sizes)?;
+    let links = links(sizes);
+    let (handle, thread, _) = open(&paths)?;
+    let ipam = IpamService::open(
+        &format!("embedded:{}", dirs.path("ipam.redb").display()),
+        "wt-bench",
+        BTreeMap::new(),
+        &[],
+        (26, 122),
+        Duration::from_secs(600),
+        &paths.state_dir,
+    )
+    .await?;
+    let api = Arc::new(Api {
+        dataplane: handle.clone(),
+        ipam: Arc::new(ipam),
+        node: "wt-bench".into(),
+        paths: paths.clone(),
+        ct: Arc::default(),
+        ct_ops: Arc::default(),
+        ct_layout: 2,
+        tc_attach: agent::attach::Mechanism::default(),
+    });
+    let socket = paths.api_socket.clone();
+    let server = tokio::spawn(async move { server::serve(&socket, api).await });
+    let done = Arc::new(AtomicBool::new(false));
+    let mut pollers = Vec::new();
+    while !paths.api_socket.exists() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for _ in 0..2 {
+        let (socket, done) = (paths.api_socket.clone(), Arc::clone(&done));
+        pollers.push(tokio::spawn(async move {
+            let mut ms = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                match Client::new(&socket, Duration::from_secs(60))
+                    .call::<(), Status>(Method::GET, "/v1/status", None, "status")
+                    .await
+                {
+                    Ok(_) => ms.push(t.elapsed().as_secs_f64() * 1e3),
+                    // The socket is bound a moment after the loop starts.
+                    Err(_) if ms.is_empty() => tokio::time::sleep(Duration::from_millis(1)).await,
+                    Err(e) => return Err(anyhow::anyhow!("status failed: {e}")),
+                }
+            }
+            Ok(ms)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t = Instant::now();
+    feed_links(&handle, &links)?;
+    wait(&handle, "converge", |s| s.applied.ready).await?;
+    let converge_s = t.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    let mut ms = Vec::new();
+    for p in pollers {
+        ms.extend(p.await??);
+    }
+    let entries = handle
+        .snapshot()
+        .stats
+        .maps
+        .iter()
+        .map(|(_, s)| s.writes)
+        .sum::<u64>();
+    server.abort();
+    handle.stop();
+    let _joined = thread.join();
+    Ok((ms, converge_s, usize::try_from(entries)?))
+}
+
+async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
+    let sizes = if smoke {
+        Sizes {
+            endpoints: 100,
+            namespaces: 10,
+            policies: 50,
+        }
+    } else {
+        Sizes {
+            endpoints: 1000,
+            namespaces: 50,
+            policies: 500,
+        }
+    };
+    let rounds = if smoke { 4 } else { 100 };
+    let load_start = loadavg();
+
+    // 1. Full compute and write from empty.
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let mut paths = root.paths();
+    paths.state_dir = dirs.path("state");
+    paths.policy_dir = dirs.path("policies");
+    synthetic::write(&paths, sizes)?;
+    let links = links(sizes);
+    let t = Instant::now();
+    let (handle, thread, load_s) = open(&paths)?;
+    feed_links(&handle, &links)?;
+    wait(&handle, "full compute", |s| s.applied.ready).await?;
+    let full_s = t.elapsed().as_secs_f64() - load_s;
+    let expected = reference::compile(&paths, &links)?;
+    let full_writes = writes(&handle);
+    anyhow::ensure!(
+        full_writes == expected.entries() as u64,
+        "from empty: {full_writes} writes, {} entries expected",
+        expected.entries()
+    );
+
+    // 2. Label and policy changes.
+    let changes = changes(&paths, &handle, &links, rounds).await?;
+    handle.stop();
+    let _joined = thread.join();
+    drop(root);
+
+    // 3. Status while converging 10,000 endpoints.
+    let big = if smoke {
+        Sizes {
+            endpoints: 1000,
+            namespaces: 50,
+            policies: 50,
+        }
+    } else {
+        Sizes {
+            endpoints: 10_000,
+            namespaces: 50,
+            policies: 50,
+        }
+    };
+    let (status_ms, converge_s, converge_entries) = status_during_converge(big).await?;
+
+    Ok(HashMap::from([
+        ("smoke", json!(smoke)),
+        ("endpoints", json!(sizes.endpoints)),
+        ("namespaces", json!(sizes.namespaces)),
+        ("policies", json!(sizes.policies)),
+        ("entries", json!(expected.entries())),
+        ("policy_entries", json!(expected.policy.len())),
+        ("full_compute_s", json!(full_s)),
+        ("program_load_s", json!(load_s)),
+        (
+            "label_change_p50_ms",
+            json!(percentile(changes.label_ms.clone(), 0.5)),
+        ),
+        (
+            "label_change_p99_ms",
+            json!(percentile(changes.label_ms, 0.99)),
+        ),
+        ("label_change_writes", json!(changes.label_writes)),
+        (
+            "label_change_expected_writes",
+            json!(changes.label_expected),
+        ),
+        (
+            "policy_change_p50_ms",
+            json!(percentile(changes.policy_ms.clone(), 0.5)),
+        ),
+        (
+            "policy_change_p99_ms",
+            json!(percentile(changes.policy_ms, 0.99)),
+        ),
+        ("policy_change_writes", json!(changes.policy_writes)),
+        (
+            "policy_change_expected_writes",
+            json!(changes.policy_expected),
+        ),
+        (
+            "policy_reload_parse_p50_ms",
+            json!(percentile(changes.parse_ms, 0.5)),
+        ),
+        ("converge_endpoints", json!(big.endpoints)),
+        ("converge_entries", json!(converge_entries)),
+        ("converge_s", json!(converge_s)),
+        ("status_samples_during_converge", json!(status_ms.len())),
+        (
+            "status_p50_ms_during_converge",
+            json!(percentile(status_ms.clone(), 0.5)),
+        ),
+        (
+            "status_p99_ms_during_converge",
+            json!(percentile(status_ms, 0.99)),
+        ),
+        ("loadavg_start", json!(load_start)),
+        ("loadavg_end", json!(loadavg())),
+    ]))
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .context("--out PATH")?;
+    anyhow::ensure!(
+        tests::privileged::require_root("policy-bench"),
+        "the policy benchmark needs root (its maps are pinned on bpffs)"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let figures = runtime.block_on(run(smoke))?;
+    println!("{:<36} {:>16}  target", "figure", "value");
+    for (key, target) in [
+        ("endpoints", ""),
+        ("namespaces", ""),
+        ("policies", ""),
+        ("entries", ""),
+        ("policy_entries", ""),
+        ("full_compute_s", "<= 1 s"),
+        ("label_change_p50_ms", ""),
+        ("label_change_p99_ms", "<= 5 ms"),
+        ("label_change_writes", "= expected"),
+        ("label_change_expected_writes", ""),
+        ("policy_change_p50_ms", ""),
+        ("policy_change_p99_ms", "<= 5 ms"),
+        ("policy_change_writes", "= expected"),
+        ("policy_change_expected_writes", ""),
+        ("policy_reload_parse_p50_ms", ""),
+        ("converge_endpoints", ""),
+        ("converge_entries", ""),
+        ("converge_s", ""),
+        ("status_samples_during_converge", ""),
+        ("status_p50_ms_during_converge", ""),
+        ("status_p99_ms_during_converge", "<= 50 ms"),
+        ("loadavg_start", ""),
+        ("loadavg_end", ""),
+    ] {
+        println!("{key:<36} {:>16}  {target}", figures[key].to_string());
+    }
+    std::fs::write(&out, serde_json::to_vec_pretty(&figures)?)?;
+    Ok(())
+}
