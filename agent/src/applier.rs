@@ -12,7 +12,7 @@
 //! commands queue (they form the next batch) and readers keep reading the last snapshot.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -303,7 +303,9 @@ struct Waiter {
 #[derive(Default)]
 struct Changed {
     any: bool,
-    endpoints: bool,
+    /// Endpoints whose view must be rebuilt (by key): an endpoint's identity follows its
+    /// labels and its namespace's labels, its ifindex its link.
+    endpoints: BTreeSet<String>,
     links: bool,
     rules: bool,
 }
@@ -396,6 +398,17 @@ impl DataplaneLoop {
                 ));
             }
             Command::Policies { set, errors } => {
+                // Only a namespace's labels change an endpoint's view (its identity).
+                let relabelled = self.node.relabelled_namespaces(&set);
+                if !relabelled.is_empty() {
+                    let keys: Vec<String> = self
+                        .node
+                        .endpoints()
+                        .filter(|e| relabelled.contains(&e.namespace))
+                        .map(Endpoint::key)
+                        .collect();
+                    self.changed.endpoints.extend(keys);
+                }
                 match self.node.set_policies(set, errors) {
                     Ok(_) => tracing::info!(
                         policies = self.node.summary().policies,
@@ -403,7 +416,6 @@ impl DataplaneLoop {
                     ),
                     Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
                 }
-                self.changed.endpoints = true;
                 self.changed.rules = true;
             }
             Command::PoliciesRefused(errors) => {
@@ -419,14 +431,14 @@ impl DataplaneLoop {
                     .map(|(stored, _, generation)| {
                         (snapshot::view(&self.node, &stored), generation)
                     });
-                self.changed.endpoints = true;
-                self.changed.rules = true;
+                if let Ok((view, _)) = &result {
+                    self.changed.endpoints.insert(view.endpoint.key());
+                }
                 self.accept(done, result);
             }
             Command::DeleteEndpoint(key, done) => {
                 let result = self.node.delete_endpoint(&key);
-                self.changed.endpoints = true;
-                self.changed.rules = true;
+                self.changed.endpoints.insert(key.clone());
                 self.accept(done, result);
             }
             Command::Trace(request, protocol, kernel, reply) => {
@@ -455,19 +467,17 @@ impl DataplaneLoop {
             } => {
                 if self.links.insert(ifname.clone(), *ifindex) != Some(*ifindex) {
                     self.changed.links = true;
-                    self.changed.endpoints = true;
+                    self.endpoints_on_link(ifname);
                 }
             }
             LinkEvent::Gone { ifname } => {
                 if self.links.remove(ifname).is_some() {
                     self.changed.links = true;
-                    self.changed.endpoints = true;
+                    self.endpoints_on_link(ifname);
                 }
             }
-            LinkEvent::Address { .. } => {
-                self.changed.endpoints = true;
-                self.changed.rules = true;
-            }
+            // Node addresses change ident entries only: no endpoint view, no rule.
+            LinkEvent::Address { .. } => {}
             LinkEvent::Synced => {
                 if std::mem::take(&mut self.link_watcher_down) {
                     tracing::info!("the link watcher is back and synced");
@@ -582,6 +592,17 @@ impl DataplaneLoop {
         }
     }
 
+    /// The endpoints on host link `ifname` need their views rebuilt (their ifindex).
+    fn endpoints_on_link(&mut self, ifname: &str) {
+        let keys: Vec<String> = self
+            .node
+            .endpoints()
+            .filter(|e| e.host_ifname == ifname)
+            .map(Endpoint::key)
+            .collect();
+        self.changed.endpoints.extend(keys);
+    }
+
     fn publish(&mut self) {
         let changed = std::mem::take(&mut self.changed);
         if !changed.any {
@@ -591,10 +612,21 @@ impl DataplaneLoop {
         let snapshot = Snapshot {
             applied: self.applied.clone(),
             summary: self.node.summary(),
-            endpoints: if changed.endpoints {
-                Arc::new(snapshot::endpoint_views(&self.node))
-            } else {
+            endpoints: if changed.endpoints.is_empty() {
                 Arc::clone(&previous.endpoints)
+            } else {
+                let mut views = (*previous.endpoints).clone();
+                for key in &changed.endpoints {
+                    match self.node.endpoint(key) {
+                        Some(e) => {
+                            views.insert(key.clone(), Arc::new(snapshot::view(&self.node, e)));
+                        }
+                        None => {
+                            views.remove(key);
+                        }
+                    }
+                }
+                Arc::new(views)
             },
             links: if changed.links {
                 Arc::new(self.links.clone())

@@ -104,6 +104,13 @@ impl Node {
         Ok(self.changed())
     }
 
+    /// The namespaces whose labels `policies` would change (the endpoints there get new
+    /// identities).
+    #[must_use]
+    pub fn relabelled_namespaces(&self, policies: &PolicySet) -> BTreeSet<String> {
+        self.calc.relabelled_namespaces(policies)
+    }
+
     /// Policy files changed but some document is bad: keep the last good policies in force.
     pub fn policy_refused(&mut self, errors: Vec<PolicyFileError>) {
         self.policy_errors = errors;

@@ -167,7 +167,7 @@ impl Registry {
     }
 
     fn persist(&self) -> Result<(), RegistryError> {
-        let bytes = serde_json::to_vec_pretty(&self.file).map_err(|e| RegistryError::Io {
+        let bytes = serde_json::to_vec(&self.file).map_err(|e| RegistryError::Io {
             op: "serialise",
             path: self.path.clone(),
             source: io::Error::other(e),

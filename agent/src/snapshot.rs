@@ -21,7 +21,8 @@ pub struct Snapshot {
     pub summary: NodeSummary,
     /// Every endpoint with its identity and ifindex, by key (`container:ifname`). Shared with the
     /// previous snapshot when no endpoint changed.
-    pub endpoints: Arc<BTreeMap<String, EndpointView>>,
+    /// Each view is shared too, so a new snapshot copies pointers, not endpoints.
+    pub endpoints: Arc<BTreeMap<String, Arc<EndpointView>>>,
     /// Workload links the link watcher reported (host ifname → ifindex).
     pub links: Arc<BTreeMap<String, u32>>,
     /// Rule id → where the rule came from (`weir policy trace` and the rule hit counters name
@@ -48,14 +49,16 @@ impl Snapshot {
     /// One endpoint.
     #[must_use]
     pub fn endpoint(&self, key: &str) -> Option<&EndpointView> {
-        self.endpoints.get(key)
+        self.endpoints.get(key).map(AsRef::as_ref)
     }
 }
 
 /// Every endpoint as the API shows it.
 #[must_use]
-pub fn endpoint_views(node: &Node) -> BTreeMap<String, EndpointView> {
-    node.endpoints().map(|e| (e.key(), view(node, e))).collect()
+pub fn endpoint_views(node: &Node) -> BTreeMap<String, Arc<EndpointView>> {
+    node.endpoints()
+        .map(|e| (e.key(), Arc::new(view(node, e))))
+        .collect()
 }
 
 /// One endpoint as the API shows it.

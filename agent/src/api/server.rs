@@ -246,7 +246,13 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
 
 async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {
     let snapshot = api.dataplane.snapshot();
-    Ok(Json(snapshot.endpoints.values().cloned().collect()))
+    Ok(Json(
+        snapshot
+            .endpoints
+            .values()
+            .map(|v| EndpointView::clone(v))
+            .collect(),
+    ))
 }
 
 async fn get_endpoint(

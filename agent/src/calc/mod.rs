@@ -365,15 +365,20 @@ impl Calculation {
         )
     }
 
-    /// Applies a whole new policy set (namespaces' labels included), diffed against the last.
-    pub fn set_policies(&mut self, set: &PolicySet) -> Result<(), IdentityError> {
-        let changed_namespaces: BTreeSet<String> = self
-            .namespaces
+    /// The namespaces whose labels `set` changes (their endpoints' identities follow).
+    #[must_use]
+    pub fn relabelled_namespaces(&self, set: &PolicySet) -> BTreeSet<String> {
+        self.namespaces
             .keys()
             .chain(set.namespaces.keys())
             .filter(|ns| self.namespace_labels(ns) != set.namespaces.get(*ns).unwrap_or(&NO_LABELS))
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Applies a whole new policy set (namespaces' labels included), diffed against the last.
+    pub fn set_policies(&mut self, set: &PolicySet) -> Result<(), IdentityError> {
+        let changed_namespaces = self.relabelled_namespaces(set);
         let stale: Vec<(String, String)> = self
             .policy_index
             .iter()
