@@ -306,6 +306,8 @@ struct Changed {
     /// Endpoints whose view must be rebuilt (by key): an endpoint's identity follows its
     /// labels and its namespace's labels, its ifindex its link.
     endpoints: BTreeSet<String>,
+    /// Host links that came or went: their endpoints' views follow (resolved once per batch).
+    ifnames: BTreeSet<String>,
     links: bool,
     rules: bool,
 }
@@ -592,19 +594,22 @@ impl DataplaneLoop {
         }
     }
 
-    /// The endpoints on host link `ifname` need their views rebuilt (their ifindex).
+    /// The endpoints on host link `ifname` need their views rebuilt (their ifindex); found in
+    /// one pass over the endpoints when the batch is published.
     fn endpoints_on_link(&mut self, ifname: &str) {
-        let keys: Vec<String> = self
-            .node
-            .endpoints()
-            .filter(|e| e.host_ifname == ifname)
-            .map(Endpoint::key)
-            .collect();
-        self.changed.endpoints.extend(keys);
+        self.changed.ifnames.insert(ifname.to_owned());
     }
 
     fn publish(&mut self) {
-        let changed = std::mem::take(&mut self.changed);
+        let mut changed = std::mem::take(&mut self.changed);
+        if !changed.ifnames.is_empty() {
+            let on_links = self
+                .node
+                .endpoints()
+                .filter(|e| changed.ifnames.contains(&e.host_ifname))
+                .map(Endpoint::key);
+            changed.endpoints.extend(on_links);
+        }
         if !changed.any {
             return;
         }

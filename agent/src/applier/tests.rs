@@ -251,3 +251,64 @@ async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
     handle.stop();
     thread.join().expect("join");
 }
+
+#[tokio::test]
+async fn the_snapshot_rebuilds_exactly_the_endpoint_views_a_change_touches() {
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    links_of(&kernel, &handle);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    let ready = wait(&handle, "ready", |s| {
+        s.applied.ready && s.endpoints.values().all(|v| v.ifindex.is_some())
+    })
+    .await;
+    let (e0, e1) = (endpoint(0), endpoint(1));
+    assert_ne!(
+        e0.namespace, e1.namespace,
+        "the two endpoints live in different namespaces"
+    );
+    let identity_of = |s: &Snapshot, e: &Endpoint| s.endpoint(&e.key()).and_then(|v| v.identity);
+
+    // A link gone: only its endpoint loses its ifindex; the other views are the same objects.
+    handle
+        .send(Command::Link(LinkEvent::Gone {
+            ifname: e0.host_ifname.clone(),
+        }))
+        .expect("send");
+    let gone = wait(&handle, "e0's link gone", |s| {
+        s.endpoint(&e0.key()).is_some_and(|v| v.ifindex.is_none())
+    })
+    .await;
+    assert!(Arc::ptr_eq(
+        &ready.endpoints[&e1.key()],
+        &gone.endpoints[&e1.key()]
+    ));
+
+    // A policy reload that relabels e0's namespace: e0 gets a new identity, e1 keeps its own.
+    let (mut set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+    assert!(errors.is_empty(), "{errors:?}");
+    set.namespaces
+        .entry(e0.namespace.clone())
+        .or_default()
+        .insert("relabelled".into(), "yes".into());
+    let before = (identity_of(&gone, &e0), identity_of(&gone, &e1));
+    assert!(before.0.is_some() && before.1.is_some());
+    handle
+        .send(Command::Policies { set, errors })
+        .expect("send");
+    let after = wait(&handle, "e0 relabelled", |s| {
+        identity_of(s, &e0) != before.0
+    })
+    .await;
+    assert_eq!(
+        identity_of(&after, &e1),
+        before.1,
+        "another namespace's endpoint keeps its identity"
+    );
+    assert!(Arc::ptr_eq(
+        &gone.endpoints[&e1.key()],
+        &after.endpoints[&e1.key()]
+    ));
+    handle.stop();
+    thread.join().expect("join");
+}
