@@ -91,6 +91,14 @@ fn expect(
     }
 }
 
+/// Replaces `file` as an operator's tooling (or a ConfigMap update) does: a temporary file renamed
+/// over it, so the agent's reloader never reads a half-written (or truncated, empty) file.
+fn write_atomically(file: &std::path::Path, text: &str) {
+    let tmp = file.with_extension("yaml.tmp");
+    std::fs::write(&tmp, text).expect("write the policy file");
+    std::fs::rename(&tmp, file).expect("rename the policy file into place");
+}
+
 fn policy(allowed_app: &str) -> String {
     format!(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: web, namespace: default}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  ingress:\n  - from: [{{podSelector: {{matchLabels: {{app: {allowed_app}}}}}}}]\n    ports: [{{protocol: TCP, port: 8080}}]\n"
@@ -126,7 +134,7 @@ fn policy_files_change_what_passes_without_a_restart() {
     );
 
     let file = policy_dir.join("web.yaml");
-    std::fs::write(&file, policy("client")).expect("write policy");
+    write_atomically(&file, &policy("client"));
     expect(&web, &client, &other, true, false, "web admits client only");
 
     // The operator's view: why does other drop and client pass? Which reason counted the drops?
@@ -188,7 +196,7 @@ fn policy_files_change_what_passes_without_a_restart() {
         "the denied connection attempts are counted: {counters}"
     );
 
-    std::fs::write(&file, policy("other")).expect("edit policy");
+    write_atomically(&file, &policy("other"));
     expect(
         &web,
         &client,
@@ -198,8 +206,10 @@ fn policy_files_change_what_passes_without_a_restart() {
         "the edit swaps them, no restart",
     );
 
-    std::fs::write(&file, "kind: NetworkPolicy\nmetadata: {name: web}\nspec: {podSelector: {}, ingress: [{ports: [{port: 0}]}]}\n")
-        .expect("break policy");
+    write_atomically(
+        &file,
+        "kind: NetworkPolicy\nmetadata: {name: web}\nspec: {podSelector: {}, ingress: [{ports: [{port: 0}]}]}\n",
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     let errors = loop {
         let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
