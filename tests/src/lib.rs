@@ -17,6 +17,7 @@
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
+pub mod agent_pod;
 pub mod agent_proc;
 pub mod bin;
 pub mod bpf;

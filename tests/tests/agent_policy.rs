@@ -4,69 +4,19 @@
 //! good policy stays in force; removing the file opens `web` again.
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::TcpListener,
     time::{Duration, Instant},
 };
 
 use hyper::Method;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tests::{
+    agent_pod::{Pod, connects, pod},
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
-    netns::{NetNs, VethPair},
-    pod::{GATEWAY, workload_name},
+    netns::NetNs,
     privileged::require_root,
 };
-
-struct Pod<'a> {
-    ns: NetNs,
-    ip: String,
-    _veth: VethPair<'a>,
-}
-
-fn pod<'a>(node: &'a NetNs, agent: &AgentProcess, name: &str, app: &str) -> Pod<'a> {
-    let ns = NetNs::new();
-    let host = workload_name();
-    let veth = VethPair::named(node, &host, &ns, "eth0");
-    let handle = format!("wt-net.{name}");
-    let alloc: Value = agent
-        .api(
-            Method::POST,
-            "/v1/ipam/allocate",
-            Some(&json!({"handle": handle, "ipv4": 1})),
-        )
-        .expect("allocate");
-    let ip = alloc["ips"][0].as_str().expect("address").to_owned();
-    node.exec(&["ip", "addr", "add", &format!("{GATEWAY}/32"), "dev", &host]);
-    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &host]);
-    ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
-    ns.exec(&["ip", "route", "add", GATEWAY, "dev", "eth0"]);
-    ns.exec(&[
-        "ip", "route", "add", "default", "via", GATEWAY, "dev", "eth0",
-    ]);
-    let body = json!({
-        "container_id": name, "ifname": "eth0", "host_ifname": host, "namespace": "default",
-        "pod": name, "labels": {"app": app}, "handle": handle, "ips": [ip],
-    });
-    let _: Value = agent
-        .api(
-            Method::PUT,
-            &format!("/v1/endpoints/{name}:eth0"),
-            Some(&body),
-        )
-        .expect("register");
-    Pod {
-        ns,
-        ip,
-        _veth: veth,
-    }
-}
-
-fn connects(from: &Pod<'_>, to: &Pod<'_>) -> bool {
-    let addr: SocketAddr = format!("{}:8080", to.ip).parse().expect("addr");
-    from.ns
-        .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok())
-}
 
 /// Waits (bounded) until `client` and `other` reach `web` as expected.
 fn expect(
