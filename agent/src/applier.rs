@@ -22,12 +22,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{
     api::types::EndpointView,
-    linkwatch::LinkEvent,
     node::{Node, NodeError},
     paths::Paths,
     policy::{load::PolicyFileError, model::PolicySet},
-    registry::Endpoint,
     snapshot::{self, Snapshot},
+    sources::linkwatch::LinkEvent,
+    sources::registry::Endpoint,
     trace::{TraceRequest, TraceResult},
 };
 

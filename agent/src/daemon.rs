@@ -17,8 +17,11 @@ use serde::Serialize;
 use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
-    applier::{self, Command, LoopError, LoopHandle, MAX_FAILURES},
+    applier::{self, LoopError, LoopHandle, MAX_FAILURES},
     attach::{AttachError, AttachMode},
+    bpf::loader::{self, LoadReport},
+    bpf::migrate::{self, MigrateError, MigrationReport},
+    bpf::programs::{Programs, ProgramsError},
     config::Config,
     dataplane::{
         attachments::AttachDriver,
@@ -32,13 +35,11 @@ use crate::{
         tc_links::TcLinks,
     },
     ipam_service::{IpamService, IpamServiceError},
-    link_source, linkwatch,
-    loader::{self, LoadReport},
     metrics,
-    migrate::{self, MigrateError, MigrationReport},
     node::{Node, NodeError},
     node_setup, policy,
-    programs::{Programs, ProgramsError},
+    sources::link_source,
+    sources::linkwatch,
 };
 
 /// Errors that stop the agent.
@@ -52,7 +53,7 @@ pub enum DaemonError {
     Migrate(#[from] MigrateError),
     /// The pin root is unusable.
     #[error(transparent)]
-    Bpffs(#[from] crate::bpffs::BpffsError),
+    Bpffs(#[from] crate::bpf::bpffs::BpffsError),
     /// `WEIR_FAILPOINT` names no failpoint.
     #[error(transparent)]
     Failpoint(#[from] migrate::failpoint::UnknownFailpoint),
@@ -134,9 +135,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     };
     // Conntrack first: refuse a newer layout, copy an older one, before anything is loaded.
     let ct_layout = migrate::object_layout(&object)?;
-    crate::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
-    crate::bpffs::ensure_pin_dir(&paths.bpf_root)?;
-    crate::bpffs::ensure_pin_dir(&paths.maps_dir())?;
+    crate::bpf::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
+    crate::bpf::bpffs::ensure_pin_dir(&paths.bpf_root)?;
+    crate::bpf::bpffs::ensure_pin_dir(&paths.maps_dir())?;
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
     let programs = Programs::load(&paths, &object, &pending.sizes)?;
@@ -189,7 +190,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     ));
 
     // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
-    tokio::spawn(policy_source(
+    tokio::spawn(crate::sources::policy_dir::run(
         dataplane_loop.clone(),
         paths.policy_dir.clone(),
     ));
@@ -390,29 +391,6 @@ async fn wait_for_shutdown(
         },
         failing = watch.wait_for(|s| s.applied.failures >= MAX_FAILURES) => {
             Err(DaemonError::Failing(failing.map(|s| s.applied.failures).unwrap_or(MAX_FAILURES)))
-        }
-    }
-}
-
-/// The policy directory as a source of the loop: re-read when its fingerprint changes (a cheap
-/// stat every 50 ms); a valid set replaces the policies, a bad document keeps the last good ones.
-async fn policy_source(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
-    let mut seen = policy::load::fingerprint(&dir);
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = policy::load::fingerprint(&dir);
-        if now == seen {
-            continue;
-        }
-        seen = now;
-        let (set, errors) = policy::load::load_dir(&dir);
-        let command = if errors.is_empty() {
-            Command::Policies { set, errors }
-        } else {
-            Command::PoliciesRefused(errors)
-        };
-        if dataplane_loop.send(command).is_err() {
-            return;
         }
     }
 }

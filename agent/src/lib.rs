@@ -1,14 +1,15 @@
 //! weir's node agent, as a library so the `weir` binary and the integration tests share its parts.
 //!
 //! Where things live: `paths` (every path and name), `config` (the validated configuration),
-//! `bpffs` (mount and pin directories), `loader` (load and pin the object), `attach` (the tc/XDP
+//! `bpf/` (bpffs, loading and pinning the object, programs, conntrack migration), `sources/`
+//! (registry, link watcher, policy directory), `attach` (the tc/XDP
 //! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` wiring), `applier` (the one
 //! dataplane loop that owns the node), `snapshot` (what it publishes for every reader).
 
 pub mod api;
 pub mod applier;
 pub use attach;
-pub mod bpffs;
+pub mod bpf;
 pub mod calc;
 pub mod config;
 pub mod daemon;
@@ -17,22 +18,17 @@ pub mod fsutil;
 pub mod identity;
 pub mod install_cni;
 pub mod ipam_service;
-pub mod link_source;
-pub mod linkwatch;
-pub mod loader;
 pub mod logging;
 pub mod metrics;
-pub mod migrate;
 pub mod monitor;
 pub mod node;
 pub mod node_setup;
 pub mod observe;
 pub mod paths;
 pub mod policy;
-pub mod programs;
 pub mod reference;
-pub mod registry;
 pub mod snapshot;
+pub mod sources;
 pub mod synthetic;
 #[cfg(feature = "testing")]
 pub mod testing;

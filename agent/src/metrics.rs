@@ -256,7 +256,7 @@ mod tests {
     use crate::{
         applier::{self, Command},
         inprocess::harness::{self, FakeKernel},
-        linkwatch::LinkEvent,
+        sources::linkwatch::LinkEvent,
         synthetic::{self, Sizes},
     };
 

@@ -12,10 +12,10 @@ use crate::{
     calc::Calculation,
     dataplane::plane::Dataplane,
     identity::{Identities, IdentityError},
-    linkwatch::LinkEvent,
     paths::Paths,
     policy::{compile::RuleRef, load::PolicyFileError, model::PolicySet},
-    registry::{Endpoint, Registry, RegistryError},
+    sources::linkwatch::LinkEvent,
+    sources::registry::{Endpoint, Registry, RegistryError},
 };
 
 /// Errors of node state changes.

@@ -12,10 +12,10 @@ use maps_schema::{
 use super::Node;
 use crate::{
     calc::testkit::{self, Maps, Op, Writes},
-    linkwatch::LinkEvent,
     paths::Paths,
     policy::{load::parse_str, model::PolicySet},
-    registry::Endpoint,
+    sources::linkwatch::LinkEvent,
+    sources::registry::Endpoint,
 };
 
 const WEB: &str = r"

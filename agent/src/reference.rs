@@ -19,7 +19,7 @@ use crate::{
         compile::{Subject, compile as compile_policies},
         load::PolicyFileError,
     },
-    registry::{Registry, RegistryError},
+    sources::registry::{Registry, RegistryError},
 };
 
 /// Why the reference could not be computed.

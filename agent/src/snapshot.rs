@@ -63,7 +63,7 @@ pub fn endpoint_views(node: &Node) -> BTreeMap<String, Arc<EndpointView>> {
 
 /// One endpoint as the API shows it.
 #[must_use]
-pub fn view(node: &Node, endpoint: &crate::registry::Endpoint) -> EndpointView {
+pub fn view(node: &Node, endpoint: &crate::sources::registry::Endpoint) -> EndpointView {
     EndpointView {
         endpoint: endpoint.clone(),
         identity: node.identity(endpoint),

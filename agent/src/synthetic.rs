@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
-use crate::{paths::Paths, registry::Endpoint};
+use crate::{paths::Paths, sources::registry::Endpoint};
 
 /// How big.
 #[derive(Clone, Copy, Debug)]

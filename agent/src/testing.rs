@@ -24,9 +24,9 @@ use crate::{
         map_driver::MapDriver, plane::Dataplane,
     },
     ipam_service::IpamService,
-    linkwatch::LinkEvent,
     node::Node,
     paths::Paths,
+    sources::linkwatch::LinkEvent,
 };
 
 /// The pools of a test agent: small, so a test can exhaust them.

@@ -27,6 +27,7 @@ use std::{
 };
 
 use agent::{
+    bpf::programs::Programs,
     dataplane::{
         attachments::AttachDriver,
         endpoints::EndpointsManager,
@@ -35,9 +36,8 @@ use agent::{
         plane::Dataplane,
         tc_links::TcLinks,
     },
-    linkwatch::LinkEvent,
     node::Node,
-    programs::Programs,
+    sources::linkwatch::LinkEvent,
 };
 use anyhow::{Context as _, Result};
 use serde_json::json;
@@ -144,8 +144,8 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     use maps_schema::{Ct4Key, CtEntry, CtEntryV1, conntrack::FLAG_TCP_SYN_ACK};
     let root = PinRoot::new();
     let dir = root.paths().maps_dir();
-    agent::bpffs::ensure_pin_dir(&root.paths().bpf_root)?;
-    agent::bpffs::ensure_pin_dir(&dir)?;
+    agent::bpf::bpffs::ensure_pin_dir(&root.paths().bpf_root)?;
+    agent::bpf::bpffs::ensure_pin_dir(&dir)?;
     let capacity = n / 4 * 5;
     let obj = aya_obj::Map::new_from_params(
         bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
@@ -176,8 +176,8 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     let source = batch::count::<Ct4Key, CtEntryV1>(v1.fd().as_fd())?;
     drop((v1, entries));
     let started = Instant::now();
-    let mut pending = agent::migrate::prepare(&dir, 2, capacity)?;
-    let finished = agent::migrate::finish(&mut pending)?;
+    let mut pending = agent::bpf::migrate::prepare(&dir, 2, capacity)?;
+    let finished = agent::bpf::migrate::finish(&mut pending)?;
     let seconds = started.elapsed().as_secs_f64();
     for step in pending.report.steps.iter().chain(&finished.steps) {
         eprintln!(

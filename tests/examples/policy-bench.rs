@@ -31,6 +31,7 @@ use agent::{
         types::Status,
     },
     applier::{self, Command, LoopHandle},
+    bpf::programs::Programs,
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
         endpoints::EndpointsManager,
@@ -39,11 +40,10 @@ use agent::{
         plane::Dataplane,
     },
     ipam_service::IpamService,
-    linkwatch::LinkEvent,
     node::Node,
     paths::Paths,
-    programs::Programs,
     reference,
+    sources::linkwatch::LinkEvent,
     synthetic::{self, Sizes},
 };
 use anyhow::{Context as _, Result};

@@ -83,7 +83,7 @@ fn insert_synthetic(root: &PinRoot) {
 /// The synthetic entries' flags, read through the agent's layout-aware reader.
 fn synthetic_flags_intact(root: &PinRoot, layout: u32) -> bool {
     let m4 = MapData::from_pin(root.paths().map_pin(&format!("ct4_v{layout}"))).expect("ct4");
-    let all = agent::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), layout).expect("read");
+    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), layout).expect("read");
     let synthetic: Vec<_> = all
         .iter()
         .filter(|(k, _)| k.addr_a[..2] == [10, 99])
@@ -308,7 +308,7 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
         "the newer layout's pin is merged and removed"
     );
     let m4 = MapData::from_pin(paths.map_pin("ct4_v2")).expect("ct4_v2");
-    let all = agent::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 2).expect("read");
+    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 2).expect("read");
     assert_eq!(all.len(), 100, "every entry of the newer layout arrived");
     assert!(
         all.iter()

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use weir_api::code;
 
-use crate::{ipam_service::IpamServiceError, node::NodeError, registry::RegistryError};
+use crate::{ipam_service::IpamServiceError, node::NodeError, sources::registry::RegistryError};
 
 /// An API error (on the wire: `weir_api::ErrorBody`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ use crate::{
     applier::{LoopError, LoopHandle, WriteError},
     dataplane::conntrack::{self, CtStats, CtView},
     ipam_service::{AllocateRequest, IpamService, IpamServiceError},
-    registry::{self, Endpoint},
+    sources::registry::{self, Endpoint},
 };
 
 /// How long a request may wait for the dataplane to apply its change.
@@ -167,7 +167,7 @@ pub struct MapView {
 
 async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
     let mut out = Vec::new();
-    for name in crate::loader::map_names(api.ct_layout) {
+    for name in crate::bpf::loader::map_names(api.ct_layout) {
         let pin = api.paths.map_pin(&name);
         let info = aya::maps::MapInfo::from_pin(&pin).map_err(|e| {
             ApiError::new(

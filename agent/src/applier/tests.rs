@@ -204,7 +204,7 @@ async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
                 let _closed = tx.send(LinkEvent::Synced);
                 if run == 0 {
                     let _gone = die.wait_for(|d| *d).await;
-                    return Err(crate::linkwatch::LinkWatchError::Socket(
+                    return Err(crate::sources::linkwatch::LinkWatchError::Socket(
                         std::io::Error::other("netlink socket closed"),
                     ));
                 }
@@ -212,7 +212,7 @@ async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
             }
         }
     };
-    let task = tokio::spawn(crate::link_source::supervise(
+    let task = tokio::spawn(crate::sources::link_source::supervise(
         handle.clone(),
         watcher,
         |_| {},

@@ -23,7 +23,7 @@ use crate::{
         model::{Peer, Policy, PolicySet, PortSpec, Rule},
         selector::Selector,
     },
-    registry::Endpoint,
+    sources::registry::Endpoint,
 };
 
 const NAMESPACES: u32 = 50;

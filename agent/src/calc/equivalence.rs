@@ -24,7 +24,7 @@ use crate::{
         model::{Peer, Policy, PolicySet, PortSpec, Rule},
         selector::Selector,
     },
-    registry::Endpoint,
+    sources::registry::Endpoint,
 };
 
 /// splitmix64: a seeded generator in plain code (no dependency), reproducible by seed.

@@ -64,7 +64,7 @@ use crate::{
         compile::RuleRef,
         model::{Peer, Policy, PolicySet, PortSpec},
     },
-    registry::Endpoint,
+    sources::registry::Endpoint,
 };
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();

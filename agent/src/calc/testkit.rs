@@ -18,7 +18,7 @@ use crate::{
         map_driver::MapDriver,
         plane::Dataplane,
     },
-    registry::Endpoint,
+    sources::registry::Endpoint,
 };
 
 /// One kernel operation: a write (`Some`) or a delete (`None`).

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use maps_schema::EndpointInfo;
 
 use super::map_driver::MapDriver;
-use crate::registry::Endpoint;
+use crate::sources::registry::Endpoint;
 
 /// The map entry of an endpoint.
 #[must_use]

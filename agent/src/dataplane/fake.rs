@@ -256,8 +256,8 @@ impl FakeKernel {
 
     /// The link watcher's initial dump over this kernel's links: one `Up` per workload link
     /// (all up), then `Synced` — the same events `linkwatch::watch` sends.
-    pub(crate) fn link_events(&self) -> Vec<crate::linkwatch::LinkEvent> {
-        use crate::linkwatch::LinkEvent;
+    pub(crate) fn link_events(&self) -> Vec<crate::sources::linkwatch::LinkEvent> {
+        use crate::sources::linkwatch::LinkEvent;
         let mut out: Vec<LinkEvent> = self
             .tc()
             .ifindex

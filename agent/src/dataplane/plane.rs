@@ -214,7 +214,7 @@ mod tests {
     use super::*;
     use crate::{
         dataplane::{attachments::AttachDriver, endpoints, fake::FakeKernel},
-        registry::Endpoint,
+        sources::registry::Endpoint,
     };
 
     struct Kernel {
@@ -278,7 +278,7 @@ mod tests {
         kernel.k.add_link(&ifname(i), 10 + i);
         // The links as the link watcher reports them from this kernel.
         for event in kernel.k.link_events() {
-            if let crate::linkwatch::LinkEvent::Up {
+            if let crate::sources::linkwatch::LinkEvent::Up {
                 ifname,
                 ifindex,
                 up,

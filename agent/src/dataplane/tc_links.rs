@@ -20,7 +20,7 @@ use super::{
     attachments::{Attacher, Hook},
     kernel::KernelError,
 };
-use crate::{paths::Paths, programs::Programs};
+use crate::{bpf::programs::Programs, paths::Paths};
 
 /// Attaches the agent's tc programs to workload links.
 pub struct TcLinks {

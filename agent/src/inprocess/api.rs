@@ -26,8 +26,8 @@ use crate::{
     },
     applier,
     ipam_service::IpamService,
-    link_source,
-    linkwatch::LinkEvent,
+    sources::link_source,
+    sources::linkwatch::LinkEvent,
     synthetic::{self, Sizes},
 };
 

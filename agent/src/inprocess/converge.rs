@@ -7,9 +7,9 @@ use tokio::sync::watch;
 use super::harness::{self, FakeKernel, once_each};
 use crate::{
     applier::{self, Command, LoopHandle},
-    link_source,
     paths::Paths,
     snapshot::Snapshot,
+    sources::link_source,
     synthetic::{self, Sizes},
 };
 

@@ -23,10 +23,10 @@ use crate::{
         map_driver::MapDriver,
         plane::Dataplane,
     },
-    linkwatch::{LinkEvent, LinkWatchError},
     node::Node,
     paths::Paths,
     reference,
+    sources::linkwatch::{LinkEvent, LinkWatchError},
 };
 
 pub(crate) use crate::reference::{AnyKey, State, policy_key};

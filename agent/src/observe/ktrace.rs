@@ -18,7 +18,7 @@ use maps_schema::{
 use serde::{Deserialize, Serialize};
 
 use super::packet::{self, Spec};
-use crate::{node::Node, paths::Paths, registry::Endpoint, trace::TraceRequest};
+use crate::{node::Node, paths::Paths, sources::registry::Endpoint, trace::TraceRequest};
 
 /// Size of the kernel's `struct __sk_buff` and the offsets of the fields a trace run sets.
 const SK_BUFF_SIZE: usize = 192;

@@ -22,7 +22,7 @@ use super::model::{Peer, PolicySet, PortSpec, Rule};
 use crate::{
     dataplane::kernel::Prefix,
     identity::{Identities, IdentityError, LabelSet},
-    registry::Endpoint,
+    sources::registry::Endpoint,
 };
 
 /// A local endpoint as the compiler sees it.

@@ -9,7 +9,7 @@ use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT, XDP_PREFILTER};
 use serde::Serialize;
 
 use crate::{
-    loader::{self, LoadError},
+    bpf::loader::{self, LoadError},
     paths::Paths,
 };
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     applier::{Command, LoopHandle},
-    linkwatch::{LinkEvent, LinkWatchError},
+    sources::linkwatch::{LinkEvent, LinkWatchError},
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -77,7 +77,7 @@ impl Seen {
     }
 }
 
-/// Runs `watch` (the real one is [`crate::linkwatch::watch`]) forever, restarting it with
+/// Runs `watch` (the real one is [`crate::sources::linkwatch::watch`]) forever, restarting it with
 /// backoff, until the loop is gone. `on_up` runs for every workload link reported (the agent's
 /// per-link sysctls).
 pub async fn supervise<W, F>(handle: LoopHandle, watch: W, on_up: impl Fn(&str))

@@ -10,7 +10,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use crate::{bpffs, paths::Paths};
+use crate::{bpf::bpffs, paths::Paths};
 
 /// Errors loading the programs.
 #[derive(Debug, thiserror::Error)]
