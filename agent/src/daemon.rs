@@ -171,7 +171,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     for e in &policy_errors {
         tracing::warn!(error = %e, "policy document refused");
     }
-    let node = Node::open(&paths, dataplane, policies, policy_errors)?;
+    let mut node = Node::open(&paths, dataplane, policies, policy_errors)?;
+    node.set_node_name(&config.node)?;
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
     // The dataplane loop on its own thread: it owns the node from now on.
