@@ -86,6 +86,9 @@ impl Node {
             .collect();
         let endpoints: Vec<&Endpoint> = effective.iter().map(AsRef::as_ref).collect();
         calc.upsert_endpoints(&endpoints)?;
+        for e in registry.endpoints() {
+            calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
         let cluster = PolicySet {
             policies: Default::default(),
@@ -132,6 +135,10 @@ impl Node {
         self.calc.set_policies(&policies)?;
         self.calc
             .upsert_endpoints(&relabelled.iter().collect::<Vec<_>>())?;
+        for e in self.registry.endpoints() {
+            self.calc
+                .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        }
         self.calc.set_remote_pods(&pods::remote(
             &policies,
             self.registry.endpoints(),
@@ -291,6 +298,8 @@ impl Node {
             .first()
             .copied()
             .unwrap_or_default();
+        self.calc
+            .set_endpoint_ports(&stored.key(), pods::named_ports_of(&stored, &self.cluster));
         // A pod that just became local is no longer remote.
         self.calc.set_remote_pods(&pods::remote(
             &self.cluster,
@@ -306,6 +315,7 @@ impl Node {
         let removed = self.registry.remove(key)?;
         if removed.is_some() {
             self.calc.remove_endpoint(key);
+            self.calc.set_endpoint_ports(key, Vec::new());
             self.calc.set_remote_pods(&pods::remote(
                 &self.cluster,
                 self.registry.endpoints(),
