@@ -68,6 +68,20 @@ pub enum LabelSource {
 /// The label source this suite uses.
 pub const LABEL_SOURCE: LabelSource = LabelSource::Registration;
 
+/// One probe of the matrix and what the model needs to judge it.
+struct Cell<'a> {
+    /// `x/a -> y/b TCP/80`.
+    label: String,
+    src: Source<'a>,
+    dst: Target<'a>,
+    proto: Proto,
+    port: u16,
+    /// The index of the source namespace (pods first, then the outside hosts).
+    source: usize,
+    /// The destination address.
+    addr: Ipv4Addr,
+}
+
 /// A pod of the topology (its namespace and veth go away on drop, its servers first).
 struct LabPod {
     model: ModelPod,
@@ -238,8 +252,11 @@ impl Lab {
         let probes = self.probes();
         let want: BTreeMap<String, bool> = probes
             .iter()
-            .map(|(label, src, dst, proto, port, _, _)| {
-                (label.clone(), model.allows_flow(*src, *dst, *proto, *port))
+            .map(|c| {
+                (
+                    c.label.clone(),
+                    model.allows_flow(c.src, c.dst, c.proto, c.port),
+                )
             })
             .collect();
         if let Some(previous) = &self.previous {
@@ -299,13 +316,8 @@ impl Lab {
         std::fs::rename(&tmp, &file).expect("rename the policies into place");
     }
 
-    /// Every probe of the matrix: (label, source, destination, protocol, port, index of the
-    /// source namespace, destination address).
-    #[expect(
-        clippy::type_complexity,
-        reason = "a flat list of the matrix, built and read in this file only"
-    )]
-    fn probes(&self) -> Vec<(String, Source<'_>, Target<'_>, Proto, u16, usize, Ipv4Addr)> {
+    /// Every probe of the matrix.
+    fn probes(&self) -> Vec<Cell<'_>> {
         let mut out = Vec::new();
         let pod_name = |p: &LabPod| {
             format!(
@@ -321,48 +333,48 @@ impl Lab {
                     continue;
                 }
                 for (proto, port) in PORTS {
-                    out.push((
-                        format!(
+                    out.push(Cell {
+                        label: format!(
                             "{} -> {} {}/{port}",
                             pod_name(src),
                             pod_name(dst),
                             proto.name()
                         ),
-                        Source::Pod(&src.model),
-                        Target::Pod(&dst.model),
+                        src: Source::Pod(&src.model),
+                        dst: Target::Pod(&dst.model),
                         proto,
                         port,
-                        si,
-                        dst.ip,
-                    ));
+                        source: si,
+                        addr: dst.ip,
+                    });
                 }
             }
             for ext in &self.externals {
                 for (proto, port) in PORTS {
-                    out.push((
-                        format!("{} -> {} {}/{port}", pod_name(src), ext.ip, proto.name()),
-                        Source::Pod(&src.model),
-                        Target::External(IpAddr::V4(ext.ip)),
+                    out.push(Cell {
+                        label: format!("{} -> {} {}/{port}", pod_name(src), ext.ip, proto.name()),
+                        src: Source::Pod(&src.model),
+                        dst: Target::External(IpAddr::V4(ext.ip)),
                         proto,
                         port,
-                        si,
-                        ext.ip,
-                    ));
+                        source: si,
+                        addr: ext.ip,
+                    });
                 }
             }
         }
         for (ei, ext) in self.externals.iter().enumerate() {
             for dst in &self.pods {
                 for (proto, port) in PORTS {
-                    out.push((
-                        format!("{} -> {} {}/{port}", ext.ip, pod_name(dst), proto.name()),
-                        Source::External(IpAddr::V4(ext.ip)),
-                        Target::Pod(&dst.model),
+                    out.push(Cell {
+                        label: format!("{} -> {} {}/{port}", ext.ip, pod_name(dst), proto.name()),
+                        src: Source::External(IpAddr::V4(ext.ip)),
+                        dst: Target::Pod(&dst.model),
                         proto,
                         port,
-                        self.pods.len() + ei,
-                        dst.ip,
-                    ));
+                        source: self.pods.len() + ei,
+                        addr: dst.ip,
+                    });
                 }
             }
         }
@@ -370,11 +382,7 @@ impl Lab {
     }
 
     /// One round: every probe at once (a thread per source namespace, a thread per probe in it).
-    #[expect(clippy::type_complexity, reason = "the list `probes` builds")]
-    fn round(
-        &self,
-        probes: &[(String, Source<'_>, Target<'_>, Proto, u16, usize, Ipv4Addr)],
-    ) -> BTreeMap<String, bool> {
+    fn round(&self, probes: &[Cell<'_>]) -> BTreeMap<String, bool> {
         let sources: Vec<&NetNs> = self
             .pods
             .iter()
@@ -388,13 +396,13 @@ impl Lab {
                 .map(|(si, ns)| {
                     let mine: Vec<(String, Probe)> = probes
                         .iter()
-                        .filter(|p| p.5 == si)
-                        .map(|(label, _, _, proto, port, _, ip)| {
+                        .filter(|c| c.source == si)
+                        .map(|c| {
                             (
-                                label.clone(),
+                                c.label.clone(),
                                 Probe {
-                                    to: SocketAddrV4::new(*ip, *port),
-                                    proto: *proto,
+                                    to: SocketAddrV4::new(c.addr, c.port),
+                                    proto: c.proto,
                                     sctp_sport: next_sctp_port(),
                                 },
                             )
