@@ -20,6 +20,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 
 use crate::{
+    agent_pod::allocate_ipv4,
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
     names,
@@ -176,16 +177,8 @@ impl Lab {
                 let ns = NetNs::new();
                 let host = workload_name();
                 let handle = format!("wt-netpol.{ns_name}.{pod_name}");
-                let alloc: Value = agent
-                    .api(
-                        Method::POST,
-                        "/v1/ipam/allocate",
-                        Some(&json!({"handle": handle, "ipv4": 1})),
-                    )
-                    .expect("allocate");
-                let ip: Ipv4Addr = alloc["ips"][0]
-                    .as_str()
-                    .and_then(|s| s.parse().ok())
+                let ip: Ipv4Addr = allocate_ipv4(&agent, &handle)
+                    .parse()
                     .expect("an IPv4 address");
                 plumb(&node, &ns, &host, ip);
                 let model = ModelPod {
