@@ -86,6 +86,11 @@ struct Cell<'a> {
 /// A pod of the topology (its namespace and veth go away on drop, its servers first).
 struct LabPod {
     model: ModelPod,
+    /// Its name in its namespace (`a`), workload link and IPAM handle: what a re-registration
+    /// sends again.
+    name: String,
+    host: String,
+    handle: String,
     ip: Ipv4Addr,
     _servers: Servers,
     ns: NetNs,
@@ -104,10 +109,12 @@ pub struct Lab {
     externals: Vec<External>,
     agent: AgentProcess,
     dirs: AgentDirs,
-    node: NetNs,
+    _node: NetNs,
     _root: PinRoot,
     /// The expectation of the case before (a case must change it).
     previous: Option<BTreeMap<String, bool>>,
+    /// Namespace labels in force.
+    namespaces: BTreeMap<String, Labels>,
     /// Cases run.
     pub cases: usize,
 }
@@ -189,6 +196,9 @@ impl Lab {
                 let servers = Servers::start(&ns, &tcp_udp, &sctp);
                 pods.push(LabPod {
                     model,
+                    name: pod_name.to_owned(),
+                    host,
+                    handle,
                     ip,
                     _servers: servers,
                     ns,
@@ -213,23 +223,24 @@ impl Lab {
             externals,
             agent,
             dirs,
-            node,
+            _node: node,
             _root: root,
             previous: None,
+            namespaces: NAMESPACES
+                .iter()
+                .map(|ns| ((*ns).to_owned(), namespace_labels(ns)))
+                .collect(),
             cases: 0,
         };
         lab.case("no policy: everything reaches everything", &[]);
         lab
     }
 
-    /// The model of `policies` over this topology.
+    /// The model of `policies` over this topology with its labels now.
     #[must_use]
-    pub fn model(policies: &[NetworkPolicy]) -> Model {
+    pub fn model(&self, policies: &[NetworkPolicy]) -> Model {
         Model {
-            namespaces: NAMESPACES
-                .iter()
-                .map(|ns| ((*ns).to_owned(), namespace_labels(ns)))
-                .collect(),
+            namespaces: self.namespaces.clone(),
             policies: policies.to_vec(),
             named_ports: NAMED_PORTS
                 .iter()
@@ -238,10 +249,32 @@ impl Lab {
         }
     }
 
+    /// Gives pod `namespace/pod` the labels `labels` (its `pod: <name>` label stays), through the
+    /// label source; the next [`Lab::case`] checks the traffic that follows.
+    pub fn relabel_pod(&mut self, namespace: &str, pod: &str, extra: &[(&str, &str)]) {
+        let p = self
+            .pods
+            .iter_mut()
+            .find(|p| p.model.namespace == namespace && p.name == pod)
+            .unwrap_or_else(|| panic!("no pod {namespace}/{pod}"));
+        let mut new = pod_labels(pod);
+        new.extend(labels(extra));
+        p.model.labels = new;
+        register(&self.agent, &p.model, &p.name, &p.host, &p.handle, p.ip);
+    }
+
+    /// Gives namespace `namespace` its standard labels plus `extra` (written with the next case's
+    /// policies, as a Namespace document).
+    pub fn relabel_namespace(&mut self, namespace: &str, extra: &[(&str, &str)]) {
+        let mut new = namespace_labels(namespace);
+        new.extend(labels(extra));
+        self.namespaces.insert(namespace.to_owned(), new);
+    }
+
     /// Runs one case: `policies` replace the ones in force; the matrix must come to equal the
     /// model's within [`CONVERGE`].
     pub fn case(&mut self, what: &str, policies: &[NetworkPolicy]) {
-        let model = Self::model(policies);
+        let model = self.model(policies);
         let probes = self.probes();
         let want: BTreeMap<String, bool> = probes
             .iter()
@@ -422,18 +455,6 @@ impl Lab {
                 .flat_map(|h| h.join().expect("a source thread"))
                 .collect()
         })
-    }
-
-    /// The agent (for tests that look at its state).
-    #[must_use]
-    pub fn agent(&self) -> &AgentProcess {
-        &self.agent
-    }
-
-    /// The node namespace.
-    #[must_use]
-    pub fn node(&self) -> &NetNs {
-        &self.node
     }
 }
 

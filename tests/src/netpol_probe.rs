@@ -13,7 +13,7 @@
 //! serve them run anywhere.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     os::fd::{AsRawFd as _, OwnedFd},
     sync::{
         Arc,
@@ -255,15 +255,4 @@ fn sctp_probe(p: &Probe) -> bool {
         }
     }
     false
-}
-
-/// The address of a probe target, for messages.
-#[must_use]
-pub fn describe(from: &str, p: &Probe) -> String {
-    format!(
-        "{from} -> {} {}/{}",
-        IpAddr::V4(*p.to.ip()),
-        p.proto.name(),
-        p.to.port()
-    )
 }

@@ -368,6 +368,56 @@ fn policy_update_and_delete() {
 }
 
 #[test]
+fn label_changes_without_a_restart() {
+    let Some(mut lab) = lab("label_changes_without_a_restart") else {
+        return;
+    };
+    let from_updated_ns = policy("x", "allow-from-updated-ns", pod("a"))
+        .ingress(
+            vec![from_namespaces(expr("ns2", "In", &["updated"]))],
+            vec![],
+        )
+        .build();
+    lab.case(
+        "should allow ingress access from updated namespace (before: no namespace matches)",
+        std::slice::from_ref(&from_updated_ns),
+    );
+    lab.relabel_namespace("y", &[("ns2", "updated")]);
+    lab.case(
+        "should allow ingress access from updated namespace",
+        std::slice::from_ref(&from_updated_ns),
+    );
+    let from_updated_pod = policy("x", "allow-from-updated-pod", pod("a"))
+        .ingress(vec![from_pods(expr("pod2", "In", &["updated"]))], vec![])
+        .build();
+    lab.case(
+        "should allow ingress access from updated pod (before: no pod matches)",
+        std::slice::from_ref(&from_updated_pod),
+    );
+    lab.relabel_pod("x", "b", &[("pod2", "updated")]);
+    lab.case(
+        "should allow ingress access from updated pod",
+        std::slice::from_ref(&from_updated_pod),
+    );
+    let isolate_target =
+        policy("x", "deny-isolated", expr("target", "In", &["isolated"])).ingress_none();
+    lab.case(
+        "should deny ingress access to updated pod (before: it is not selected)",
+        std::slice::from_ref(&isolate_target),
+    );
+    lab.relabel_pod("x", "c", &[("target", "isolated")]);
+    lab.case(
+        "should deny ingress access to updated pod",
+        std::slice::from_ref(&isolate_target),
+    );
+    lab.relabel_pod("x", "c", &[]);
+    lab.case(
+        "should allow ingress access again once the label is removed",
+        std::slice::from_ref(&isolate_target),
+    );
+}
+
+#[test]
 fn ip_block_with_except() {
     let Some(mut lab) = lab("ip_block_with_except") else {
         return;
