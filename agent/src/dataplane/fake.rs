@@ -232,6 +232,9 @@ impl LinkTable {
 #[derive(Clone, Default)]
 pub(crate) struct FakeKernel {
     pub(crate) links: Arc<Mutex<LinkTable>>,
+    /// The conntrack pins the migration works on (`fake_ct`).
+    #[cfg(test)]
+    pub(crate) ct_pins: Arc<Mutex<super::fake_ct::CtPins>>,
     faults: Arc<Faults>,
     pub(crate) tc: Arc<Mutex<TcState>>,
     pub(crate) xdp: Arc<Mutex<XdpState>>,
@@ -253,7 +256,7 @@ impl FakeKernel {
         self.faults.drop_all.store(on, Ordering::Relaxed);
     }
 
-    fn dropping(&self) -> bool {
+    pub(crate) fn dropping(&self) -> bool {
         self.faults.drop_all.load(Ordering::Relaxed)
     }
 
