@@ -26,6 +26,7 @@ pub mod cri;
 pub mod ct;
 pub mod datapath;
 pub mod demo;
+pub mod etcd_netns;
 pub mod hooks;
 pub mod image;
 pub mod manifests;
