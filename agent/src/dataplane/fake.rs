@@ -228,6 +228,13 @@ impl LinkTable {
     }
 }
 
+/// The routing side: weir's routes (its protocol only), and destinations whose writes fail.
+#[derive(Default)]
+pub(crate) struct RouteTable {
+    pub(crate) routes: BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>,
+    pub(crate) failing: BTreeSet<ipnetwork::IpNetwork>,
+}
+
 /// One fake kernel: every seam trait over shared in-memory state. Clones share it.
 #[derive(Clone, Default)]
 pub(crate) struct FakeKernel {
@@ -239,6 +246,7 @@ pub(crate) struct FakeKernel {
     pub(crate) tc: Arc<Mutex<TcState>>,
     pub(crate) xdp: Arc<Mutex<XdpState>>,
     pub(crate) ct: Arc<Mutex<CtState>>,
+    routes: Arc<Mutex<RouteTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     sysctls: Arc<Mutex<BTreeMap<String, String>>>,
     pins: Arc<Mutex<BTreeSet<String>>>,
@@ -270,6 +278,11 @@ impl FakeKernel {
 
     pub(crate) fn ct(&self) -> MutexGuard<'_, CtState> {
         lock(&self.ct)
+    }
+
+    /// The route table.
+    pub(crate) fn routes(&self) -> MutexGuard<'_, RouteTable> {
+        lock(&self.routes)
     }
 
     /// The link table (addresses, faults).
@@ -626,6 +639,48 @@ impl PinIo for FakeKernel {
             return Err(injected(name));
         }
         self.pins().remove(name);
+        Ok(())
+    }
+}
+
+impl super::kernel::RouteIo for FakeKernel {
+    fn dump(
+        &mut self,
+    ) -> Result<BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>, super::kernel::RouteError>
+    {
+        Ok(self.routes().routes.clone())
+    }
+
+    fn replace(
+        &mut self,
+        dest: ipnetwork::IpNetwork,
+        hop: super::kernel::NextHop,
+    ) -> Result<(), super::kernel::RouteError> {
+        let mut t = self.routes();
+        if t.failing.contains(&dest) || self.dropping() {
+            return Err(super::kernel::RouteError::Netlink {
+                op: "replace",
+                dest: dest.to_string(),
+                source: std::io::Error::other("injected fault"),
+            });
+        }
+        t.routes.insert(dest, hop);
+        Ok(())
+    }
+
+    fn delete(
+        &mut self,
+        dest: ipnetwork::IpNetwork,
+        _: super::kernel::NextHop,
+    ) -> Result<(), super::kernel::RouteError> {
+        if self.dropping() {
+            return Err(super::kernel::RouteError::Netlink {
+                op: "delete",
+                dest: dest.to_string(),
+                source: std::io::Error::other("injected fault"),
+            });
+        }
+        self.routes().routes.remove(&dest);
         Ok(())
     }
 }

@@ -15,7 +15,10 @@
 //!   and raw batch reads and writes of one conntrack map of any layout
 //!   (`dataplane::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
 
-use std::{hash::Hash, io, path::Path, path::PathBuf};
+use std::{collections::BTreeMap, hash::Hash, io, net::IpAddr, path::Path, path::PathBuf};
+
+use ipnetwork::IpNetwork;
+use serde::Serialize;
 
 use futures_util::{future::BoxFuture, stream::BoxStream};
 
@@ -475,4 +478,45 @@ pub trait MigrateIo {
     /// Failpoint `name` (`WEIR_FAILPOINT`): the real one kills the process there; true when the
     /// migration must stop there as if it had (the fake's crash).
     fn failpoint(&mut self, name: &'static str) -> bool;
+}
+
+/// Where a route sends its block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum NextHop {
+    /// Native routing: via the remote node's address (on a shared L2, or a fabric that routes pod CIDRs).
+    Via(IpAddr),
+    /// Tunnel routing: through a device (the VXLAN device, by ifindex), `onlink` via the remote node's
+    /// tunnel address.
+    Device {
+        /// The device.
+        ifindex: u32,
+        /// The remote end's address on the tunnel.
+        via: IpAddr,
+    },
+}
+
+/// A route-table failure.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// A netlink request failed.
+    #[error("cannot {op} the route to {dest}: {source}")]
+    Netlink {
+        /// What was done.
+        op: &'static str,
+        /// The destination (or `*` for a dump).
+        dest: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The kernel's route table as the route driver sees it (weir's protocol only).
+pub trait RouteIo: Send {
+    /// Every route of weir's protocol in the main table.
+    fn dump(&mut self) -> Result<BTreeMap<IpNetwork, NextHop>, RouteError>;
+    /// Creates or replaces the route to `dest`.
+    fn replace(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
+    /// Deletes the route to `dest` (of weir's protocol).
+    fn delete(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
 }
