@@ -219,7 +219,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let sysctl_paths = paths.clone();
     tokio::spawn(link_source::supervise(
         dataplane_loop.clone(),
-        linkwatch::watch,
+        linkwatch::Netlink,
         move |ifname| {
             if let Err(e) = node_setup::workload_link_sysctls(&sysctl_paths, ifname) {
                 tracing::warn!(error = %e, "workload link sysctl");

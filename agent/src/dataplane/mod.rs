@@ -10,6 +10,7 @@ pub mod batch;
 pub mod conntrack;
 pub mod counters;
 pub mod ct_layout;
+pub mod ct_maps;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
@@ -30,3 +31,5 @@ pub mod tc_links;
     )
 )]
 pub(crate) mod fake;
+#[cfg(test)]
+pub(crate) mod fake_ct;

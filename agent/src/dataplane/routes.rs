@@ -4,53 +4,12 @@
 //! nothing wants any more; routes of any other protocol are never touched, and a restart over unchanged state
 //! writes nothing.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::collections::BTreeMap;
 
 use ipnetwork::IpNetwork;
-use serde::Serialize;
 
+pub use super::kernel::{NextHop, RouteError, RouteIo};
 use super::map_driver::DriverStats;
-
-/// Where a route sends its block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum NextHop {
-    /// Native routing: via the remote node's address (on a shared L2, or a fabric that routes pod CIDRs).
-    Via(IpAddr),
-    /// Tunnel routing: through a device (the VXLAN device, by ifindex), `onlink` via the remote node's
-    /// tunnel address.
-    Device {
-        /// The device.
-        ifindex: u32,
-        /// The remote end's address on the tunnel.
-        via: IpAddr,
-    },
-}
-
-/// A route-table failure.
-#[derive(Debug, thiserror::Error)]
-pub enum RouteError {
-    /// A netlink request failed.
-    #[error("cannot {op} the route to {dest}: {source}")]
-    Netlink {
-        /// What was done.
-        op: &'static str,
-        /// The destination (or `*` for a dump).
-        dest: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// The kernel's route table as the driver sees it (weir's protocol only).
-pub trait RouteIo: Send {
-    /// Every route of weir's protocol in the main table.
-    fn dump(&mut self) -> Result<BTreeMap<IpNetwork, NextHop>, RouteError>;
-    /// Creates or replaces the route to `dest`.
-    fn replace(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
-    /// Deletes the route to `dest` (of weir's protocol).
-    fn delete(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
-}
 
 /// Desired routes and their reconciliation.
 pub struct RouteDriver {
@@ -143,38 +102,8 @@ impl RouteDriver {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// Routes and a destination whose writes fail.
-    type Routes = (BTreeMap<IpNetwork, NextHop>, Option<IpNetwork>);
-
-    /// The kernel's routes of weir's protocol, in memory, with a failing destination.
-    #[derive(Clone, Default)]
-    struct Table(Arc<Mutex<Routes>>);
-
-    impl RouteIo for Table {
-        fn dump(&mut self) -> Result<BTreeMap<IpNetwork, NextHop>, RouteError> {
-            Ok(self.0.lock().expect("table").0.clone())
-        }
-        fn replace(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError> {
-            let mut t = self.0.lock().expect("table");
-            if t.1 == Some(dest) {
-                return Err(RouteError::Netlink {
-                    op: "replace",
-                    dest: dest.to_string(),
-                    source: std::io::Error::other("injected"),
-                });
-            }
-            t.0.insert(dest, hop);
-            Ok(())
-        }
-        fn delete(&mut self, dest: IpNetwork, _: NextHop) -> Result<(), RouteError> {
-            self.0.lock().expect("table").0.remove(&dest);
-            Ok(())
-        }
-    }
+    use crate::dataplane::fake::FakeKernel;
 
     fn net(s: &str) -> IpNetwork {
         s.parse().expect("cidr")
@@ -186,24 +115,22 @@ mod tests {
 
     #[test]
     fn writes_what_is_missing_sweeps_orphans_and_a_restart_writes_nothing() {
-        let table = Table::default();
-        table
-            .0
-            .lock()
-            .expect("t")
-            .0
+        let kernel = FakeKernel::default();
+        kernel
+            .routes()
+            .routes
             .insert(net("10.9.0.0/26"), via("192.0.2.9"));
-        let mut driver = RouteDriver::new(Box::new(table.clone()));
+        let mut driver = RouteDriver::new(Box::new(kernel.clone()));
         let want = BTreeMap::from([
             (net("10.244.1.0/26"), via("192.0.2.2")),
             (net("10.244.2.0/26"), via("192.0.2.3")),
         ]);
         driver.set_desired(want.clone());
         driver.apply().expect("apply");
-        assert_eq!(table.0.lock().expect("t").0, want, "the orphan is swept");
+        assert_eq!(kernel.routes().routes, want, "the orphan is swept");
         assert_eq!((driver.stats().writes, driver.stats().deletes), (2, 1));
         // A restarted driver over the same table writes nothing.
-        let mut restarted = RouteDriver::new(Box::new(table.clone()));
+        let mut restarted = RouteDriver::new(Box::new(kernel.clone()));
         restarted.set_desired(want.clone());
         restarted.apply().expect("apply");
         assert_eq!(
@@ -216,29 +143,22 @@ mod tests {
         restarted.set_desired(moved.clone());
         restarted.apply().expect("apply");
         assert_eq!(restarted.stats().writes, 1);
-        assert_eq!(table.0.lock().expect("t").0, moved);
+        assert_eq!(kernel.routes().routes, moved);
     }
 
     #[test]
     fn a_failing_route_stays_dirty_while_the_others_are_written() {
-        let table = Table::default();
-        table.0.lock().expect("t").1 = Some(net("10.244.1.0/26"));
-        let mut driver = RouteDriver::new(Box::new(table.clone()));
+        let kernel = FakeKernel::default();
+        kernel.routes().failing.insert(net("10.244.1.0/26"));
+        let mut driver = RouteDriver::new(Box::new(kernel.clone()));
         driver.set_desired(BTreeMap::from([
             (net("10.244.1.0/26"), via("192.0.2.2")),
             (net("10.244.2.0/26"), via("192.0.2.3")),
         ]));
         assert!(driver.apply().is_err());
-        assert!(
-            table
-                .0
-                .lock()
-                .expect("t")
-                .0
-                .contains_key(&net("10.244.2.0/26"))
-        );
-        table.0.lock().expect("t").1 = None;
+        assert!(kernel.routes().routes.contains_key(&net("10.244.2.0/26")));
+        kernel.routes().failing.clear();
         driver.apply().expect("the retry succeeds");
-        assert_eq!(table.0.lock().expect("t").0.len(), 2);
+        assert_eq!(kernel.routes().routes.len(), 2);
     }
 }
