@@ -100,7 +100,10 @@ struct File {
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Record {
     /// The endpoint stored under its key, and the next id after it.
-    Upsert { endpoint: Endpoint, next_id: u32 },
+    Upsert {
+        endpoint: Box<Endpoint>,
+        next_id: u32,
+    },
     /// The endpoint under `key` removed.
     Remove { key: String },
 }
@@ -163,7 +166,7 @@ impl Registry {
                 match record {
                     Record::Upsert { endpoint, next_id } => {
                         file.next_id = file.next_id.max(next_id);
-                        file.endpoints.insert(endpoint.key(), endpoint);
+                        file.endpoints.insert(endpoint.key(), *endpoint);
                     }
                     Record::Remove { key } => {
                         file.endpoints.remove(&key);
@@ -217,7 +220,7 @@ impl Registry {
         };
         let previous = self.file.endpoints.insert(key.clone(), endpoint.clone());
         let record = Record::Upsert {
-            endpoint: endpoint.clone(),
+            endpoint: Box::new(endpoint.clone()),
             next_id: self.file.next_id,
         };
         if let Err(e) = self.persist(&record) {
@@ -304,7 +307,7 @@ impl Registry {
             Ok(journal) => self.journal = Some(journal),
             // The base alone holds the change; the next change compacts again.
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot start the endpoint registry journal; every change rewrites the registry until it can")
+                tracing::warn!(path = %path.display(), error = %e, "cannot start the endpoint registry journal; every change rewrites the registry until it can");
             }
         }
         Ok(())
@@ -460,7 +463,7 @@ mod tests {
         let end = bytes.iter().position(|x| *x == 0).expect("end mark");
         // A crash in the middle of appending c's record: a prefix of its line is on disk.
         let line = serde_json::to_vec(&Record::Upsert {
-            endpoint: endpoint("c"),
+            endpoint: Box::new(endpoint("c")),
             next_id: 9,
         })
         .expect("json");
