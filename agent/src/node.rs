@@ -68,8 +68,20 @@ impl Node {
         policies: PolicySet,
         policy_errors: Vec<PolicyFileError>,
     ) -> Result<Self, NodeError> {
+        let identities = Identities::load(&paths.identities())?;
+        Self::open_with_identities(paths, dataplane, policies, policy_errors, identities)
+    }
+
+    /// [`Node::open`] with the given identity allocator (cluster-wide identities from the datastore).
+    pub fn open_with_identities(
+        paths: &Paths,
+        dataplane: Dataplane,
+        policies: PolicySet,
+        policy_errors: Vec<PolicyFileError>,
+        identities: Identities,
+    ) -> Result<Self, NodeError> {
         let registry = Registry::load(&paths.registry())?;
-        let mut calc = Calculation::new(Identities::load(&paths.identities())?);
+        let mut calc = Calculation::new(identities);
         calc.set_policies(&policies)?;
         let endpoints: Vec<&Endpoint> = registry.endpoints().collect();
         calc.upsert_endpoints(&endpoints)?;

@@ -13,10 +13,12 @@ pub mod ct_layout;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
+pub mod netlink_routes;
 pub mod pins;
 pub mod plane;
 pub mod prefilter;
 pub mod retry;
+pub mod routes;
 pub mod tc_links;
 
 #[cfg(any(test, feature = "testing"))]
