@@ -635,7 +635,7 @@ impl DataplaneLoop {
                 Arc::clone(&previous.links)
             },
             rules: if changed.rules {
-                Arc::new(snapshot::rules(&self.node))
+                snapshot::rules_since(&self.node, &previous.rules)
             } else {
                 Arc::clone(&previous.rules)
             },

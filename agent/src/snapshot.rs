@@ -75,6 +75,26 @@ pub fn view(node: &Node, endpoint: &crate::sources::registry::Endpoint) -> Endpo
     }
 }
 
+/// The rules in force by id, sharing `previous` when they are the same (a policy edit that keeps
+/// its rules' names and number, as a port or peer change does, recreates the same ids).
+#[must_use]
+pub fn rules_since(
+    node: &Node,
+    previous: &Arc<BTreeMap<u32, RuleRef>>,
+) -> Arc<BTreeMap<u32, RuleRef>> {
+    let now = node.rules();
+    let same = now.len() == previous.len()
+        && now
+            .iter()
+            .zip(previous.iter())
+            .all(|((id, rule), (old_id, old))| id == old_id && *rule == old);
+    if same {
+        Arc::clone(previous)
+    } else {
+        Arc::new(now.into_iter().map(|(id, r)| (id, r.clone())).collect())
+    }
+}
+
 /// The rules in force by id.
 #[must_use]
 pub fn rules(node: &Node) -> BTreeMap<u32, RuleRef> {

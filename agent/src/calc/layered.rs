@@ -2,15 +2,19 @@
 //! CIDRs with the same prefix): every source's value is kept, ordered, and the last one wins —
 //! the same outcome as writing the sources in that order from scratch. Changed keys are recorded
 //! for the flush to the map driver.
+//!
+//! A key almost always has one source (a pod address), so its sources are a sorted `Vec`: one
+//! small allocation per key, where a `BTreeMap` allocates a node of eleven slots.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     hash::Hash,
 };
 
 /// Values of `K` by source `S`.
 pub(super) struct Layered<K, S> {
-    values: HashMap<K, BTreeMap<S, u32>>,
+    /// Each key's sources, sorted by source.
+    values: HashMap<K, Vec<(S, u32)>>,
     dirty: HashSet<K>,
 }
 
@@ -25,16 +29,28 @@ impl<K: Copy + Eq + Hash, S: Ord> Layered<K, S> {
     /// Source `source` says `key` holds `value`.
     pub(super) fn set(&mut self, key: K, source: S, value: u32) {
         let sources = self.values.entry(key).or_default();
-        if sources.insert(source, value) != Some(value) {
-            self.dirty.insert(key);
+        match sources.binary_search_by(|(s, _)| s.cmp(&source)) {
+            Ok(at) if sources[at].1 == value => {}
+            Ok(at) => {
+                sources[at].1 = value;
+                self.dirty.insert(key);
+            }
+            Err(at) => {
+                if sources.is_empty() {
+                    sources.reserve_exact(1);
+                }
+                sources.insert(at, (source, value));
+                self.dirty.insert(key);
+            }
         }
     }
 
     /// Source `source` no longer says anything about `key`.
     pub(super) fn unset(&mut self, key: K, source: &S) {
         if let Some(sources) = self.values.get_mut(&key)
-            && sources.remove(source).is_some()
+            && let Ok(at) = sources.binary_search_by(|(s, _)| s.cmp(source))
         {
+            sources.remove(at);
             if sources.is_empty() {
                 self.values.remove(&key);
             }
@@ -44,10 +60,7 @@ impl<K: Copy + Eq + Hash, S: Ord> Layered<K, S> {
 
     /// The value in force for `key`: the last source's.
     pub(super) fn winner(&self, key: &K) -> Option<u32> {
-        self.values
-            .get(key)
-            .and_then(|s| s.last_key_value())
-            .map(|(_, v)| *v)
+        self.values.get(key).and_then(|s| s.last()).map(|(_, v)| *v)
     }
 
     /// The keys changed since the last call.

@@ -11,17 +11,18 @@
 //! across a restart, which rewrites just their entries. With every id taken (16,383 rules) further
 //! rules share id 0: their entries still work, but traces and hit counters cannot name them.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::policy::compile::RuleRef;
 
 /// Ids are 1..=`SPACE` (0 is never a rule's own id): one slot each in `rule_hits_v1`.
 const SPACE: u32 = maps_schema::maps::RULE_HITS_MAX - 1;
 
-/// Live rule ids and where each came from.
+/// Live rule ids and where each came from, in id order (the snapshot compares them with the
+/// ones it published, in order, to share an unchanged set).
 #[derive(Default)]
 pub(crate) struct RuleIds {
-    refs: HashMap<u32, RuleRef>,
+    refs: BTreeMap<u32, RuleRef>,
 }
 
 impl RuleIds {
@@ -51,9 +52,7 @@ impl RuleIds {
 
     /// Every live id, in id order.
     pub(super) fn all(&self) -> Vec<(u32, &RuleRef)> {
-        let mut all: Vec<(u32, &RuleRef)> = self.refs.iter().map(|(id, r)| (*id, r)).collect();
-        all.sort_unstable_by_key(|(id, _)| *id);
-        all
+        self.refs.iter().map(|(id, r)| (*id, r)).collect()
     }
 }
 

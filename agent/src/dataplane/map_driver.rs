@@ -7,7 +7,7 @@
 //! (the security order of `plane`).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, hash_map::Entry},
     hash::Hash,
     time::Instant,
 };
@@ -18,6 +18,7 @@ use super::{
     kernel::{KernelError, MapIo},
     retry::Backoff,
 };
+use crate::calc::fasthash::{FastMap, FastSet};
 
 /// What a driver did, for metrics and `weir status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -35,8 +36,10 @@ pub struct DriverStats {
 /// Desired contents of one map and the reconciliation of the kernel's copy.
 pub struct MapDriver<K, V> {
     io: Box<dyn MapIo<K, V>>,
-    desired: HashMap<K, V>,
-    dirty: HashSet<K>,
+    /// Keys are the agent's own numbers (ids, addresses, ports), hashed with the fast hasher
+    /// (`calc::fasthash`): a converge sets and applies 100,000s of them.
+    desired: FastMap<K, V>,
+    dirty: FastSet<K>,
     resync: bool,
     stats: DriverStats,
     backoff: Backoff<K>,
@@ -52,8 +55,8 @@ where
     pub fn new(io: Box<dyn MapIo<K, V>>) -> Self {
         Self {
             io,
-            desired: HashMap::new(),
-            dirty: HashSet::new(),
+            desired: FastMap::default(),
+            dirty: FastSet::default(),
             resync: true,
             stats: DriverStats::default(),
             backoff: Backoff::default(),
@@ -68,9 +71,17 @@ where
 
     /// Manager side: the key should hold `value`. No kernel I/O.
     pub fn set(&mut self, key: K, value: V) {
-        if self.desired.get(&key) != Some(&value) {
-            self.dirty.insert(key.clone());
-            self.desired.insert(key, value);
+        match self.desired.entry(key) {
+            Entry::Occupied(mut e) => {
+                if *e.get() != value {
+                    self.dirty.insert(e.key().clone());
+                    e.insert(value);
+                }
+            }
+            Entry::Vacant(e) => {
+                self.dirty.insert(e.key().clone());
+                e.insert(value);
+            }
         }
     }
 

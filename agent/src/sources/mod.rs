@@ -1,12 +1,14 @@
 //! The sources: everything that tells the loop what the node should be. Each runs as its own task
 //! and sends typed deltas (`applier::Command`) to the one dataplane loop; none touches the kernel.
 //!
-//! - `registry`: the endpoints the CNI registered, persisted in `endpoints.json`, restored at open;
+//! - `registry`: the endpoints the CNI registered, persisted in `endpoints.json` and its
+//!   `journal`, restored at open;
 //! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses) — the real
 //!   `LinkIo` of the kernel seam — and `link_source`, the supervisor over that seam that
 //!   restarts it;
 //! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy and Namespace YAML).
 
+pub mod journal;
 pub mod link_source;
 pub mod linkwatch;
 pub mod policy_dir;
