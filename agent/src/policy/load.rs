@@ -163,7 +163,8 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
     }
 }
 
-fn convert(np: &NetworkPolicy) -> Result<Policy, String> {
+/// One NetworkPolicy into the model (shared by the files and the Kubernetes source).
+pub(crate) fn convert(np: &NetworkPolicy) -> Result<Policy, String> {
     let name = np
         .metadata
         .name

@@ -4,8 +4,11 @@
 //! - `registry`: the endpoints the CNI registered, persisted in `endpoints.json`, restored at open;
 //! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses), and
 //!   `link_source`, the supervisor that restarts it;
-//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy and Namespace YAML).
+//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy and Namespace YAML);
+//! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
+//!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
 
+pub mod kube;
 pub mod link_source;
 pub mod linkwatch;
 pub mod policy_dir;
