@@ -81,6 +81,7 @@ fn policy(ns: u32, k: u32) -> Policy {
                 pods: Some(match_labels(&[("app", app(k + 1))])),
             }],
             ports: vec![tcp(80, None), tcp(443, None)],
+            named_ports: Vec::new(),
         },
         Rule {
             peers: vec![Peer::Pods {
@@ -99,6 +100,7 @@ fn policy(ns: u32, k: u32) -> Policy {
                 .ok(),
             }],
             ports: vec![tcp(8080, Some(8090))],
+            named_ports: Vec::new(),
         },
     ];
     if k.is_multiple_of(3) {
@@ -113,6 +115,7 @@ fn policy(ns: u32, k: u32) -> Policy {
                     except: vec![except],
                 }],
                 ports: vec![tcp(5432, None)],
+                named_ports: Vec::new(),
             });
         }
     }
@@ -128,6 +131,7 @@ fn policy(ns: u32, k: u32) -> Policy {
                 port: Some(53),
                 end_port: None,
             }],
+            named_ports: Vec::new(),
         }]
     } else {
         Vec::new()

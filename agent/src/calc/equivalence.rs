@@ -185,6 +185,7 @@ fn rule(rng: &mut Rng) -> Rule {
     Rule {
         peers: (0..rng.below(3)).map(|_| peer(rng)).collect(),
         ports: (0..rng.below(7)).map(|_| port(rng)).collect(),
+        named_ports: Vec::new(),
     }
 }
 

@@ -151,7 +151,7 @@ impl Calculation {
             order,
             policy,
             direction,
-            ports: ports_by_protocol(&rule.ports),
+            ports: ports_by_protocol(rule),
             peers,
             identities,
         };
@@ -381,14 +381,14 @@ impl Calculation {
     }
 }
 
-/// A rule's port clauses grouped by protocol, in first-appearance order; a rule without clauses
-/// has one group, `ANY_PROTO`, with none.
-fn ports_by_protocol(ports: &[PortSpec]) -> Vec<(u8, Vec<PortSpec>)> {
-    if ports.is_empty() {
+/// A rule's numbered port clauses grouped by protocol, in first-appearance order; a rule without
+/// any clause has one group, `ANY_PROTO`, with none.
+fn ports_by_protocol(rule: &Rule) -> Vec<(u8, Vec<PortSpec>)> {
+    if rule.all_ports() {
         return vec![(ANY_PROTO, Vec::new())];
     }
     let mut groups: Vec<(u8, Vec<PortSpec>)> = Vec::new();
-    for spec in ports {
+    for spec in &rule.ports {
         match groups.iter_mut().find(|(p, _)| *p == spec.protocol) {
             Some((_, specs)) => specs.push(*spec),
             None => groups.push((spec.protocol, vec![*spec])),

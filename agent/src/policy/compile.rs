@@ -167,6 +167,10 @@ pub fn compile(
                     &empty,
                     &cidrs,
                 );
+                if !rule.all_ports() && rule.ports.is_empty() {
+                    // Named ports only: resolved per destination pod below (none yet: nothing).
+                    continue;
+                }
                 for subject in &selected {
                     for peer in &peers {
                         add_ports(

@@ -9,19 +9,13 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::{
-    api::{
-        core::v1::Namespace,
-        networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
-    },
-    apimachinery::pkg::util::intstr::IntOrString,
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
 };
 use serde::Deserialize as _;
 
-use super::{
-    model::{Peer, Policy, PolicySet, PortSpec, Rule},
-    selector::Selector,
-};
+use super::{convert, model::PolicySet};
 
 /// A document that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +93,16 @@ fn document_lines(text: &str) -> Vec<usize> {
     starts
 }
 
+/// The kinds a policy directory may hold.
+pub const SUPPORTED_KINDS: &str = "NetworkPolicy, Namespace, Pod and Node";
+
+fn parse<T: serde::de::DeserializeOwned>(
+    value: serde_norway::Value,
+    what: &str,
+) -> Result<T, String> {
+    serde_norway::from_value::<T>(value).map_err(|e| format!("not a valid {what}: {e}"))
+}
+
 /// Parses the documents of one file into `set`, pushing every problem to `errors`.
 pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<PolicyFileError>) {
     let starts = document_lines(text);
@@ -130,218 +134,39 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
             .unwrap_or_default()
             .to_owned();
         let result = match kind.as_str() {
-            "NetworkPolicy" => serde_norway::from_value::<NetworkPolicy>(value)
-                .map_err(|e| format!("not a valid networking.k8s.io/v1 NetworkPolicy: {e}"))
-                .and_then(|np| convert(&np))
+            "NetworkPolicy" => parse::<NetworkPolicy>(value, "networking.k8s.io/v1 NetworkPolicy")
+                .and_then(|np| convert::policy(&np).map_err(|e| e.to_string()))
                 .map(|p| {
                     set.policies
                         .insert((p.namespace.clone(), p.name.clone()), p);
                 }),
-            "Namespace" => serde_norway::from_value::<Namespace>(value)
-                .map_err(|e| format!("not a valid v1 Namespace: {e}"))
-                .and_then(|ns| {
-                    let name = ns
-                        .metadata
-                        .name
-                        .clone()
-                        .ok_or("a Namespace needs metadata.name")?;
-                    set.namespaces
-                        .insert(name, ns.metadata.labels.clone().unwrap_or_default());
-                    Ok(())
+            "Namespace" => parse::<Namespace>(value, "v1 Namespace")
+                .and_then(|ns| convert::namespace(&ns).map_err(|e| e.to_string()))
+                .map(|(name, labels)| {
+                    set.namespaces.insert(name, labels);
                 }),
-            "" => Err(
-                "the document has no `kind`; write kind: NetworkPolicy or kind: Namespace"
-                    .to_owned(),
-            ),
+            "Pod" => parse::<Pod>(value, "v1 Pod")
+                .and_then(|pod| convert::pod(&pod).map_err(|e| e.to_string()))
+                .map(|pod| {
+                    set.pods
+                        .insert((pod.namespace.clone(), pod.name.clone()), pod);
+                }),
+            "Node" => parse::<Node>(value, "v1 Node")
+                .and_then(|node| convert::node(&node).map_err(|e| e.to_string()))
+                .map(|node| {
+                    set.nodes.insert(node.name.clone(), node);
+                }),
+            "" => Err(format!(
+                "the document has no `kind`; write one of {SUPPORTED_KINDS}"
+            )),
             other => Err(format!(
-                "kind {other:?} is not supported here; only NetworkPolicy and Namespace"
+                "kind {other:?} is not supported here; only {SUPPORTED_KINDS}"
             )),
         };
         if let Err(reason) = result {
             errors.push(err(doc_line, reason));
         }
     }
-}
-
-/// One NetworkPolicy into the model (shared by the files and the Kubernetes source).
-pub(crate) fn convert(np: &NetworkPolicy) -> Result<Policy, String> {
-    let name = np
-        .metadata
-        .name
-        .clone()
-        .ok_or("a NetworkPolicy needs metadata.name")?;
-    let namespace = np
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let spec = np.spec.clone().unwrap_or_default();
-    let pod_selector = Selector::from_k8s(&spec.pod_selector.clone().unwrap_or_default())
-        .map_err(|e| format!("spec.podSelector: {e}"))?;
-    let ingress_rules = spec.ingress.clone().unwrap_or_default();
-    let egress_rules = spec.egress.clone().unwrap_or_default();
-    let (ingress_isolated, egress_isolated) = match &spec.policy_types {
-        Some(types) => {
-            for t in types {
-                if t != "Ingress" && t != "Egress" {
-                    return Err(format!("spec.policyTypes: {t:?} is not Ingress or Egress"));
-                }
-            }
-            (
-                types.iter().any(|t| t == "Ingress"),
-                types.iter().any(|t| t == "Egress"),
-            )
-        }
-        None => (true, spec.egress.is_some()),
-    };
-    let rules = |rules: &[NetworkPolicyRule], what: &str| -> Result<Vec<Rule>, String> {
-        rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| rule(r).map_err(|e| format!("spec.{what}[{i}]: {e}")))
-            .collect()
-    };
-    Ok(Policy {
-        namespace,
-        name,
-        pod_selector,
-        ingress_isolated,
-        egress_isolated,
-        ingress: rules(
-            &ingress_rules
-                .iter()
-                .map(|r| NetworkPolicyRule {
-                    peers: r.from.clone(),
-                    ports: r.ports.clone(),
-                })
-                .collect::<Vec<_>>(),
-            "ingress",
-        )?,
-        egress: rules(
-            &egress_rules
-                .iter()
-                .map(|r| NetworkPolicyRule {
-                    peers: r.to.clone(),
-                    ports: r.ports.clone(),
-                })
-                .collect::<Vec<_>>(),
-            "egress",
-        )?,
-    })
-}
-
-/// A rule of either direction, with its peers (`from` or `to`).
-struct NetworkPolicyRule {
-    peers: Option<Vec<NetworkPolicyPeer>>,
-    ports: Option<Vec<NetworkPolicyPort>>,
-}
-
-fn rule(r: &NetworkPolicyRule) -> Result<Rule, String> {
-    let peers = r
-        .peers
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, p)| peer(p).map_err(|e| format!("peer {i}: {e}")))
-        .collect::<Result<_, _>>()?;
-    let ports = r
-        .ports
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, p)| port(p).map_err(|e| format!("ports[{i}]: {e}")))
-        .collect::<Result<_, _>>()?;
-    Ok(Rule { peers, ports })
-}
-
-fn peer(p: &NetworkPolicyPeer) -> Result<Peer, String> {
-    if let Some(block) = &p.ip_block {
-        if p.pod_selector.is_some() || p.namespace_selector.is_some() {
-            return Err(
-                "ipBlock cannot be combined with podSelector or namespaceSelector in one peer"
-                    .into(),
-            );
-        }
-        let cidr: ipnetwork::IpNetwork = block
-            .cidr
-            .parse()
-            .map_err(|_| format!("ipBlock.cidr {:?} is not a CIDR", block.cidr))?;
-        let mut except = Vec::new();
-        for e in block.except.iter().flatten() {
-            let net: ipnetwork::IpNetwork = e
-                .parse()
-                .map_err(|_| format!("ipBlock.except {e:?} is not a CIDR"))?;
-            if net.is_ipv4() != cidr.is_ipv4()
-                || net.prefix() <= cidr.prefix()
-                || !cidr.contains(net.network())
-            {
-                return Err(format!(
-                    "ipBlock.except {e} must be a strictly smaller prefix inside {cidr}"
-                ));
-            }
-            except.push(net);
-        }
-        return Ok(Peer::Cidr {
-            cidr: ipnetwork::IpNetwork::new(cidr.network(), cidr.prefix())
-                .map_err(|e| e.to_string())?,
-            except,
-        });
-    }
-    if p.pod_selector.is_none() && p.namespace_selector.is_none() {
-        return Err("a peer needs podSelector, namespaceSelector or ipBlock".into());
-    }
-    let namespaces = p
-        .namespace_selector
-        .as_ref()
-        .map(Selector::from_k8s)
-        .transpose()
-        .map_err(|e| format!("namespaceSelector: {e}"))?;
-    let pods = p
-        .pod_selector
-        .as_ref()
-        .map(Selector::from_k8s)
-        .transpose()
-        .map_err(|e| format!("podSelector: {e}"))?;
-    Ok(Peer::Pods { namespaces, pods })
-}
-
-fn port(p: &NetworkPolicyPort) -> Result<PortSpec, String> {
-    let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
-        "TCP" => 6,
-        "UDP" => 17,
-        "SCTP" => 132,
-        other => return Err(format!("protocol {other:?} is not TCP, UDP or SCTP")),
-    };
-    let port = match &p.port {
-        None => None,
-        Some(IntOrString::Int(n)) => Some(
-            u16::try_from(*n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("port {n} is not between 1 and 65535"))?,
-        ),
-        Some(IntOrString::String(name)) => {
-            return Err(format!(
-                "named port {name:?} is not supported yet; use the port number"
-            ));
-        }
-    };
-    let end_port = match p.end_port {
-        None => None,
-        Some(_) if port.is_none() => return Err("endPort needs port".into()),
-        Some(end) => {
-            let end = u16::try_from(end)
-                .ok()
-                .filter(|e| Some(*e) >= port)
-                .ok_or_else(|| format!("endPort {end} must be between port and 65535"))?;
-            Some(end)
-        }
-    };
-    Ok(PortSpec {
-        protocol,
-        port,
-        end_port,
-    })
 }
 
 /// Parses one file's text (tests and `weir policy` helpers).
@@ -365,6 +190,7 @@ pub fn namespace_labels(set: &PolicySet) -> BTreeMap<String, BTreeMap<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::model::PortSpec;
 
     const GOOD: &str = r#"
 apiVersion: v1
@@ -412,6 +238,26 @@ spec:
     }
 
     #[test]
+    fn pods_and_nodes_load_beside_policies() {
+        let text = "kind: Pod\nmetadata: {name: a, namespace: prod, labels: {app: web}}\nspec: {nodeName: n2, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}\nstatus: {podIP: 10.9.0.5}\n---\nkind: Node\nmetadata: {name: n2}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.2}]}\n";
+        let set = parse_str("c.yaml", text).expect("valid");
+        let pod = &set.pods[&("prod".to_owned(), "a".to_owned())];
+        assert_eq!(pod.labels["app"], "web");
+        assert_eq!(pod.named_ports[0].port, 8080);
+        assert_eq!(set.nodes["n2"].addresses.len(), 1);
+        let errors = parse_str(
+            "c.yaml",
+            &format!("{text}---\nkind: Pod\nmetadata: {{name: b}}\nstatus: {{podIP: x}}\n"),
+        )
+        .expect_err("bad pod");
+        assert_eq!(errors.len(), 1);
+        assert_eq!(
+            errors[0].to_string(),
+            "c.yaml:10: status.podIP: \"x\" is not an IP address"
+        );
+    }
+
+    #[test]
     fn bad_documents_name_file_line_and_reason() {
         let cases = [
             (
@@ -427,8 +273,8 @@ spec:
                 "inside",
             ),
             (
-                "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {}, ingress: [{ports: [{port: http}]}]}\n",
-                "named port",
+                "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {}, ingress: [{ports: [{port: Http_1}]}]}\n",
+                "port name",
             ),
             (
                 "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {}, policyTypes: [Sideways]}\n",
@@ -438,7 +284,7 @@ spec:
                 "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {matchExpressions: [{key: a, operator: Near}]}}\n",
                 "operator",
             ),
-            ("kind: Pod\nmetadata: {name: x}\n", "not supported"),
+            ("kind: Deployment\nmetadata: {name: x}\n", "not supported"),
             ("a: [unclosed\n", "not valid YAML"),
             (
                 "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {}, ingress: [{ports: [{protocol: ICMP}]}]}\n",
@@ -463,9 +309,9 @@ spec:
         }
         let errors = parse_str(
             "bad.yaml",
-            "kind: Namespace\nmetadata: {name: a}\n---\nkind: Pod\n",
+            "kind: Namespace\nmetadata: {name: a}\n---\nkind: Service\n",
         )
-        .expect_err("pod");
+        .expect_err("service");
         assert_eq!(errors[0].line, 4, "the failing document's first line");
     }
 }

@@ -1,6 +1,8 @@
-//! The validated policy model (what `load` produces and `compile` consumes).
+//! The validated cluster model (what `convert` produces from Kubernetes objects, `load` and the
+//! Kubernetes watchers assemble, and `compile`/`calc` consume): NetworkPolicies, Namespaces' labels,
+//! Pods and Nodes.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnetwork::IpNetwork;
 
@@ -30,8 +32,29 @@ pub struct Policy {
 pub struct Rule {
     /// Peers; empty means every peer.
     pub peers: Vec<Peer>,
-    /// Ports; empty means every protocol and port.
+    /// Numbered ports. When both this and `named_ports` are empty: every protocol and port.
     pub ports: Vec<PortSpec>,
+    /// Ports given by name, resolved on the destination pod's named container ports (ingress:
+    /// the selected pod's own; egress: each peer pod's). A pod without that name matches nothing
+    /// of this clause.
+    pub named_ports: Vec<NamedPortRef>,
+}
+
+impl Rule {
+    /// True when the rule names no port at all (so allows every protocol and port).
+    #[must_use]
+    pub fn all_ports(&self) -> bool {
+        self.ports.is_empty() && self.named_ports.is_empty()
+    }
+}
+
+/// A port clause naming a container port (`port: http`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamedPortRef {
+    /// IP protocol number of the clause (TCP 6, UDP 17, SCTP 132).
+    pub protocol: u8,
+    /// The container port's name.
+    pub name: String,
 }
 
 /// A peer of a rule.
@@ -64,11 +87,75 @@ pub struct PortSpec {
     pub end_port: Option<u16>,
 }
 
-/// Everything the policy directory says.
+/// Labels of an object.
+pub type Labels = BTreeMap<String, String>;
+
+/// A named container port of a pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamedPort {
+    /// The name (`ports[].name`).
+    pub name: String,
+    /// IP protocol number (TCP 6, UDP 17, SCTP 132).
+    pub protocol: u8,
+    /// `containerPort`.
+    pub port: u16,
+}
+
+/// One Pod, as far as the dataplane cares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `metadata.uid`, when known.
+    pub uid: Option<String>,
+    /// Labels (its identity, with its namespace's).
+    pub labels: Labels,
+    /// `status.podIPs` (empty until known).
+    pub ips: Vec<IpAddr>,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// `spec.hostNetwork`: the pod has the node's addresses, so no identity of its own.
+    pub host_network: bool,
+    /// Named container ports of every container (init containers excluded), in spec order.
+    pub named_ports: Vec<NamedPort>,
+    /// Only the `weir.dev/` annotations (pool annotations and the like).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Pod {
+    /// The port a named port clause resolves to on this pod, if it has a port of that name and
+    /// protocol (the first one, as upstream).
+    #[must_use]
+    pub fn resolve(&self, named: &NamedPortRef) -> Option<u16> {
+        self.named_ports
+            .iter()
+            .find(|p| p.name == named.name && p.protocol == named.protocol)
+            .map(|p| p.port)
+    }
+}
+
+/// One Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Name.
+    pub name: String,
+    /// `status.addresses` that are IP addresses (InternalIP, ExternalIP), in order.
+    pub addresses: Vec<IpAddr>,
+    /// Labels.
+    pub labels: Labels,
+}
+
+/// The cluster as a source sees it: what the policy directory (or the API server) says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PolicySet {
     /// Policies, by (namespace, name).
     pub policies: BTreeMap<(String, String), Policy>,
     /// Namespace labels, by namespace.
-    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    pub namespaces: BTreeMap<String, Labels>,
+    /// Pods, by (namespace, name).
+    pub pods: BTreeMap<(String, String), Pod>,
+    /// Nodes, by name.
+    pub nodes: BTreeMap<String, NodeInfo>,
 }
