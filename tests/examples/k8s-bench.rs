@@ -155,7 +155,11 @@ fn main() -> Result<()> {
 
     // The cluster: namespaces, nodes, pods (pod 0 of each namespace on this node), policies.
     for n in 0..sizes.nodes {
-        let name = if n == 0 { "wt-node".to_owned() } else { format!("node-{n}") };
+        let name = if n == 0 {
+            "wt-node".to_owned()
+        } else {
+            format!("node-{n}")
+        };
         api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}},
                           "status": {"addresses": [{"type": "InternalIP", "address": format!("192.0.2.{}", n + 1)}]}}));
     }
@@ -168,7 +172,10 @@ fn main() -> Result<()> {
         for j in 0..sizes.pods_per_namespace {
             let g = ns * sizes.pods_per_namespace + j;
             let (node_name, ip) = if j == 0 {
-                ("wt-node".to_owned(), format!("10.150.{}.{}", ns / 250, ns % 250 + 1))
+                (
+                    "wt-node".to_owned(),
+                    format!("10.150.{}.{}", ns / 250, ns % 250 + 1),
+                )
             } else {
                 (
                     format!("node-{}", 1 + g % (sizes.nodes - 1)),
@@ -234,7 +241,13 @@ fn main() -> Result<()> {
     for r in 0..sizes.rounds {
         let (ns, ip) = &local[r % local.len()];
         let labels = json!({"app": "app-0", "rev": format!("r{r}")});
-        match event_to_kernel(&api, &runtime, &client, "Pod", pod(*ns, 0, "wt-node", ip, &labels))? {
+        match event_to_kernel(
+            &api,
+            &runtime,
+            &client,
+            "Pod",
+            pod(*ns, 0, "wt-node", ip, &labels),
+        )? {
             Some(ms) => label_ms.push(ms),
             None => label_missed += 1,
         }
@@ -245,7 +258,13 @@ fn main() -> Result<()> {
     for r in 0..sizes.rounds {
         let ns = r % sizes.namespaces;
         let port = 8001 + u16::try_from(r).unwrap_or(0);
-        match event_to_kernel(&api, &runtime, &client, "NetworkPolicy", policy(&sizes, ns, 0, port))? {
+        match event_to_kernel(
+            &api,
+            &runtime,
+            &client,
+            "NetworkPolicy",
+            policy(&sizes, ns, 0, port),
+        )? {
             Some(ms) => policy_ms.push(ms),
             None => policy_missed += 1,
         }
@@ -267,9 +286,19 @@ fn main() -> Result<()> {
         "rss_mib": rss,
         "loadavg": load.trim(),
     });
-    let show = |v: &Value| v.as_f64().map_or_else(|| "n/a".to_owned(), |f| format!("{f:.2}"));
-    println!("k8s source: {pods} pods in {} namespaces, {policies} policies, {} on this node", sizes.namespaces, local.len());
-    println!("  start → in sync and programmed   {} s (target ≤ 5)", show(&figures["sync_programmed_s"]));
+    let show = |v: &Value| {
+        v.as_f64()
+            .map_or_else(|| "n/a".to_owned(), |f| format!("{f:.2}"))
+    };
+    println!(
+        "k8s source: {pods} pods in {} namespaces, {policies} policies, {} on this node",
+        sizes.namespaces,
+        local.len()
+    );
+    println!(
+        "  start → in sync and programmed   {} s (target ≤ 5)",
+        show(&figures["sync_programmed_s"])
+    );
     println!(
         "  pod label event → kernel         p50 {} ms, p99 {} ms (target ≤ 20); {label_missed} without a write",
         show(&figures["label_event_p50_ms"]),

@@ -225,11 +225,11 @@ impl KubeApi {
     }
 
     /// Sends every open watch an ERROR event with a 410 Status and compacts history: a watch
-    /// from any resourceVersion seen so far is refused with 410, so the watchers relist.
+    /// from any older resourceVersion is refused with 410, so the watchers relist.
     pub fn expire_watches(&self) {
         {
             let mut s = self.shared.lock();
-            s.compacted = s.rv + 1;
+            s.compacted = s.rv;
         }
         self.end_watches(true);
     }

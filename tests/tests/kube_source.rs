@@ -111,8 +111,14 @@ fn map_writes(agent: &AgentProcess) -> (u64, u64) {
     writes
 }
 
+/// `GET /readyz` inside the node namespace; "" while nothing listens (before the agent serves).
 fn readyz(node: &NetNs) -> String {
-    node.run(|| metrics_get("/readyz"))
+    node.run(|| {
+        if std::net::TcpStream::connect("127.0.0.1:9972").is_err() {
+            return String::new();
+        }
+        metrics_get("/readyz")
+    })
 }
 
 fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
@@ -347,4 +353,64 @@ fn the_api_server_down_changes_no_verdict_reports_stale_and_changes_made_meanwhi
         api.apply(web_policy("web-other", "other"));
         expect(&web, &client, &other, (true, true), "connected again");
     }
+}
+
+/// The Pod object of an API-registered pod (`agent_pod::pod` registers `default/NAME`).
+fn pod_object(name: &str, ip: &str, app: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+           "spec": {"nodeName": "wt-node", "containers": [{"name": "c", "image": "pause"}]},
+           "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+}
+
+#[test]
+fn a_pod_label_change_through_the_api_server_flips_real_traffic() {
+    if !require_root("a_pod_label_change_through_the_api_server_flips_real_traffic") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let api = KubeApi::start(Some(&node));
+    api.apply(namespace("default"));
+    api.apply(node_object());
+    api.apply(web_policy("web", "client"));
+    let agent = start_agent(&root, &dirs, &node, &api);
+    let web = pod(&node, &agent, "web", "web");
+    let client = pod(&node, &agent, "client", "client");
+    let other = pod(&node, &agent, "other", "other");
+    api.apply(pod_object("web", &web.ip, "web"));
+    api.apply(pod_object("client", &client.ip, "client"));
+    api.apply(pod_object("other", &other.ip, "other"));
+    let _listener = web
+        .ns
+        .run(|| TcpListener::bind("0.0.0.0:8080").expect("listen in web"));
+    expect(&web, &client, &other, (true, false), "client only");
+    // `other` was registered as app=other; its Pod object now says app=client: admitted.
+    api.apply(pod_object("other", &other.ip, "client"));
+    expect(
+        &web,
+        &client,
+        &other,
+        (true, true),
+        "other's Pod relabelled app=client",
+    );
+    // And client's Pod relabelled away from app=client: denied, with no restart.
+    api.apply(pod_object("client", &client.ip, "nobody"));
+    expect(
+        &web,
+        &client,
+        &other,
+        (false, true),
+        "client's Pod relabelled app=nobody",
+    );
+    api.apply(pod_object("other", &other.ip, "other"));
+    expect(
+        &web,
+        &client,
+        &other,
+        (false, false),
+        "other's Pod back to app=other",
+    );
 }

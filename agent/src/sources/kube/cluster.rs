@@ -13,41 +13,47 @@ use super::{
     watch::{Change, Kind},
 };
 use crate::policy::{
+    convert,
     load::PolicyFileError,
-    model::{Policy, PolicySet},
+    model::{Labels, NodeInfo, Pod as PodInfo, Policy, PolicySet},
 };
 
-/// A converted object, or why it could not be converted.
+/// A converted object (by `policy::convert`, as the standalone directory's), or why it could
+/// not be converted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Object {
     /// A NetworkPolicy.
     Policy(Result<Policy, String>),
     /// A Namespace's labels.
-    Namespace(Result<BTreeMap<String, String>, String>),
+    Namespace(Result<Labels, String>),
     /// A Pod.
-    Pod(Result<(), String>),
+    Pod(Result<PodInfo, String>),
     /// A Node.
-    Node(Result<(), String>),
+    Node(Result<NodeInfo, String>),
 }
 
 /// Converts a NetworkPolicy.
 pub fn policy(np: &NetworkPolicy) -> Object {
-    Object::Policy(crate::policy::load::convert(np))
+    Object::Policy(convert::policy(np).map_err(|e| e.to_string()))
 }
 
 /// Converts a Namespace.
 pub fn namespace(ns: &Namespace) -> Object {
-    Object::Namespace(Ok(ns.metadata.labels.clone().unwrap_or_default()))
+    Object::Namespace(
+        convert::namespace(ns)
+            .map(|(_, labels)| labels)
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// Converts a Pod.
-pub fn pod(_pod: &Pod) -> Object {
-    Object::Pod(Ok(()))
+pub fn pod(pod: &Pod) -> Object {
+    Object::Pod(convert::pod(pod).map_err(|e| e.to_string()))
 }
 
 /// Converts a Node.
-pub fn node(_node: &Node) -> Object {
-    Object::Node(Ok(()))
+pub fn node(node: &Node) -> Object {
+    Object::Node(convert::node(node).map_err(|e| e.to_string()))
 }
 
 /// Every kind's objects.
@@ -114,7 +120,12 @@ impl Cluster {
                     Object::Namespace(Ok(labels)) => {
                         set.namespaces.insert(key.1.clone(), labels.clone());
                     }
-                    Object::Pod(Ok(())) | Object::Node(Ok(())) => {}
+                    Object::Pod(Ok(p)) => {
+                        set.pods.insert(key.clone(), p.clone());
+                    }
+                    Object::Node(Ok(n)) => {
+                        set.nodes.insert(key.1.clone(), n.clone());
+                    }
                     Object::Policy(Err(e))
                     | Object::Namespace(Err(e))
                     | Object::Pod(Err(e))

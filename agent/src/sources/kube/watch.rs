@@ -104,6 +104,12 @@ pub async fn forward<K>(
             Ok(watcher::Event::InitDone) => Change::InitDone(kind),
             Ok(watcher::Event::Apply(o)) => Change::Apply(kind, key(&o), convert(&o)),
             Ok(watcher::Event::Delete(o)) => Change::Delete(kind, key(&o)),
+            // 410 Gone: the history is compacted past our resourceVersion; the watcher relists
+            // (its `Init` follows). The protocol working, not the API server failing.
+            Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                tracing::info!(kind = kind.name(), reason = %status.message, "watch expired (410 Gone); relisting");
+                continue;
+            }
             Err(e) => Change::Error(kind, e.to_string()),
         };
         if tx.send(change).is_err() {
