@@ -194,7 +194,7 @@ fn main() -> Result<()> {
                     format!("k{ns}:eth0"),
                     json!({"id": ns + 1, "container_id": format!("k{ns}"), "ifname": "eth0",
                            "host_ifname": host, "namespace": format!("ns-{ns}"), "pod": "p0",
-                           "labels": {}, "handle": format!("h{ns}"), "ips": [ip]}),
+                           "labels": {"app": "app-0"}, "handle": format!("h{ns}"), "ips": [ip]}),
                 );
                 local.push((ns, ip));
             }
@@ -251,6 +251,10 @@ fn main() -> Result<()> {
             Some(ms) => label_ms.push(ms),
             None => label_missed += 1,
         }
+        if label_missed >= 3 {
+            // Nothing reaches the kernel: no use waiting 10 s for each of the other rounds.
+            break;
+        }
     }
     // 3. A policy edit on this node's pods → kernel.
     let mut policy_ms = Vec::new();
@@ -267,6 +271,10 @@ fn main() -> Result<()> {
         )? {
             Some(ms) => policy_ms.push(ms),
             None => policy_missed += 1,
+        }
+        if policy_missed >= 3 {
+            // Nothing reaches the kernel: no use waiting 10 s for each of the other rounds.
+            break;
         }
     }
     let rss = rss_mib(agent.pid())?;
