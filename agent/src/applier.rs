@@ -122,11 +122,12 @@ pub enum Command {
     Link(LinkEvent),
     /// The link watcher stopped and is being restarted: not ready until it has synced again.
     LinkWatcherDown(String),
-    /// The policy files were read and every document is valid.
+    /// The source's objects (policies, namespaces, pods, nodes): every valid document, with
+    /// refused ones in their last good form.
     Policies {
-        /// The policies and namespaces.
+        /// The policies, namespaces, pods and nodes.
         set: PolicySet,
-        /// Refusals (none).
+        /// Refused documents (reported in status).
         errors: Vec<PolicyFileError>,
     },
     /// The cluster source (the Kubernetes API server) is unreachable (`Some`: why; the last known
@@ -407,17 +408,12 @@ impl DataplaneLoop {
             }
             Command::SourceStale(stale) => self.on_source_stale(stale),
             Command::Policies { set, errors } => {
-                // Only a namespace's labels change an endpoint's view (its identity).
-                let relabelled = self.node.relabelled_namespaces(&set);
-                if !relabelled.is_empty() {
-                    let keys: Vec<String> = self
-                        .node
-                        .endpoints()
-                        .filter(|e| relabelled.contains(&e.namespace))
-                        .map(Endpoint::key)
-                        .collect();
-                    self.changed.endpoints.extend(keys);
+                for e in &errors {
+                    tracing::warn!(error = %e, "policy document refused; the object it names keeps its last good form");
                 }
+                // Only a namespace's or a Pod's labels change an endpoint's view (its identity).
+                let relabelled = self.node.relabelled_endpoints(&set);
+                self.changed.endpoints.extend(relabelled);
                 match self.node.set_policies(set, errors) {
                     Ok(_) => tracing::info!(
                         policies = self.node.summary().policies,

@@ -187,6 +187,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         tracing::warn!(error = %e, "policy document refused");
     }
     let mut node = Node::open(&paths, dataplane, policies, policy_errors)?;
+    node.set_node_name(&config.node)?;
     if kube_client.is_some() {
         node.await_policy_source();
     }

@@ -13,7 +13,12 @@ use crate::{
     dataplane::plane::Dataplane,
     identity::{Identities, IdentityError},
     paths::Paths,
-    policy::{compile::RuleRef, load::PolicyFileError, model::PolicySet},
+    policy::{
+        compile::RuleRef,
+        load::PolicyFileError,
+        model::{Pod, PolicySet},
+        pods,
+    },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
 };
@@ -36,6 +41,10 @@ pub struct Node {
     /// Drivers and managers.
     pub dataplane: Dataplane,
     policy_errors: Vec<PolicyFileError>,
+    /// The source's Pods (local endpoints take their labels from them) and Nodes.
+    cluster: PolicySet,
+    /// This node's name, when known (its pods are not remote).
+    node_name: Option<String>,
     node_addresses: BTreeSet<IpAddr>,
     address_sources: BTreeSet<(u32, IpAddr)>,
     links_synced: bool,
@@ -74,13 +83,25 @@ impl Node {
         let registry = Registry::load(&paths.registry())?;
         let mut calc = Calculation::new(Identities::load(&paths.identities())?);
         calc.set_policies(&policies)?;
-        let endpoints: Vec<&Endpoint> = registry.endpoints().collect();
+        let effective: Vec<_> = registry
+            .endpoints()
+            .map(|e| pods::effective(e, &policies))
+            .collect();
+        let endpoints: Vec<&Endpoint> = effective.iter().map(AsRef::as_ref).collect();
         calc.upsert_endpoints(&endpoints)?;
+        calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
+        let cluster = PolicySet {
+            policies: Default::default(),
+            namespaces: Default::default(),
+            ..policies
+        };
         let mut node = Self {
             registry,
             calc,
             dataplane,
             policy_errors,
+            cluster,
+            node_name: None,
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
             links_synced: false,
@@ -96,13 +117,35 @@ impl Node {
         self.calc.flush(&mut self.dataplane);
     }
 
-    /// New policy files: take the valid set, remember the refusals.
+    /// New source contents: take the valid set, remember the refusals. Endpoints whose Pod's
+    /// labels changed move to their new identity (the same path as a re-registration with new
+    /// labels); remote pods' addresses follow the set.
     pub fn set_policies(
         &mut self,
         policies: PolicySet,
         errors: Vec<PolicyFileError>,
     ) -> Result<u64, NodeError> {
+        let relabelled: Vec<Endpoint> = self
+            .registry
+            .endpoints()
+            .filter_map(|e| {
+                let now = pods::effective(e, &policies);
+                (now.labels != pods::effective(e, &self.cluster).labels).then(|| now.into_owned())
+            })
+            .collect();
         self.calc.set_policies(&policies)?;
+        self.calc
+            .upsert_endpoints(&relabelled.iter().collect::<Vec<_>>())?;
+        self.calc.set_remote_pods(&pods::remote(
+            &policies,
+            self.registry.endpoints(),
+            self.node_name.as_deref(),
+        ))?;
+        self.cluster = PolicySet {
+            policies: Default::default(),
+            namespaces: Default::default(),
+            ..policies
+        };
         self.policy_errors = errors;
         self.policies_synced = true;
         self.flush();
@@ -115,11 +158,44 @@ impl Node {
         self.policies_synced = false;
     }
 
-    /// The namespaces whose labels `policies` would change (the endpoints there get new
-    /// identities).
+    /// This node's name (its pods in the source are local, never remote).
+    pub fn set_node_name(&mut self, name: &str) -> Result<u64, NodeError> {
+        self.node_name = Some(name.to_owned());
+        self.calc.set_remote_pods(&pods::remote(
+            &self.cluster,
+            self.registry.endpoints(),
+            self.node_name.as_deref(),
+        ))?;
+        self.flush();
+        Ok(self.changed())
+    }
+
+    /// The endpoints whose view `policies` would change: their namespace's labels or their
+    /// Pod's labels change (so their identities).
     #[must_use]
-    pub fn relabelled_namespaces(&self, policies: &PolicySet) -> BTreeSet<String> {
-        self.calc.relabelled_namespaces(policies)
+    pub fn relabelled_endpoints(&self, policies: &PolicySet) -> BTreeSet<String> {
+        let namespaces = self.calc.relabelled_namespaces(policies);
+        self.registry
+            .endpoints()
+            .filter(|e| {
+                namespaces.contains(&e.namespace)
+                    || pods::effective(e, policies).labels
+                        != pods::effective(e, &self.cluster).labels
+            })
+            .map(Endpoint::key)
+            .collect()
+    }
+
+    /// The source's Pod object of a local endpoint, if any.
+    #[must_use]
+    pub fn pod_of(&self, endpoint: &Endpoint) -> Option<&Pod> {
+        pods::pod_of(endpoint, &self.cluster)
+    }
+
+    /// The endpoint as policy sees it (its Pod's labels when the source has the Pod).
+    #[must_use]
+    pub fn effective(&self, endpoint: &Endpoint) -> Endpoint {
+        pods::effective(endpoint, &self.cluster).into_owned()
     }
 
     /// Policy files changed but some document is bad: keep the last good policies in force.
@@ -218,14 +294,21 @@ impl Node {
         endpoint: Endpoint,
     ) -> Result<(Endpoint, u32, u64), NodeError> {
         // Its identity is allocated and persisted before the registry holds the endpoint.
-        self.calc.prepare_endpoint(&endpoint)?;
+        self.calc
+            .prepare_endpoint(&pods::effective(&endpoint, &self.cluster))?;
         let stored = self.registry.upsert(endpoint)?;
         let identity = self
             .calc
-            .upsert_endpoints(&[&stored])?
+            .upsert_endpoints(&[&pods::effective(&stored, &self.cluster)])?
             .first()
             .copied()
             .unwrap_or_default();
+        // A pod that just became local is no longer remote.
+        self.calc.set_remote_pods(&pods::remote(
+            &self.cluster,
+            self.registry.endpoints(),
+            self.node_name.as_deref(),
+        ))?;
         self.flush();
         Ok((stored, identity, self.changed()))
     }
@@ -235,6 +318,11 @@ impl Node {
         let removed = self.registry.remove(key)?;
         if removed.is_some() {
             self.calc.remove_endpoint(key);
+            self.calc.set_remote_pods(&pods::remote(
+                &self.cluster,
+                self.registry.endpoints(),
+                self.node_name.as_deref(),
+            ))?;
             self.flush();
         }
         Ok((removed, self.changed()))
@@ -254,7 +342,8 @@ impl Node {
     /// The identity of an endpoint, if allocated.
     #[must_use]
     pub fn identity(&self, endpoint: &Endpoint) -> Option<u32> {
-        self.calc.identity_of(endpoint)
+        self.calc
+            .identity_of(&pods::effective(endpoint, &self.cluster))
     }
 
     /// Summary for status.

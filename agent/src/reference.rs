@@ -175,7 +175,13 @@ fn compile_with(
     if let Some(e) = errors.into_iter().next() {
         return Err(ReferenceError::Policy(e));
     }
-    let endpoints: Vec<_> = registry.endpoints().collect();
+    // Local endpoints with their Pod's labels when the directory has the Pod.
+    let effective: Vec<_> = registry
+        .endpoints()
+        .map(|e| crate::policy::pods::effective(e, &set))
+        .collect();
+    let endpoints: Vec<&crate::sources::registry::Endpoint> =
+        effective.iter().map(AsRef::as_ref).collect();
     let empty = BTreeMap::new();
     let mut ids = Vec::with_capacity(endpoints.len());
     for e in &endpoints {
@@ -209,6 +215,34 @@ fn compile_with(
         }
     }
     let mut state = State {
+        ident4: compiled
+            .remote
+            .iter()
+            .filter_map(|(ip, id)| match ip {
+                IpAddr::V4(a) => Some((
+                    a.octets(),
+                    IdentityInfo {
+                        identity: *id,
+                        flags: 0,
+                    },
+                )),
+                IpAddr::V6(_) => None,
+            })
+            .collect(),
+        ident6: compiled
+            .remote
+            .iter()
+            .filter_map(|(ip, id)| match ip {
+                IpAddr::V6(a) => Some((
+                    a.octets(),
+                    IdentityInfo {
+                        identity: *id,
+                        flags: 0,
+                    },
+                )),
+                IpAddr::V4(_) => None,
+            })
+            .collect(),
         ipcache4: compiled.ipcache4,
         ipcache6: compiled.ipcache6,
         policy: compiled.policy,

@@ -65,7 +65,8 @@ pub fn endpoint_views(node: &Node) -> BTreeMap<String, Arc<EndpointView>> {
 #[must_use]
 pub fn view(node: &Node, endpoint: &crate::sources::registry::Endpoint) -> EndpointView {
     EndpointView {
-        endpoint: endpoint.clone(),
+        // With its Pod's labels when the source has the Pod.
+        endpoint: node.effective(endpoint),
         identity: node.identity(endpoint),
         ifindex: node
             .dataplane

@@ -139,7 +139,8 @@ pub struct Config {
     /// Addresses requested by `runtimeConfig.ips` or `args.cni.ips` (CNI_ARGS `IP=` is merged by
     /// the command).
     pub requested_ips: Vec<IpAddr>,
-    /// Labels from `args.cni.labels`.
+    /// Labels from `args.cni.labels`: no longer a label source; ADD refuses them when set
+    /// (labels come from the pod's Pod object in the agent's source).
     pub labels: BTreeMap<String, String>,
     /// The previous plugin's result, or the ADD result (DEL, CHECK).
     pub prev_result: Option<Value>,

@@ -37,5 +37,6 @@ pub mod netpol;
 pub mod observe;
 pub mod packet;
 pub mod pod;
+pub mod pod_doc;
 pub mod podnet;
 pub mod privileged;

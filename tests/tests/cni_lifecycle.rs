@@ -8,6 +8,7 @@ use std::{
 use serde_json::{Value, json};
 use tests::{
     cni::{CniNode, Pod, with_prev},
+    pod_doc::write_pod,
     privileged::require_root,
 };
 
@@ -43,8 +44,30 @@ fn add_builds_the_pod_network_and_del_removes_it() {
     }
     let node = CniNode::start(&[]);
     let pod = Pod::k8s("default", "web-0");
-    let conf = node
+    // args.cni.labels is no longer a label source: ADD refuses it, saying where labels come from.
+    let labelled = node
         .conf(&json!({"mtu": 1400, "args": {"cni": {"labels": [{"key": "app", "value": "web"}]}}}));
+    let refused = node
+        .exec(&pod.call("ADD"), &labelled)
+        .err(7, "ADD with args.cni.labels");
+    assert!(
+        refused.contains("args.cni.labels is no longer a label source")
+            && refused.contains("kind: Pod"),
+        "{refused}"
+    );
+    assert!(
+        endpoints(&node).is_empty(),
+        "the refused ADD registered nothing"
+    );
+    // The labels come from the pod's Pod document in the policy directory.
+    write_pod(
+        &node.dirs.path("policies"),
+        "default",
+        "web-0",
+        &[("app", "web")],
+        &[],
+    );
+    let conf = node.conf(&json!({"mtu": 1400}));
     let result = node.add(&pod, &conf);
 
     // The result: host veth without sandbox, pod interface with it, /32 on interface 1, routes.
@@ -107,8 +130,16 @@ fn add_builds_the_pod_network_and_del_removes_it() {
         );
     }
 
-    // The agent has the endpoint with the pod's labels.
-    let eps = endpoints(&node);
+    // The agent has the endpoint with the pod's labels (from its Pod document, read within a
+    // poll of the directory).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let eps = loop {
+        let eps = endpoints(&node);
+        if eps.first().is_some_and(|e| e["labels"]["app"] == "web") || Instant::now() > deadline {
+            break eps;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(eps.len(), 1, "{eps:?}");
     assert_eq!(eps[0]["host_ifname"], host);
     assert_eq!(eps[0]["labels"]["app"], "web");

@@ -1,7 +1,9 @@
-//! TCP between pods that weir-cni attached follows NetworkPolicy files: the pods get their labels
-//! from `args.cni.labels` and their namespace from `K8S_POD_NAMESPACE` at ADD, the agent reads `--policy-dir`, and a policy on `web` lets
-//! `client` in and keeps `other` out (each denial beside a passing positive control); editing the
-//! file swaps them, and removing it opens `web` again, all without a restart.
+//! TCP between pods that weir-cni attached follows NetworkPolicy files: weir-cni passes the pods'
+//! namespace and name (`K8S_POD_NAMESPACE`/`K8S_POD_NAME`), their labels come from `kind: Pod`
+//! documents in `--policy-dir`, and a policy on `web` lets `client` in and keeps `other` out
+//! (each denial beside a passing positive control); swapping the two pods' labels in their Pod
+//! documents swaps them, editing the policy swaps them back, and removing it opens `web` again,
+//! all without a restart.
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
@@ -11,6 +13,7 @@ use std::{
 use serde_json::{Value, json};
 use tests::{
     cni::{CniNode, Pod},
+    pod_doc::write_pod,
     privileged::require_root,
 };
 
@@ -26,8 +29,16 @@ struct Labelled {
 
 fn add(node: &CniNode, app: &str) -> Labelled {
     // Policies live in a namespace; pods without one (no K8S_POD_NAMESPACE) match none of them.
+    // The pod `default/<app>` is labelled app=<app> by its Pod document.
+    write_pod(
+        &node.dirs.path("policies"),
+        "default",
+        app,
+        &[("app", app)],
+        &[],
+    );
     let pod = Pod::k8s("default", app);
-    let conf = node.conf(&json!({"args": {"cni": {"labels": [{"key": "app", "value": app}]}}}));
+    let conf = node.conf(&json!({}));
     let result = node.add(&pod, &conf);
     let ip = Pod::ipv4(&result).parse().expect("an IPv4 address");
     Labelled {
@@ -113,14 +124,27 @@ fn tcp_between_cni_pods_follows_policy_files() {
         "web admits client only",
     );
 
-    std::fs::write(&file, policy("other")).expect("edit policy");
+    // A label change on the Pod objects alone flips the traffic: `client` becomes app=other and
+    // `other` app=client.
+    write_pod(&policy_dir, "default", "client", &[("app", "other")], &[]);
+    write_pod(&policy_dir, "default", "other", &[("app", "client")], &[]);
     expect(
         &node,
         &web,
         &client,
         &other,
         (false, true),
-        "the edit swaps them",
+        "the pods' new labels swap them",
+    );
+
+    std::fs::write(&file, policy("other")).expect("edit policy");
+    expect(
+        &node,
+        &web,
+        &client,
+        &other,
+        (true, false),
+        "the edit swaps them back",
     );
 
     std::fs::remove_file(&file).expect("remove policy");

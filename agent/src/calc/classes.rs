@@ -86,7 +86,7 @@ impl Calculation {
         self.dirty_endpoints.remove(key);
         if let Some(class) = self.classes.get_mut(member.class) {
             class.members.remove(&member.endpoint.id);
-            if class.members.is_empty() {
+            if class.members.is_empty() && class.remote.is_empty() {
                 self.destroy_class(member.class);
             }
         }
@@ -122,13 +122,18 @@ impl Calculation {
         }
     }
 
-    fn create_class(&mut self, key: (String, BTreeMap<String, String>), identity: u32) -> usize {
+    pub(super) fn create_class(
+        &mut self,
+        key: (String, BTreeMap<String, String>),
+        identity: u32,
+    ) -> usize {
         let (namespace, labels) = key.clone();
         let id = self.classes.insert(Class {
             namespace: namespace.clone(),
             labels,
             identity,
             members: BTreeMap::new(),
+            remote: BTreeSet::new(),
             subject_of: BTreeSet::new(),
             peer_of: BTreeSet::new(),
         });
@@ -184,7 +189,7 @@ impl Calculation {
             .collect()
     }
 
-    fn destroy_class(&mut self, id: usize) {
+    pub(super) fn destroy_class(&mut self, id: usize) {
         let Some(class) = self.classes.remove(id) else {
             return;
         };
@@ -243,6 +248,7 @@ impl Calculation {
             class.identity = new_identity;
             class.peer_of.clone_from(&new_peers);
             let members: Vec<String> = class.members.values().cloned().collect();
+            let remote: Vec<String> = class.remote.iter().cloned().collect();
             for p in &new_peers {
                 if !old_peers.contains(p) || moved {
                     self.peer_identity(*p, new_identity, true);
@@ -252,6 +258,14 @@ impl Calculation {
                 }
             }
             if moved {
+                for key in remote {
+                    if let Some((pod, _)) = self.remote_pods.get(&key) {
+                        let source = Source::Remote(key.clone());
+                        for ip in &pod.ips {
+                            self.ident.set(*ip, source.clone(), new_identity);
+                        }
+                    }
+                }
                 for key in members {
                     if let Some(member) = self.members.get(&key) {
                         let source = Source::Endpoint(key.clone());

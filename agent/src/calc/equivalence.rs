@@ -1,6 +1,7 @@
 //! The correctness net of the incremental calculation: random sequences of changes (endpoints
 //! with labels in namespaces, namespace labels, policies with pod and namespace selectors and
 //! match expressions, ports and port ranges, CIDR blocks with exceptions, node addresses,
+//! remote pods (Pod objects of other nodes, some sharing a local endpoint's name or address),
 //! deletions), and after every step the desired maps equal a full compile of the same sources
 //! (`policy::compile::compile`, the agent's previous whole-state rebuild), with policy entries
 //! compared by the rule each one names rather than by its number.
@@ -21,7 +22,8 @@ use crate::{
     identity::{Identities, LabelSet},
     policy::{
         compile::{RuleRef, Subject, compile},
-        model::{Peer, Policy, PolicySet, PortSpec, Rule},
+        model::{Peer, Pod, Policy, PolicySet, PortSpec, Rule},
+        pods,
         selector::Selector,
     },
     sources::registry::Endpoint,
@@ -238,9 +240,50 @@ fn random_endpoint(rng: &mut Rng) -> Endpoint {
     e
 }
 
-/// One random change, applied to both the sources and the calculation.
+/// A random Pod object of another node: sometimes with a local endpoint's name (so it is local,
+/// not remote) or one of its addresses.
+fn random_pod(rng: &mut Rng) -> Pod {
+    let n = u32::try_from(rng.below(ENDPOINT_KEYS as usize)).unwrap_or(0);
+    let name = if rng.chance(20) {
+        format!("pod{n}")
+    } else {
+        format!("remote{n}")
+    };
+    let ips = if rng.chance(20) {
+        ips(rng, n)
+    } else {
+        vec![IpAddr::from([10, 9, 0, u8::try_from(n).unwrap_or(0)])]
+    };
+    Pod {
+        namespace: (*rng.pick(&NAMESPACES)).to_owned(),
+        name,
+        labels: pod_labels(rng),
+        ips,
+        host_network: rng.chance(10),
+        ..Pod::default()
+    }
+}
+
+/// One random change, applied to both the sources and the calculation; the remote pods follow.
 fn step(rng: &mut Rng, sources: &mut Sources, calc: &mut Calculation) {
-    match rng.below(100) {
+    one_step(rng, sources, calc);
+    let remote = pods::remote(&sources.set, sources.endpoints.values(), None);
+    calc.set_remote_pods(&remote).expect("remote pods");
+}
+
+fn one_step(rng: &mut Rng, sources: &mut Sources, calc: &mut Calculation) {
+    match rng.below(115) {
+        100..=114 => {
+            // A Pod object added, relabelled, moved or deleted.
+            let pod = random_pod(rng);
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if rng.chance(30) {
+                sources.set.pods.remove(&key);
+            } else {
+                sources.set.pods.insert(key, pod);
+            }
+            calc.set_policies(&sources.set).expect("policies");
+        }
         0..=29 => {
             let e = random_endpoint(rng);
             calc.upsert_endpoints(&[&e]).expect("upsert");
@@ -377,6 +420,9 @@ fn full(sources: &Sources, identities_file: &Path, scratch: &Path) -> Full {
     };
     for a in &sources.node_addresses {
         put(a, HOST);
+    }
+    for (ip, id) in &compiled.remote {
+        put(ip, *id);
     }
     for (e, id) in endpoints.iter().zip(&ids) {
         for ip in &e.ips {

@@ -26,6 +26,7 @@ mod groups;
 mod layered;
 mod peers;
 mod policies;
+mod remote;
 pub(crate) mod rule_ids;
 mod slab;
 
@@ -63,6 +64,7 @@ use crate::{
     policy::{
         compile::RuleRef,
         model::{Peer, Policy, PolicySet, PortSpec},
+        pods::RemotePod,
     },
     sources::registry::Endpoint,
 };
@@ -85,11 +87,13 @@ fn put<K: Clone + Eq + Hash + Send>(
     }
 }
 
-/// Who says an address has an identity: the node (host) or an endpoint (by registry key). When
-/// both do, the endpoint wins, and among endpoints the last key (as a full rebuild wrote them).
+/// Who says an address has an identity: the node (host), a remote pod (by `namespace/name`) or an
+/// endpoint (by registry key). Later variants win (a local endpoint over a remote pod's stale
+/// address), and among endpoints the last key (as a full rebuild wrote them).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
     Node,
+    Remote(String),
     Endpoint(String),
 }
 
@@ -100,6 +104,8 @@ struct Class {
     identity: u32,
     /// Endpoint id → registry key.
     members: BTreeMap<u32, String>,
+    /// Remote pods (`namespace/name`) of the class: peers by label, no entries of their own.
+    remote: BTreeSet<String>,
     /// Policies whose `podSelector` selects the class.
     subject_of: BTreeSet<usize>,
     /// Selector-cache entries matching the class.
@@ -161,6 +167,8 @@ pub struct Calculation {
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
     node_addresses: BTreeSet<IpAddr>,
     members: HashMap<String, Member>,
+    /// Remote pods by `namespace/name`, with their class.
+    remote_pods: HashMap<String, (RemotePod, usize)>,
     classes: Slab<Class>,
     class_index: HashMap<(String, BTreeMap<String, String>), usize>,
     classes_by_namespace: HashMap<String, BTreeSet<usize>>,
@@ -194,6 +202,7 @@ impl Calculation {
             namespaces: BTreeMap::new(),
             node_addresses: BTreeSet::new(),
             members: HashMap::new(),
+            remote_pods: HashMap::new(),
             classes: Slab::new(),
             class_index: HashMap::new(),
             classes_by_namespace: HashMap::new(),

@@ -6,3 +6,4 @@
 mod api;
 mod converge;
 pub(crate) mod harness;
+mod pods;

@@ -18,7 +18,10 @@ use maps_schema::{
 };
 use serde::Serialize;
 
-use super::model::{Peer, PolicySet, PortSpec, Rule};
+use super::{
+    model::{Peer, PolicySet, PortSpec, Rule},
+    pods::RemotePod,
+};
 use crate::{
     dataplane::kernel::Prefix,
     identity::{Identities, IdentityError, LabelSet},
@@ -57,6 +60,8 @@ pub struct Compiled {
     pub ipcache6: HashMap<Prefix<[u8; 16]>, IdentityInfo>,
     /// Rule id → origin (rule id = index + 1).
     pub rules: Vec<RuleRef>,
+    /// Remote pods' addresses and identities (`ident4_v1`/`ident6_v1`, below local endpoints').
+    pub remote: Vec<(std::net::IpAddr, u32)>,
 }
 
 /// True when `inner` lies inside `outer` (same family, at least as long a prefix).
@@ -66,14 +71,26 @@ pub(crate) fn contains(outer: &IpNetwork, inner: &IpNetwork) -> bool {
         && outer.contains(inner.network())
 }
 
-/// Compiles `set` for the local `subjects` from scratch. The agent keeps the same maps up to date
-/// incrementally (`crate::calc`); this full compile is the reference its tests compare against.
+/// Compiles `set` for the local `subjects` (with their effective labels, `pods::effective`) from
+/// scratch; the set's remote pods (`pods::remote`, no node name) are peers too. The agent keeps
+/// the same maps up to date incrementally (`crate::calc`); this full compile is the reference its
+/// tests compare against.
 pub fn compile(
     set: &PolicySet,
     subjects: &[Subject<'_>],
     identities: &mut Identities,
 ) -> Result<Compiled, IdentityError> {
     let mut out = Compiled::default();
+    let empty = BTreeMap::new();
+    // Remote pods: peers by identity, never selected.
+    let mut remote = Vec::new();
+    for pod in super::pods::remote(set, subjects.iter().map(|s| s.endpoint), None) {
+        let ns = set.namespaces.get(&pod.namespace).unwrap_or(&empty);
+        let identity =
+            identities.get_or_allocate(&LabelSet::for_pod(&pod.labels, &pod.namespace, ns))?;
+        out.remote.extend(pod.ips.iter().map(|ip| (*ip, identity)));
+        remote.push((pod, identity));
+    }
     // Every CIDR named anywhere (blocks and exceptions) gets an identity and an ipcache entry.
     let mut cidrs: BTreeMap<IpNetwork, u32> = BTreeMap::new();
     for policy in set.policies.values() {
@@ -118,7 +135,6 @@ pub fn compile(
             }
         }
     }
-    let empty = BTreeMap::new();
     for policy in set.policies.values() {
         let selected: Vec<&Subject<'_>> = subjects
             .iter()
@@ -163,8 +179,8 @@ pub fn compile(
                     rule,
                     &policy.namespace,
                     subjects,
+                    &remote,
                     &set.namespaces,
-                    &empty,
                     &cidrs,
                 );
                 if !rule.all_ports() && rule.ports.is_empty() {
@@ -193,10 +209,11 @@ fn peer_identities(
     rule: &Rule,
     namespace: &str,
     subjects: &[Subject<'_>],
+    remote: &[(RemotePod, u32)],
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-    empty: &BTreeMap<String, String>,
     cidrs: &BTreeMap<IpNetwork, u32>,
 ) -> BTreeSet<u32> {
+    let empty = BTreeMap::new();
     if rule.peers.is_empty() {
         return BTreeSet::from([ANY]);
     }
@@ -207,15 +224,17 @@ fn peer_identities(
                 namespaces: ns_sel,
                 pods,
             } => {
-                for s in subjects {
+                let candidates = subjects
+                    .iter()
+                    .map(|s| (&s.endpoint.namespace, &s.endpoint.labels, s.identity))
+                    .chain(remote.iter().map(|(p, id)| (&p.namespace, &p.labels, *id)));
+                for (pod_namespace, labels, identity) in candidates {
                     let ns_ok = match ns_sel {
-                        None => s.endpoint.namespace == namespace,
-                        Some(sel) => {
-                            sel.matches(namespaces.get(&s.endpoint.namespace).unwrap_or(empty))
-                        }
+                        None => pod_namespace == namespace,
+                        Some(sel) => sel.matches(namespaces.get(pod_namespace).unwrap_or(&empty)),
                     };
-                    if ns_ok && pods.as_ref().is_none_or(|p| p.matches(&s.endpoint.labels)) {
-                        ids.insert(s.identity);
+                    if ns_ok && pods.as_ref().is_none_or(|p| p.matches(labels)) {
+                        ids.insert(identity);
                     }
                 }
             }

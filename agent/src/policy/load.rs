@@ -67,19 +67,75 @@ pub fn fingerprint(dir: &Path) -> Fingerprint {
 /// documents that are valid, and a report of every one that is not.
 #[must_use]
 pub fn load_dir(dir: &Path) -> (PolicySet, Vec<PolicyFileError>) {
-    let mut set = PolicySet::default();
-    let mut errors = Vec::new();
+    let loaded = load_dir_full(dir);
+    (loaded.set, loaded.errors)
+}
+
+/// One object of the directory, by kind and key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectRef {
+    /// A NetworkPolicy (namespace, name).
+    Policy(String, String),
+    /// A Namespace.
+    Namespace(String),
+    /// A Pod (namespace, name).
+    Pod(String, String),
+    /// A Node.
+    Node(String),
+}
+
+/// What a read of the directory found: the valid objects (and the file of each), the reports,
+/// and which object each refused document meant (None: unknown, e.g. the rest of a file after
+/// a YAML syntax error, or an unreadable file).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The valid objects.
+    pub set: PolicySet,
+    /// Every refused document.
+    pub errors: Vec<PolicyFileError>,
+    /// The file of every valid object.
+    pub origins: BTreeMap<ObjectRef, PathBuf>,
+    /// Refused documents: their file and, when it could be told, the object they meant.
+    pub refused: Vec<(PathBuf, Option<ObjectRef>)>,
+}
+
+/// Reads every policy file of `dir` with what the last-good merge needs (`last_good`).
+#[must_use]
+pub fn load_dir_full(dir: &Path) -> Loaded {
+    let mut loaded = Loaded::default();
     for file in policy_files(dir) {
         match fs::read_to_string(&file) {
-            Ok(text) => load_text(&file, &text, &mut set, &mut errors),
-            Err(e) => errors.push(PolicyFileError {
-                file,
-                line: 0,
-                reason: format!("cannot read: {e}"),
-            }),
+            Ok(text) => load_into(&file, &text, &mut loaded),
+            Err(e) => {
+                loaded.errors.push(PolicyFileError {
+                    file: file.clone(),
+                    line: 0,
+                    reason: format!("cannot read: {e}"),
+                });
+                loaded.refused.push((file, None));
+            }
         }
     }
-    (set, errors)
+    loaded
+}
+
+/// The object a document means, from its kind and metadata alone (so also for a bad one).
+fn object_ref(kind: &str, value: &serde_norway::Value) -> Option<ObjectRef> {
+    let meta = value.get("metadata")?;
+    let name = meta.get("name")?.as_str()?.to_owned();
+    let namespace = || {
+        meta.get("namespace")
+            .and_then(|n| n.as_str())
+            .unwrap_or(convert::DEFAULT_NAMESPACE)
+            .to_owned()
+    };
+    match kind {
+        "NetworkPolicy" => Some(ObjectRef::Policy(namespace(), name)),
+        "Namespace" => Some(ObjectRef::Namespace(name)),
+        "Pod" => Some(ObjectRef::Pod(namespace(), name)),
+        "Node" => Some(ObjectRef::Node(name)),
+        _ => None,
+    }
 }
 
 /// Line (1-based) at which each YAML document of `text` starts.
@@ -105,6 +161,23 @@ fn parse<T: serde::de::DeserializeOwned>(
 
 /// Parses the documents of one file into `set`, pushing every problem to `errors`.
 pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<PolicyFileError>) {
+    let mut loaded = Loaded {
+        set: std::mem::take(set),
+        errors: std::mem::take(errors),
+        ..Loaded::default()
+    };
+    load_into(file, text, &mut loaded);
+    *set = loaded.set;
+    *errors = loaded.errors;
+}
+
+fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
+    let Loaded {
+        set,
+        errors,
+        origins,
+        refused,
+    } = loaded;
     let starts = document_lines(text);
     let leading_separator = text.lines().next().is_some_and(|l| l.trim_end() == "---");
     for (index, document) in serde_norway::Deserializer::from_str(text).enumerate() {
@@ -122,6 +195,7 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
             Err(e) => {
                 let line = e.location().map_or(doc_line, |l| l.line());
                 errors.push(err(line, format!("not valid YAML: {e}")));
+                refused.push((file.to_owned(), None));
                 break;
             }
         };
@@ -133,6 +207,7 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
             .and_then(|k| k.as_str())
             .unwrap_or_default()
             .to_owned();
+        let object = object_ref(&kind, &value);
         let result = match kind.as_str() {
             "NetworkPolicy" => parse::<NetworkPolicy>(value, "networking.k8s.io/v1 NetworkPolicy")
                 .and_then(|np| convert::policy(&np).map_err(|e| e.to_string()))
@@ -163,8 +238,15 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
                 "kind {other:?} is not supported here; only {SUPPORTED_KINDS}"
             )),
         };
-        if let Err(reason) = result {
-            errors.push(err(doc_line, reason));
+        match (result, object) {
+            (Err(reason), object) => {
+                errors.push(err(doc_line, reason));
+                refused.push((file.to_owned(), object));
+            }
+            (Ok(()), Some(object)) => {
+                origins.insert(object, file.to_owned());
+            }
+            (Ok(()), None) => {}
         }
     }
 }

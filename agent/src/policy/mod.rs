@@ -10,6 +10,8 @@
 
 pub mod compile;
 pub mod convert;
+pub mod last_good;
 pub mod load;
 pub mod model;
+pub mod pods;
 pub mod selector;

@@ -43,6 +43,10 @@ pub(super) async fn add(
         host_ifname: names::host_veth(env.container_id(), env.ifname()),
         handle: config.handle(env.container_id()),
     };
+    // Refused before anything is created: silently ignoring them would mislabel the pod.
+    if !config.labels.is_empty() {
+        return Err(CommandError::LabelsInConfig);
+    }
     let mut clock = Phases::start();
     let netns_path = env.netns.clone().unwrap_or_default();
     let netns = Netns::open(&netns_path)?;
@@ -124,7 +128,8 @@ pub(super) async fn add(
             netns: netns_path.display().to_string(),
             namespace: env.args.pod_namespace().unwrap_or_default().to_owned(),
             pod: env.args.pod_name().unwrap_or_default().to_owned(),
-            labels: config.labels.clone(),
+            // The agent takes the labels from the pod's Pod object (namespace + pod name).
+            labels: std::collections::BTreeMap::new(),
             handle: att.handle.clone(),
             ips: ips.clone(),
         };

@@ -68,6 +68,13 @@ pub enum CommandError {
     /// CHECK and DEL-time reads need a prevResult that is a CNI result.
     #[error("prevResult is not a CNI result: {0}; pass the ADD result unchanged")]
     BadPrevResult(#[source] serde_json::Error),
+    /// `args.cni.labels` is set: labels come from the source now.
+    #[error(
+        "args.cni.labels is no longer a label source: a pod's labels come from its Pod object \
+         (a `kind: Pod` document in the agent's --policy-dir, or the Kubernetes API); remove \
+         args.cni.labels from the network configuration"
+    )]
+    LabelsInConfig,
     /// CHECK needs a prevResult.
     #[error("CHECK needs prevResult (the ADD result); the runtime must pass it")]
     NoPrevResult,
@@ -137,7 +144,9 @@ impl CniCode for CommandError {
             Self::ShortAllocation { .. } => Code::Ipam,
             Self::RolledBack { primary, .. } => primary.code(),
             Self::BadPrevResult(_) => Code::Decode,
-            Self::NoPrevResult | Self::NoValidAttachments => Code::InvalidConfig,
+            Self::NoPrevResult | Self::NoValidAttachments | Self::LabelsInConfig => {
+                Code::InvalidConfig
+            }
             Self::Drift(_) => Code::Drift,
             Self::Gc { code, .. } => *code,
             Self::AgentUnavailable(_)
