@@ -24,5 +24,10 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, KubeError
         }
         None => kube::Config::incluster().map_err(KubeError::InCluster)?,
     };
+    let mut config = config;
+    // kube retries 429/503/504 itself, up to 15 times with delays growing to minutes: a failing
+    // API server would stay invisible that long. The watchers retry with their own backoff
+    // instead, and the source reports the failure as staleness at once.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(KubeError::Client)
 }
