@@ -105,6 +105,10 @@ pub struct AgentArgs {
     /// Seconds between conntrack sweeps.
     #[arg(long, env = "WEIR_CT_SWEEP_INTERVAL", default_value_t = 10)]
     pub ct_sweep_interval: u64,
+    /// Seconds a cluster-wide security identity (etcd or kubernetes datastore) stays allocated once no
+    /// node uses it; nodes renew the ones they use every quarter of it.
+    #[arg(long, env = "WEIR_IDENTITY_GC_GRACE", default_value_t = 900)]
+    pub identity_gc_grace: u64,
     /// Conntrack timeout of TCP flows before the handshake completes, seconds.
     #[arg(long, env = "WEIR_CT_TIMEOUT_TCP_SYN", default_value_t = 60)]
     pub ct_timeout_tcp_syn: u64,
@@ -195,6 +199,9 @@ pub struct Config {
     /// Interval between conntrack sweeps (dumped in seconds).
     #[serde(serialize_with = "seconds")]
     pub ct_sweep_interval: std::time::Duration,
+    /// Grace period of unused cluster-wide identities (dumped in seconds).
+    #[serde(serialize_with = "seconds")]
+    pub identity_gc_grace: std::time::Duration,
     /// Conntrack timeouts.
     pub ct_timeouts: crate::dataplane::conntrack::CtTimeouts,
     /// Entries of each conntrack map.
@@ -398,6 +405,13 @@ impl AgentArgs {
                 "must be between 1 and 86400 seconds",
             ));
         }
+        if self.identity_gc_grace < 4 || self.identity_gc_grace > 30 * 86_400 {
+            return Err(invalid(
+                "--identity-gc-grace (WEIR_IDENTITY_GC_GRACE)",
+                &self.identity_gc_grace.to_string(),
+                "must be between 4 seconds and 30 days (2592000)",
+            ));
+        }
         for (flag, value) in [
             (
                 "--ct-sweep-interval (WEIR_CT_SWEEP_INTERVAL)",
@@ -487,6 +501,7 @@ impl AgentArgs {
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
             ct_sweep_interval: std::time::Duration::from_secs(self.ct_sweep_interval),
+            identity_gc_grace: std::time::Duration::from_secs(self.identity_gc_grace),
             ct_timeouts: crate::dataplane::conntrack::CtTimeouts {
                 tcp_syn: std::time::Duration::from_secs(self.ct_timeout_tcp_syn),
                 tcp_established: std::time::Duration::from_secs(self.ct_timeout_tcp_established),
@@ -601,6 +616,7 @@ mod tests {
         let custom = [
             ("--allocation-expiry", "allocation_expiry", "90"),
             ("--ct-sweep-interval", "ct_sweep_interval", "7"),
+            ("--identity-gc-grace", "identity_gc_grace", "120"),
             ("--ct-timeout-tcp-syn", "ct_timeouts.tcp_syn", "30"),
             (
                 "--ct-timeout-tcp-established",

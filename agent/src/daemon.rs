@@ -14,6 +14,8 @@ use std::{
 
 use serde::Serialize;
 
+use ipam::store::AnyStore;
+
 use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
@@ -34,6 +36,8 @@ use crate::{
         prefilter::{Prefilter, PrefilterError},
         tc_links::TcLinks,
     },
+    identity::Identities,
+    identity_store::ClusterIdentities,
     ipam_service::{IpamService, IpamServiceError},
     metrics,
     node::{Node, NodeError},
@@ -186,7 +190,32 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     for e in &policy_errors {
         tracing::warn!(error = %e, "policy document refused");
     }
-    let mut node = Node::open(&paths, dataplane, policies, policy_errors)?;
+    // The datastore first: with etcd or Kubernetes, identities are allocated cluster-wide through it.
+    let ipam = IpamService::open(
+        &config.datastore,
+        &config.node,
+        config.node_labels.iter().cloned().collect(),
+        &config.pools,
+        (config.block_size_v4, config.block_size_v6),
+        config.allocation_expiry,
+        &paths.state_dir,
+    )
+    .await?;
+    let cluster_identities = match ipam.ipam().store() {
+        store @ (AnyStore::Etcd(_) | AnyStore::Kubernetes(_)) => Some(ClusterIdentities::new(
+            store.clone(),
+            &config.node,
+            config.identity_gc_grace,
+            tokio::runtime::Handle::current(),
+        )),
+        AnyStore::Embedded(_) | AnyStore::Memory(_) => None,
+    };
+    let identities = match &cluster_identities {
+        Some(cluster) => Identities::cluster(Arc::clone(cluster)),
+        None => Identities::load(&paths.identities()).map_err(NodeError::from)?,
+    };
+    let mut node =
+        Node::open_with_identities(&paths, dataplane, policies, policy_errors, identities)?;
     node.set_node_name(&config.node)?;
     if kube_client.is_some() {
         node.await_policy_source();
@@ -196,11 +225,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // The dataplane loop on its own thread: it owns the node from now on.
     let (dataplane_loop, loop_thread) = applier::spawn(node)?;
 
+    if let Some(cluster) = cluster_identities {
+        tokio::spawn(crate::identity_store::upkeep(
+            cluster,
+            dataplane_loop.subscribe(),
+            config.identity_gc_grace,
+        ));
+    }
+
     // Link watcher → loop (restarted with backoff when it dies).
     let sysctl_paths = paths.clone();
     tokio::spawn(link_source::supervise(
         dataplane_loop.clone(),
-        linkwatch::watch,
+        linkwatch::Netlink,
         move |ifname| {
             if let Err(e) = node_setup::workload_link_sysctls(&sysctl_paths, ifname) {
                 tracing::warn!(error = %e, "workload link sysctl");
@@ -223,16 +260,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
 
     // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
-    let ipam = IpamService::open(
-        &config.datastore,
-        &config.node,
-        config.node_labels.iter().cloned().collect(),
-        &config.pools,
-        (config.block_size_v4, config.block_size_v6),
-        config.allocation_expiry,
-        &paths.state_dir,
-    )
-    .await?;
     ipam.confirm_all(&handles).await?;
     let ipam = Arc::new(ipam);
     {

@@ -7,9 +7,12 @@ use std::{
     collections::BTreeMap,
     fs, io,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::identity_store::ClusterIdentities;
 
 /// Errors of the identity store.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,18 @@ pub enum IdentityError {
     /// The numbers ran out.
     #[error("no security identities are left; remove unused label sets and restart")]
     Exhausted,
+    /// The cluster-wide allocation through the datastore failed.
+    #[error("cannot allocate a cluster-wide security identity: {source}")]
+    Cluster {
+        /// The cause.
+        #[source]
+        source: ipam::identity::IdentityError,
+    },
+    /// The thread asking the datastore panicked.
+    #[error(
+        "the thread allocating a cluster-wide security identity panicked; see the log above and report it"
+    )]
+    ClusterPanicked,
 }
 
 /// A label set, canonical: sorted `key=value` pairs.
@@ -90,12 +105,15 @@ struct File {
     identities: BTreeMap<String, u32>,
 }
 
-/// The allocator, backed by one file.
+/// The allocator, backed by one file, or by the datastore when identities are cluster-wide (the file is
+/// then only this node's cache in memory, never written).
 pub struct Identities {
     path: PathBuf,
     file: File,
     /// Allocated in memory since the last successful write (`allocate` + `persist`).
     unsaved: bool,
+    /// Cluster-wide numbers from the datastore.
+    cluster: Option<Arc<ClusterIdentities>>,
 }
 
 impl Identities {
@@ -121,7 +139,31 @@ impl Identities {
             path: path.to_owned(),
             file,
             unsaved: false,
+            cluster: None,
         })
+    }
+
+    /// Cluster-wide identities: every number comes from `cluster` (the datastore), cached here.
+    #[must_use]
+    pub fn cluster(cluster: Arc<ClusterIdentities>) -> Self {
+        Self {
+            path: PathBuf::new(),
+            file: File::default(),
+            unsaved: false,
+            cluster: Some(cluster),
+        }
+    }
+
+    /// Asks the datastore for `labels`' number and caches it (cluster-wide mode only).
+    fn cached_from_cluster(
+        &mut self,
+        cluster: &ClusterIdentities,
+        labels: &LabelSet,
+        key: String,
+    ) -> Result<u32, IdentityError> {
+        let id = cluster.allocate(labels)?;
+        self.file.identities.insert(key, id);
+        Ok(id)
     }
 
     /// The identity of `labels`, allocating a new one in memory if needed: a batch of allocations
@@ -130,6 +172,9 @@ impl Identities {
         let key = labels.canonical();
         if let Some(id) = self.file.identities.get(&key) {
             return Ok(*id);
+        }
+        if let Some(cluster) = self.cluster.clone() {
+            return self.cached_from_cluster(&cluster, labels, key);
         }
         let id = self.file.next.max(maps_schema::identity::FIRST_ALLOCATED);
         self.file.next = id.checked_add(1).ok_or(IdentityError::Exhausted)?;
@@ -165,6 +210,9 @@ impl Identities {
         let key = labels.canonical();
         if let Some(id) = self.file.identities.get(&key) {
             return Ok(*id);
+        }
+        if let Some(cluster) = self.cluster.clone() {
+            return self.cached_from_cluster(&cluster, labels, key);
         }
         let id = self.file.next.max(maps_schema::identity::FIRST_ALLOCATED);
         let next = id.checked_add(1).ok_or(IdentityError::Exhausted)?;

@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
+pub mod identity_store;
 pub mod install_cni;
 pub mod ipam_service;
 pub mod logging;

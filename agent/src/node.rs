@@ -80,8 +80,20 @@ impl Node {
         policies: PolicySet,
         policy_errors: Vec<PolicyFileError>,
     ) -> Result<Self, NodeError> {
+        let identities = Identities::load(&paths.identities())?;
+        Self::open_with_identities(paths, dataplane, policies, policy_errors, identities)
+    }
+
+    /// [`Node::open`] with the given identity allocator (cluster-wide identities from the datastore).
+    pub fn open_with_identities(
+        paths: &Paths,
+        dataplane: Dataplane,
+        policies: PolicySet,
+        policy_errors: Vec<PolicyFileError>,
+        identities: Identities,
+    ) -> Result<Self, NodeError> {
         let registry = Registry::load(&paths.registry())?;
-        let mut calc = Calculation::new(Identities::load(&paths.identities())?);
+        let mut calc = Calculation::new(identities);
         calc.set_policies(&policies)?;
         let effective: Vec<_> = registry
             .endpoints()
@@ -89,6 +101,9 @@ impl Node {
             .collect();
         let endpoints: Vec<&Endpoint> = effective.iter().map(AsRef::as_ref).collect();
         calc.upsert_endpoints(&endpoints)?;
+        for e in registry.endpoints() {
+            calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
         let cluster = PolicySet {
             policies: Default::default(),
@@ -136,6 +151,10 @@ impl Node {
         self.calc.set_policies(&policies)?;
         self.calc
             .upsert_endpoints(&relabelled.iter().collect::<Vec<_>>())?;
+        for e in self.registry.endpoints() {
+            self.calc
+                .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        }
         self.calc.set_remote_pods(&pods::remote(
             &policies,
             self.registry.endpoints(),
@@ -303,6 +322,8 @@ impl Node {
             .first()
             .copied()
             .unwrap_or_default();
+        self.calc
+            .set_endpoint_ports(&stored.key(), pods::named_ports_of(&stored, &self.cluster));
         // A pod that just became local is no longer remote.
         self.calc.set_remote_pods(&pods::remote(
             &self.cluster,
@@ -318,6 +339,7 @@ impl Node {
         let removed = self.registry.remove(key)?;
         if removed.is_some() {
             self.calc.remove_endpoint(key);
+            self.calc.set_endpoint_ports(key, Vec::new());
             self.calc.set_remote_pods(&pods::remote(
                 &self.cluster,
                 self.registry.endpoints(),

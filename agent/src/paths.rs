@@ -25,6 +25,9 @@ pub const CNI_CONFLIST: &str = "04-weir.conflist";
 pub const DEFAULT_PROC_SYS_NET: &str = "/proc/sys/net";
 /// Default metrics and health address (not 9962, which Cilium uses).
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9972";
+/// The route protocol number of weir's routes to remote pod blocks (`ip route show proto 87`): the route
+/// driver owns exactly the routes carrying it. Unassigned in `/etc/iproute2/rt_protos`.
+pub const ROUTE_PROTOCOL: u8 = 87;
 
 /// Resolved paths of one agent instance.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

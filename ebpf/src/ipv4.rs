@@ -12,8 +12,8 @@ use crate::{
     l4::transport,
     maps::{CT4, Ct, IDENT4, IPCACHE4},
     parse::{
-        Aligned, Class, ETH_HLEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason,
-        Tuple, echo_ports, icmp_header, ports, word,
+        Aligned, Class, ETH_HLEN, IPPROTO_ICMP, Packet, Parsed, Reason, Tuple, echo_ports,
+        has_ports, icmp_header, ports, word,
     },
 };
 
@@ -125,7 +125,7 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     let (proto, src, dst, hlen, _) = header(pkt, off)?;
     let l4 = off + hlen;
     let (sport, dport) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
+        p if has_ports(p) => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMP => {
             let (ty, id) = icmp_header(pkt, l4).ok_or(DROP_MALFORMED)?;
             echo_ports(ty == ICMP_ECHO, id)

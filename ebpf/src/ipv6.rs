@@ -15,8 +15,8 @@ use crate::{
     l4::transport,
     maps::{CT6, Ct, IDENT6, IPCACHE6},
     parse::{
-        Aligned, Class, ETH_HLEN, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason,
-        Tuple, echo_ports, icmp_header, ports, word,
+        Aligned, Class, ETH_HLEN, IPPROTO_ICMPV6, Packet, Parsed, Reason, Tuple, echo_ports,
+        has_ports, icmp_header, ports, word,
     },
 };
 
@@ -165,7 +165,7 @@ fn inner(pkt: &Packet, off: usize) -> Result<Tuple<Addr>, Reason> {
     let (proto, src, dst) = header(pkt, off)?;
     let l4 = off + IPV6_HLEN;
     let (sport, dport) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
+        p if has_ports(p) => ports(pkt, l4).ok_or(DROP_MALFORMED)?,
         IPPROTO_ICMPV6 => {
             let (ty, id) = icmp_header(pkt, l4).ok_or(DROP_MALFORMED)?;
             echo_ports(ty == ICMPV6_ECHO_REQUEST, id)

@@ -1,9 +1,9 @@
-//! Upper-layer headers shared by both families: TCP, UDP, and "other" (no ports).
+//! Upper-layer headers shared by both families: TCP, UDP, SCTP, and "other" (no ports).
 
 use maps_schema::reason::{DROP_INVALID_HEADER, DROP_INVALID_TCP_FLAGS, DROP_MALFORMED};
 
 use crate::parse::{
-    IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, split_ports, tcp_flags_invalid, word,
+    IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, split_ports, tcp_flags_invalid, word,
 };
 
 /// Ports and TCP flags of an upper-layer header.
@@ -14,7 +14,7 @@ pub(crate) struct Transport {
     pub(crate) tcp_flags: u8,
 }
 
-/// Parses the TCP or UDP header at `off`; other protocols have no ports.
+/// Parses the TCP, UDP or SCTP header at `off`; other protocols have no ports.
 #[inline(always)]
 pub(crate) fn transport(pkt: &Packet, off: usize, proto: u8) -> Result<Transport, Reason> {
     match proto {
@@ -44,6 +44,18 @@ pub(crate) fn transport(pkt: &Packet, off: usize, proto: u8) -> Result<Transport
         IPPROTO_UDP => {
             let h: *const [u8; 8] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
             // SAFETY: bounds checked by `ptr` (8 bytes).
+            let (sport, dport) = split_ports(unsafe { word(h, 0) });
+            Ok(Transport {
+                sport,
+                dport,
+                tcp_flags: 0,
+            })
+        }
+        IPPROTO_SCTP => {
+            // The common header: ports, verification tag, checksum (RFC 9260 §3.1). Its flows are
+            // keyed by ports as UDP's are; chunks are not parsed.
+            let h: *const [u8; 12] = pkt.ptr(off).ok_or(DROP_MALFORMED)?;
+            // SAFETY: bounds checked by `ptr` (12 bytes).
             let (sport, dport) = split_ports(unsafe { word(h, 0) });
             Ok(Transport {
                 sport,

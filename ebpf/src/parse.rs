@@ -11,6 +11,7 @@ pub(crate) const ETH_P_ARP: u16 = 0x0806;
 pub(crate) const IPPROTO_ICMP: u8 = 1;
 pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_SCTP: u8 = 132;
 pub(crate) const IPPROTO_ICMPV6: u8 = 58;
 
 /// A verdict reason code (`maps_schema::reason`).
@@ -156,7 +157,14 @@ pub(crate) fn tcp_flags_invalid(flags: u8) -> bool {
         || (flags & TCP_FIN != 0 && flags & TCP_ACK == 0)
 }
 
-/// Ports of a TCP or UDP header at `off` (the first four bytes), or `None` when truncated.
+/// True for the protocols whose header starts with (source port, destination port) and whose
+/// flows conntrack keys by them: TCP, UDP and SCTP.
+#[inline(always)]
+pub(crate) fn has_ports(proto: u8) -> bool {
+    proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP
+}
+
+/// Ports of a TCP, UDP or SCTP header at `off` (the first four bytes), or `None` when truncated.
 #[inline(always)]
 pub(crate) fn ports(pkt: &Packet, off: usize) -> Option<(u16, u16)> {
     let p: *const [u8; 4] = pkt.ptr(off)?;
@@ -164,7 +172,7 @@ pub(crate) fn ports(pkt: &Packet, off: usize) -> Option<(u16, u16)> {
     Some(split_ports(unsafe { word(p, 0) }))
 }
 
-/// The (source, destination) ports, host byte order, of a TCP or UDP header's first word as
+/// The (source, destination) ports, host byte order, of a TCP, UDP or SCTP header's first word as
 /// loaded (little-endian load of the network-order bytes).
 #[inline(always)]
 pub(crate) fn split_ports(w: u32) -> (u16, u16) {

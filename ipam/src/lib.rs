@@ -17,6 +17,7 @@ pub mod allocator;
 pub mod batch;
 pub mod cidr;
 pub mod error;
+pub mod identity;
 pub mod model;
 pub mod ops;
 pub mod store;

@@ -10,7 +10,7 @@ const REGENERATE: &str = "cargo run -p ipam --example gen-crds";
 fn committed_crds_match_the_types() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     let files = crd::definition_files().expect("the definitions serialize to YAML");
-    assert_eq!(files.len(), 6, "one definition per kind");
+    assert_eq!(files.len(), 8, "one definition per kind");
     let mut stale = Vec::new();
     for (file, text) in &files {
         match std::fs::read_to_string(dir.join(file)) {
@@ -55,6 +55,8 @@ fn definitions_are_cluster_scoped_in_the_weir_group() {
         "IPAMHandle",
         "IPAMConfig",
         "IPReservation",
+        "SecurityIdentity",
+        "SecurityIdentityKey",
     ]
     .map(String::from)
     .into();

@@ -472,6 +472,8 @@ fn kind_of(plural: &str) -> &'static str {
         "ipamblocks" => "IPAMBlock",
         "blockaffinities" => "BlockAffinity",
         "ipamhandles" => "IPAMHandle",
+        "securityidentities" => "SecurityIdentity",
+        "securityidentitykeys" => "SecurityIdentityKey",
         other => panic!("unexpected resource {other}"),
     }
 }
@@ -841,4 +843,49 @@ async fn a_crash_between_block_and_handle_is_found_by_check_and_repaired() {
         ipam.repair_handles().await.expect("repair").is_empty(),
         "nothing left to repair"
     );
+}
+
+#[tokio::test]
+async fn identities_through_the_kubernetes_store_agree_between_nodes_and_are_collected() {
+    let (s, cluster) = fake_cluster();
+    let a = ipam::identity::IdentityAllocator::new(s.clone(), "node-a", 256..=65_535, 60);
+    let b = ipam::identity::IdentityAllocator::new(s, "node-b", 256..=65_535, 60);
+    let web = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
+    let db = BTreeMap::from([("app".to_owned(), "db".to_owned())]);
+    let id = a.allocate(&web, 1_000).await.expect("a web");
+    assert_eq!(
+        b.allocate(&web, 1_000).await.expect("b web"),
+        id,
+        "one number per label set"
+    );
+    let other = b.allocate(&db, 1_000).await.expect("b db");
+    assert_ne!(other, id);
+    // Both objects are custom resources of the group, created with compare-and-swap.
+    let log = take_log(&cluster);
+    assert!(
+        log.iter().any(|l| l.contains("securityidentities")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter().any(|l| l.contains("securityidentitykeys")),
+        "{log:?}"
+    );
+    a.release(id, 1_010).await.expect("a lets go");
+    assert!(
+        b.renew(&[id, other], 1_090)
+            .await
+            .expect("b renews")
+            .is_empty()
+    );
+    assert!(
+        a.collect_garbage(1_100).await.expect("gc").is_empty(),
+        "b still renews web"
+    );
+    b.release(id, 1_120).await.expect("b lets go");
+    assert!(
+        a.collect_garbage(1_140).await.expect("gc").is_empty(),
+        "within the grace period"
+    );
+    assert_eq!(a.collect_garbage(1_200).await.expect("gc"), vec![id, other]);
+    assert!(a.list().await.expect("list").is_empty());
 }

@@ -31,14 +31,7 @@ pub fn pod<'a>(node: &'a NetNs, agent: &AgentProcess, name: &str, app: &str) -> 
     let host = workload_name();
     let veth = VethPair::named(node, &host, &ns, "eth0");
     let handle = format!("wt-net.{name}");
-    let alloc: Value = agent
-        .api(
-            Method::POST,
-            "/v1/ipam/allocate",
-            Some(&json!({"handle": handle, "ipv4": 1})),
-        )
-        .expect("allocate");
-    let ip = alloc["ips"][0].as_str().expect("address").to_owned();
+    let ip = allocate_ipv4(agent, &handle);
     node.exec(&["ip", "addr", "add", &format!("{GATEWAY}/32"), "dev", &host]);
     node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &host]);
     ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
@@ -62,6 +55,19 @@ pub fn pod<'a>(node: &'a NetNs, agent: &AgentProcess, name: &str, app: &str) -> 
         ip,
         _veth: veth,
     }
+}
+
+/// One IPv4 address from the agent's IPAM (`POST /v1/ipam/allocate`) under `handle`.
+#[must_use]
+pub fn allocate_ipv4(agent: &AgentProcess, handle: &str) -> String {
+    let alloc: Value = agent
+        .api(
+            Method::POST,
+            "/v1/ipam/allocate",
+            Some(&json!({"handle": handle, "ipv4": 1})),
+        )
+        .expect("allocate");
+    alloc["ips"][0].as_str().expect("address").to_owned()
 }
 
 /// True when `from` connects to `to` on TCP 8080 within 700 ms.

@@ -109,9 +109,12 @@ impl AgentProcess {
             }
             None => Command::new(&weir),
         };
-        cmd.arg("agent")
-            .args(["--node", "wt-node"])
-            .arg("--bpf-root")
+        cmd.arg("agent");
+        // A test naming its node (several agents sharing one datastore) says `--node` itself.
+        if !extra.contains(&"--node") {
+            cmd.args(["--node", "wt-node"]);
+        }
+        cmd.arg("--bpf-root")
             .arg(root.path())
             .arg("--state-dir")
             .arg(dirs.path("state"))

@@ -436,6 +436,12 @@ impl Lab {
         self.frame(src, dst, packet::UDP, &packet::udp(sport, dport))
     }
 
+    /// An SCTP packet carrying one chunk of type `chunk` (`packet::SCTP_INIT`, …).
+    #[must_use]
+    pub fn sctp(&self, src: Peer, sport: u16, dst: Peer, dport: u16, chunk: u8) -> Vec<u8> {
+        self.frame(src, dst, packet::SCTP, &packet::sctp(sport, dport, chunk))
+    }
+
     /// This family's ICMP protocol number.
     #[must_use]
     pub fn icmp_proto(&self) -> u8 {

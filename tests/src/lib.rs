@@ -11,6 +11,8 @@
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
+//! - `netpol_lab`, `netpol_probe`, `netpol_policies`: the upstream conformance topology on a real
+//!   agent (x, y, z × a, b, c; outside hosts), its TCP/UDP/SCTP servers and probes, policy builders.
 //! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
@@ -27,6 +29,7 @@ pub mod cri;
 pub mod ct;
 pub mod datapath;
 pub mod demo;
+pub mod etcd_netns;
 pub mod hooks;
 pub mod image;
 pub mod kube_api;
@@ -34,6 +37,9 @@ pub mod manifests;
 pub mod names;
 pub mod netns;
 pub mod netpol;
+pub mod netpol_lab;
+pub mod netpol_policies;
+pub mod netpol_probe;
 pub mod observe;
 pub mod packet;
 pub mod pod;

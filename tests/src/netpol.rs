@@ -1,15 +1,19 @@
 //! A model of upstream NetworkPolicy semantics for computing the connectivity a test expects
 //! (as the upstream e2e truth tables do), never written by hand: given the namespaces' labels,
-//! the pods and the policies, whether a TCP connection from one pod (or the node) to another's
-//! port is allowed. Covers ingress and egress, `podSelector`, `namespaceSelector` (alone and
-//! together in one peer), `matchLabels` and `matchExpressions`, numeric ports with `endPort`,
-//! and `policyTypes` defaulted as the API server defaults them. weir's documented exception is
-//! modelled too: the node's own traffic may always enter a pod (kubelet probes).
+//! the pods and the policies, whether a TCP, UDP or SCTP flow from one pod (the node, or an
+//! address outside the cluster) to a pod's (or an outside address's) port is allowed. Covers
+//! ingress and egress, `podSelector`, `namespaceSelector` (alone and together in one peer),
+//! `matchLabels` and `matchExpressions`, numeric ports with `endPort`, named ports (resolved on
+//! the destination pod), protocols, `ipBlock` with `except`, several policies as a union, and
+//! `policyTypes` defaulted as the API server defaults them (on the lists' lengths). weir's
+//! documented semantics are modelled too: the node's own traffic may always enter a pod (kubelet
+//! probes), and an `ipBlock` selects addresses outside the cluster only — CIDR identities, not pod
+//! addresses, as in Cilium.
 //!
 //! Policies are built with the `k8s-openapi` types, so the same objects the model reads are what
 //! [`manifest`] writes for the agent.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{
     api::{
@@ -38,15 +42,79 @@ pub enum Source<'a> {
     Pod(&'a ModelPod),
     /// The node itself (kubelet, the host's own processes).
     Node,
+    /// An address outside the cluster (no pod has it).
+    External(IpAddr),
 }
 
-/// Namespaces (with labels) and policies.
+/// Where a connection goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A pod.
+    Pod(&'a ModelPod),
+    /// An address outside the cluster.
+    External(IpAddr),
+}
+
+/// A transport protocol as NetworkPolicy names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Proto {
+    /// The name a NetworkPolicy port uses.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+/// Namespaces (with labels), the named ports every pod declares, and policies.
 #[derive(Debug, Clone, Default)]
 pub struct Model {
     /// Namespace labels by name (a namespace not listed has no labels).
     pub namespaces: BTreeMap<String, Labels>,
     /// The policies in force.
     pub policies: Vec<NetworkPolicy>,
+    /// Container port names every pod declares (name → protocol, port), as the upstream suite's
+    /// pods do (`serve-80-tcp`, …). Empty: a named port resolves to nothing.
+    pub named_ports: BTreeMap<String, (Proto, u16)>,
+}
+
+/// One side of a flow as a policy peer sees it.
+#[derive(Debug, Clone, Copy)]
+enum Who<'a> {
+    Pod(&'a ModelPod),
+    Addr(IpAddr),
+}
+
+/// Whether `addr` is inside `cidr` (`a.b.c.d/n` or an IPv6 prefix; other families never match).
+#[must_use]
+pub fn cidr_contains(cidr: &str, addr: IpAddr) -> bool {
+    let (net, len) = cidr
+        .split_once('/')
+        .unwrap_or_else(|| panic!("the model wants a CIDR, not {cidr}"));
+    let net: IpAddr = net.parse().unwrap_or_else(|e| panic!("{cidr}: {e}"));
+    let len: u32 = len.parse().unwrap_or_else(|e| panic!("{cidr}: {e}"));
+    let masked = |bits: u128, width: u32| {
+        if len == 0 { 0 } else { bits >> (width - len) }
+    };
+    match (net, addr) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            masked(u128::from(u32::from(n)), 32) == masked(u128::from(u32::from(a)), 32)
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => masked(u128::from(n), 128) == masked(u128::from(a), 128),
+        _ => false,
+    }
 }
 
 /// Whether `selector` selects `labels` (an empty selector selects everything).
@@ -72,7 +140,7 @@ pub fn selects(selector: &LabelSelector, labels: &Labels) -> bool {
 }
 
 /// The policy types in force, defaulted as the API server's `SetDefaults_NetworkPolicy`: Ingress
-/// always, Egress when the egress list is non-empty — unless `policyTypes` is given.
+/// always, Egress when the egress list is non-empty — unless `policyTypes` is given (non-empty).
 fn types(policy: &NetworkPolicy) -> (bool, bool) {
     let spec = policy.spec.as_ref().expect("a policy has a spec");
     match &spec.policy_types {
@@ -84,37 +152,57 @@ fn types(policy: &NetworkPolicy) -> (bool, bool) {
     }
 }
 
-fn port_matches(ports: Option<&Vec<NetworkPolicyPort>>, port: u16) -> bool {
-    let Some(ports) = ports.filter(|p| !p.is_empty()) else {
-        return true;
-    };
-    ports.iter().any(|p| {
-        if p.protocol.as_deref().is_some_and(|proto| proto != "TCP") {
-            return false;
-        }
-        match &p.port {
-            None => true,
-            Some(IntOrString::Int(first)) => {
-                let last = p.end_port.unwrap_or(*first);
-                (*first..=last).contains(&i32::from(port))
-            }
-            Some(IntOrString::String(name)) => {
-                panic!("the model resolves no named port ({name}); use numbers")
-            }
-        }
-    })
-}
-
 impl Model {
+    /// Whether a rule's `ports` admit `proto`/`port` on `dest` (named ports resolve on the
+    /// destination pod; an outside address has none).
+    fn port_matches(
+        &self,
+        ports: Option<&Vec<NetworkPolicyPort>>,
+        proto: Proto,
+        port: u16,
+        dest: Who<'_>,
+    ) -> bool {
+        let Some(ports) = ports.filter(|p| !p.is_empty()) else {
+            return true;
+        };
+        ports.iter().any(|p| {
+            if p.protocol.as_deref().unwrap_or("TCP") != proto.name() {
+                return false;
+            }
+            match &p.port {
+                None => true,
+                Some(IntOrString::Int(first)) => {
+                    let last = p.end_port.unwrap_or(*first);
+                    (*first..=last).contains(&i32::from(port))
+                }
+                Some(IntOrString::String(name)) => {
+                    matches!(dest, Who::Pod(_))
+                        && self.named_ports.get(name) == Some(&(proto, port))
+                }
+            }
+        })
+    }
+
     fn ns_labels(&self, namespace: &str) -> Labels {
         self.namespaces.get(namespace).cloned().unwrap_or_default()
     }
 
-    fn peer_matches(&self, peer: &NetworkPolicyPeer, policy_ns: &str, pod: &ModelPod) -> bool {
-        assert!(
-            peer.ip_block.is_none(),
-            "the model evaluates pod peers only; ipBlock selects CIDR identities in weir"
-        );
+    fn peer_matches(&self, peer: &NetworkPolicyPeer, policy_ns: &str, who: Who<'_>) -> bool {
+        if let Some(block) = &peer.ip_block {
+            // weir: an ipBlock selects CIDR identities, never a pod's address.
+            let Who::Addr(addr) = who else {
+                return false;
+            };
+            return cidr_contains(&block.cidr, addr)
+                && !block
+                    .except
+                    .iter()
+                    .flatten()
+                    .any(|except| cidr_contains(except, addr));
+        }
+        let Who::Pod(pod) = who else {
+            return false;
+        };
         let ns_ok = match &peer.namespace_selector {
             Some(sel) => selects(sel, &self.ns_labels(&pod.namespace)),
             None => pod.namespace == policy_ns,
@@ -143,13 +231,22 @@ impl Model {
         })
     }
 
-    /// Whether the policies selecting `subject` in one direction admit `peer` on `port` (a
-    /// subject selected by none is not isolated there).
-    fn side_allows(&self, subject: &ModelPod, peer: &ModelPod, port: u16, ingress: bool) -> bool {
+    /// Whether the policies selecting `subject` in one direction admit `peer` on `proto`/`port`
+    /// (a subject selected by none is not isolated there). The destination, on which a named port
+    /// resolves, is the subject for ingress and the peer for egress.
+    fn side_allows(
+        &self,
+        subject: &ModelPod,
+        peer: Who<'_>,
+        proto: Proto,
+        port: u16,
+        ingress: bool,
+    ) -> bool {
         let mut policies = self.selecting(subject, ingress).peekable();
         if policies.peek().is_none() {
             return true;
         }
+        let dest = if ingress { Who::Pod(subject) } else { peer };
         policies.any(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
             let spec = p.spec.as_ref().expect("spec");
@@ -167,7 +264,7 @@ impl Model {
                     .collect()
             };
             rules.into_iter().any(|(ports, peers)| {
-                port_matches(ports, port)
+                self.port_matches(ports, proto, port, dest)
                     && peers.is_none_or(|peers| {
                         peers.is_empty() || peers.iter().any(|pp| self.peer_matches(pp, ns, peer))
                     })
@@ -178,13 +275,32 @@ impl Model {
     /// Whether a TCP connection from `from` to `to`'s `port` is allowed.
     #[must_use]
     pub fn allows(&self, from: Source<'_>, to: &ModelPod, port: u16) -> bool {
-        match from {
+        self.allows_flow(from, Target::Pod(to), Proto::Tcp, port)
+    }
+
+    /// Whether a `proto` flow from `from` to `to`'s `port` is allowed: the source pod's egress
+    /// and the destination pod's ingress must both admit it (an outside address has no policy).
+    #[must_use]
+    pub fn allows_flow(&self, from: Source<'_>, to: Target<'_>, proto: Proto, port: u16) -> bool {
+        let src = match from {
             // weir: the node's own traffic may always enter a pod (and leaves no pod's egress).
-            Source::Node => true,
-            Source::Pod(src) => {
-                self.side_allows(src, to, port, false) && self.side_allows(to, src, port, true)
-            }
-        }
+            Source::Node => return true,
+            Source::Pod(pod) => Who::Pod(pod),
+            Source::External(addr) => Who::Addr(addr),
+        };
+        let dst = match to {
+            Target::Pod(pod) => Who::Pod(pod),
+            Target::External(addr) => Who::Addr(addr),
+        };
+        let egress_ok = match src {
+            Who::Pod(pod) => self.side_allows(pod, dst, proto, port, false),
+            Who::Addr(_) => true,
+        };
+        let ingress_ok = match dst {
+            Who::Pod(pod) => self.side_allows(pod, src, proto, port, true),
+            Who::Addr(_) => true,
+        };
+        egress_ok && ingress_ok
     }
 
     /// The agent's manifest for this model: one document per namespace and per policy.
@@ -281,6 +397,7 @@ mod tests {
             .into_iter()
             .collect(),
             policies: vec![policy],
+            ..Model::default()
         };
         let (a, b, c) = (pod("a", "x"), pod("b", "y"), pod("c", "z"));
         assert!(model.allows(Source::Pod(&a), &b, 80));

@@ -1,5 +1,5 @@
 //! Hand-written packet builders for the datapath tests: Ethernet, ARP, IPv4 (options, fragments),
-//! IPv6 (extension headers), TCP, UDP, ICMP, ICMPv6. Checksums are left zero: the programs never
+//! IPv6 (extension headers), TCP, UDP, SCTP, ICMP, ICMPv6. Checksums are left zero: the programs never
 //! check them and `BPF_PROG_TEST_RUN` does not either.
 
 /// Ethertypes.
@@ -13,6 +13,8 @@ pub const ETH_P_ARP: u16 = 0x0806;
 pub const TCP: u8 = 6;
 /// UDP.
 pub const UDP: u8 = 17;
+/// SCTP.
+pub const SCTP: u8 = 132;
 /// ICMP.
 pub const ICMP: u8 = 1;
 /// ICMPv6.
@@ -186,6 +188,31 @@ pub fn udp(sport: u16, dport: u16) -> Vec<u8> {
     h
 }
 
+/// SCTP chunk types.
+pub const SCTP_INIT: u8 = 1;
+/// INIT ACK.
+pub const SCTP_INIT_ACK: u8 = 2;
+
+/// An SCTP packet: the 12-byte common header (ports, verification tag, checksum left zero) and one
+/// 20-byte chunk of type `chunk` shaped as an INIT (tag, window, streams, initial TSN).
+#[must_use]
+pub fn sctp(sport: u16, dport: u16, chunk: u8) -> Vec<u8> {
+    let mut h = vec![0u8; 32];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    if chunk != SCTP_INIT {
+        h[4..8].copy_from_slice(&0x5eed_0001u32.to_be_bytes());
+    }
+    h[12] = chunk;
+    h[14..16].copy_from_slice(&20u16.to_be_bytes());
+    h[16..20].copy_from_slice(&0x5eed_0002u32.to_be_bytes());
+    h[20..24].copy_from_slice(&65_536u32.to_be_bytes());
+    h[24..26].copy_from_slice(&10u16.to_be_bytes());
+    h[26..28].copy_from_slice(&10u16.to_be_bytes());
+    h[28..32].copy_from_slice(&1u32.to_be_bytes());
+    h
+}
+
 /// An ICMP or ICMPv6 message: type, code, the four "rest of header" bytes, then `payload`.
 #[must_use]
 pub fn icmp(ty: u8, code: u8, rest: [u8; 4], payload: &[u8]) -> Vec<u8> {
@@ -228,6 +255,7 @@ pub fn boundaries(frame: &[u8]) -> Vec<usize> {
     b.push(
         l4 + match proto {
             TCP => 20,
+            SCTP => 12,
             UDP | ICMP | ICMPV6 => 8,
             _ => 0,
         },

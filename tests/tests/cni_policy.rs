@@ -161,3 +161,118 @@ fn tcp_between_cni_pods_follows_policy_files() {
         node.del(&pod.pod, &pod.conf, Some(&pod.result));
     }
 }
+
+fn reaches(from: &Labelled, to: &Labelled, port: u16) -> bool {
+    let addr = SocketAddr::new(to.ip, port);
+    from.pod
+        .ns
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok())
+}
+
+/// Waits (bounded) until `client` reaches `web` on (8080, 8081) as `want` says.
+fn expect_ports(node: &CniNode, web: &Labelled, client: &Labelled, want: (bool, bool), what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = (reaches(client, web, PORT), reaches(client, web, PORT + 1));
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: client reached web on ({PORT}, {}): {got:?}, want {want:?}\nendpoints: {}\nstatus: {}",
+            PORT + 1,
+            node.api_get("/v1/endpoints"),
+            node.api_get("/v1/status")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn named_ports_resolve_on_the_destination_pod_and_follow_its_pod_object() {
+    if !require_root("named_ports_resolve_on_the_destination_pod_and_follow_its_pod_object") {
+        return;
+    }
+    let node = CniNode::start(&["--pool", "10.244.0.0/16"]);
+    let policy_dir = node.dirs.path("policies");
+    let web = add(&node, "web");
+    let client = add(&node, "client");
+    let listeners: Vec<TcpListener> = [PORT, PORT + 1]
+        .into_iter()
+        .map(|port| {
+            let listen = SocketAddr::new(web.ip, port);
+            web.pod
+                .ns
+                .run(move || TcpListener::bind(listen).expect("listen in web"))
+        })
+        .collect();
+    expect_ports(
+        &node,
+        &web,
+        &client,
+        (true, true),
+        "no policy: both ports open",
+    );
+
+    // Ingress on web admits `port: http` only; egress on client allows `port: http` to web only.
+    write_pod(
+        &policy_dir,
+        "default",
+        "web",
+        &[("app", "web")],
+        &[("http", "TCP", PORT)],
+    );
+    std::fs::write(
+        policy_dir.join("named.yaml"),
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-http, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress:\n  - ports: [{port: http}]\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: client-out, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: client}}\n  egress:\n  - to: [{podSelector: {matchLabels: {app: web}}}]\n    ports: [{port: http}]\n",
+    )
+    .expect("write policy");
+    expect_ports(&node, &web, &client, (true, false), "http is 8080 on web");
+
+    // The same name on another port: both directions re-resolve, with no restart.
+    write_pod(
+        &policy_dir,
+        "default",
+        "web",
+        &[("app", "web")],
+        &[("http", "TCP", PORT + 1)],
+    );
+    expect_ports(
+        &node,
+        &web,
+        &client,
+        (false, true),
+        "http is 8081 on web now",
+    );
+
+    // A pod without the name: the clause matches nothing for it (not an error).
+    write_pod(
+        &policy_dir,
+        "default",
+        "web",
+        &[("app", "web")],
+        &[("metrics", "TCP", PORT)],
+    );
+    expect_ports(
+        &node,
+        &web,
+        &client,
+        (false, false),
+        "web names no http port",
+    );
+    let status = node.api_get("/v1/status");
+    assert!(
+        status["state"]["policy_errors"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "an unknown named port is no error: {status}"
+    );
+
+    // Positive control: without the policies both ports are open again.
+    std::fs::remove_file(policy_dir.join("named.yaml")).expect("remove policy");
+    expect_ports(&node, &web, &client, (true, true), "without the policies");
+    drop(listeners);
+    for pod in [&web, &client] {
+        node.del(&pod.pod, &pod.conf, Some(&pod.result));
+    }
+}

@@ -370,6 +370,7 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
             .map(|ns| ((*ns).to_owned(), labels(&[("team", ns)])))
             .collect::<BTreeMap<_, _>>(),
         policies: Vec::new(),
+        ..Model::default()
     };
     write_policies(&node, &model);
     expect_connectivity(&node, &cri, &pods, &model, "no policy");

@@ -48,6 +48,8 @@ fn truncated_everywhere(fam: Fam) {
     truncations(&mut lab, "tcp", &tcp, l3, l3 + 20);
     let udp = lab.udp(a, 40000, w, 53);
     truncations(&mut lab, "udp", &udp, l3, l3 + 8);
+    let sctp = lab.sctp(a, 40000, w, 80, packet::SCTP_INIT);
+    truncations(&mut lab, "sctp", &sctp, l3, l3 + 12);
     let echo = lab.echo(a, w, true, 9);
     truncations(&mut lab, "echo", &echo, l3, l3 + 8);
     // An ICMP error must quote the offending packet's IP header and its ports.

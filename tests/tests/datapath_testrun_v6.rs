@@ -59,6 +59,11 @@ fn local_flow_needs_both_sides() {
 }
 
 #[test]
+fn sctp_ports_allowed_and_denied() {
+    datapath_common::sctp_ports_allowed_and_denied(Fam::V6);
+}
+
+#[test]
 fn icmp_echo_and_related_errors() {
     datapath_common::icmp_echo_and_related_errors(Fam::V6);
 }

@@ -184,33 +184,53 @@ async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
     let runs = Arc::new(AtomicU32::new(0));
     let (die_tx, die_rx) = tokio::sync::watch::channel(false);
     // The first run dumps every link, then dies when told; the next run no longer sees c0's link.
-    let watcher = {
-        let (links, runs) = (kernel.links.clone(), Arc::clone(&runs));
-        move |tx: mpsc::UnboundedSender<LinkEvent>| {
-            let run = runs.fetch_add(1, Ordering::SeqCst);
-            let mut dump = links.interfaces();
+    struct Dying {
+        links: harness::FakeLinks,
+        runs: Arc<AtomicU32>,
+        die: tokio::sync::watch::Receiver<bool>,
+    }
+    impl crate::dataplane::kernel::LinkIo for Dying {
+        fn watch(
+            &self,
+        ) -> futures_util::future::BoxFuture<
+            '_,
+            Result<crate::dataplane::kernel::LinkWatch, crate::sources::linkwatch::LinkWatchError>,
+        > {
+            use futures_util::StreamExt as _;
+            let run = self.runs.fetch_add(1, Ordering::SeqCst);
+            let mut dump = self.links.interfaces();
             if run > 0 {
                 dump.remove(&synthetic::host_ifname(0));
             }
-            let mut die = die_rx.clone();
-            async move {
-                for (ifname, ifindex) in dump {
-                    let _closed = tx.send(LinkEvent::Up {
-                        ifname,
-                        ifindex,
-                        up: true,
-                    });
-                }
-                let _closed = tx.send(LinkEvent::Synced);
-                if run == 0 {
+            let dump = dump
+                .into_iter()
+                .map(|(ifname, ifindex)| LinkEvent::Up {
+                    ifname,
+                    ifindex,
+                    up: true,
+                })
+                .collect();
+            let mut die = self.die.clone();
+            let events = if run == 0 {
+                futures_util::stream::once(async move {
                     let _gone = die.wait_for(|d| *d).await;
-                    return Err(crate::sources::linkwatch::LinkWatchError::Socket(
+                    Err(crate::sources::linkwatch::LinkWatchError::Socket(
                         std::io::Error::other("netlink socket closed"),
-                    ));
-                }
-                std::future::pending().await
-            }
+                    ))
+                })
+                .boxed()
+            } else {
+                futures_util::stream::pending().boxed()
+            };
+            Box::pin(std::future::ready(Ok(
+                crate::dataplane::kernel::LinkWatch { dump, events },
+            )))
         }
+    }
+    let watcher = Dying {
+        links: kernel.links.clone(),
+        runs: Arc::clone(&runs),
+        die: die_rx,
     };
     let task = tokio::spawn(crate::sources::link_source::supervise(
         handle.clone(),

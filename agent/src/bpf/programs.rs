@@ -4,7 +4,10 @@
 
 use std::path::Path;
 
-use aya::programs::{ProgramError, ProgramInfo, SchedClassifier, Xdp};
+use aya::{
+    maps::MapError,
+    programs::{ProgramError, ProgramInfo, SchedClassifier, Xdp},
+};
 use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT, XDP_PREFILTER};
 use serde::Serialize;
 
@@ -49,12 +52,114 @@ pub enum ProgramsError {
     },
 }
 
-/// The tag and map ids of a pinned program. The kernel's tag ignores which maps a program
-/// references, so a resized or migrated map needs the ids too.
-fn pinned(path: &Path) -> Option<(u64, Vec<u32>)> {
-    let info = ProgramInfo::from_pin(path).ok()?;
-    let maps = info.map_ids().ok().flatten().unwrap_or_default();
-    Some((info.tag(), maps))
+/// Why a pinned program could not be checked for reuse. The agent then replaces the pin with the
+/// program it loaded (safe: the links are updated to it) rather than reuse one it cannot check.
+#[derive(Debug, thiserror::Error)]
+pub enum ReuseCheckError {
+    /// The pin exists but cannot be read.
+    #[error("cannot read the pinned program {path}: {source}")]
+    Pin {
+        /// The pin.
+        path: String,
+        /// The cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// The ids of the maps the pinned program uses cannot be read.
+    #[error(
+        "cannot list the maps the pinned program {path} uses: {source}; this needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON): grant it to the agent"
+    )]
+    MapIds {
+        /// The pin.
+        path: String,
+        /// The cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// A map the pinned program uses cannot be opened by id (`EPERM` without CAP_SYS_ADMIN).
+    #[error(
+        "cannot read map {id}, which the pinned program {path} uses: {source}; opening a map by id needs CAP_SYS_ADMIN: grant it to the agent"
+    )]
+    MapInfo {
+        /// The pin.
+        path: String,
+        /// The map id.
+        id: u32,
+        /// The cause.
+        #[source]
+        source: Box<MapError>,
+    },
+}
+
+/// The tag and map ids of a pinned program (`None`: no pin). The kernel's tag ignores which maps
+/// a program references, so a resized or migrated map needs the ids too.
+fn pinned(path: &Path) -> Result<Option<(u64, Vec<u32>)>, ReuseCheckError> {
+    let shown = || path.display().to_string();
+    let info = match ProgramInfo::from_pin(path) {
+        Ok(info) => info,
+        Err(ProgramError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None);
+        }
+        Err(source) => {
+            return Err(ReuseCheckError::Pin {
+                path: shown(),
+                source: Box::new(source),
+            });
+        }
+    };
+    let maps = info
+        .map_ids()
+        .map_err(|source| ReuseCheckError::MapIds {
+            path: shown(),
+            source: Box::new(source),
+        })?
+        .unwrap_or_default();
+    Ok(Some((info.tag(), maps)))
+}
+
+/// True when every named map among `ids` (the maps a pinned program uses) is this load's map of
+/// that name (`current`: name → id). `name_of` reads a map's name by id (`MapInfo::from_id`); a
+/// map that cannot be read is an error, never a silent match.
+fn same_maps(
+    path: &Path,
+    ids: &[u32],
+    current: &std::collections::BTreeMap<String, u32>,
+    name_of: impl Fn(u32) -> Result<Option<String>, MapError>,
+) -> Result<bool, ReuseCheckError> {
+    for id in ids {
+        let name = name_of(*id).map_err(|source| ReuseCheckError::MapInfo {
+            path: path.display().to_string(),
+            id: *id,
+            source: Box::new(source),
+        })?;
+        if let Some(current) = name.and_then(|n| current.get(&n).copied())
+            && current != *id
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn map_name(id: u32) -> Result<Option<String>, MapError> {
+    let info = aya::maps::MapInfo::from_id(id)?;
+    Ok(info.name_as_str().map(str::to_owned))
+}
+
+/// Whether the program pinned at `pin` is what this load would pin (same tag, this load's
+/// maps). A pin that cannot be checked is not reused: the caller is told why and replaces it.
+fn reusable(
+    pin: &Path,
+    new_tag: Option<u64>,
+    current: &std::collections::BTreeMap<String, u32>,
+) -> Result<bool, ReuseCheckError> {
+    let Some(new_tag) = new_tag else {
+        return Ok(false);
+    };
+    match pinned(pin)? {
+        Some((tag, maps)) if tag == new_tag => same_maps(pin, &maps, current, map_name),
+        _ => Ok(false),
+    }
 }
 
 impl Programs {
@@ -72,21 +177,16 @@ impl Programs {
             .maps()
             .filter_map(|(name, map)| Some((name.to_owned(), map_id(map)?)))
             .collect();
-        // A pinned program is only reused if every named map it references is this load's.
-        let same_maps = |ids: &[u32]| {
-            ids.iter().all(|id| {
-                aya::maps::MapInfo::from_id(*id)
-                    .ok()
-                    .and_then(|info| map_ids.get(info.name_as_str()?).copied())
-                    .is_none_or(|current| current == *id)
-            })
-        };
         let mut report = ProgramsReport::default();
         for name in maps_schema::programs::ALL {
             let pin = paths.prog_pin(name);
             let new_tag = loaded.program_tag(name);
-            let reuse = new_tag.is_some()
-                && pinned(&pin).is_some_and(|(tag, maps)| Some(tag) == new_tag && same_maps(&maps));
+            // A pinned program is only reused if every named map it references is this load's;
+            // one that cannot be checked is replaced (the links then move to the new one).
+            let reuse = reusable(&pin, new_tag, &map_ids).unwrap_or_else(|e| {
+                tracing::warn!(program = name, error = %e, "cannot check the pinned program; replacing it instead of reusing it");
+                false
+            });
             if !reuse {
                 loaded.pin_program(name, &pin)?;
             }
@@ -133,4 +233,45 @@ fn map_id(map: &aya::maps::Map) -> Option<u32> {
         return None;
     };
     data.info().ok().map(|i| i.id())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn eperm() -> MapError {
+        MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_get_fd_by_id",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        })
+    }
+
+    #[test]
+    fn a_map_that_cannot_be_read_is_an_error_naming_the_capability() {
+        let current = BTreeMap::from([("policy_v1".to_owned(), 7)]);
+        let pin = Path::new("/sys/fs/bpf/weir/progs/from_endpoint");
+        let e = same_maps(pin, &[7], &current, |_| Err(eperm())).expect_err("unreadable");
+        assert!(matches!(e, ReuseCheckError::MapInfo { id: 7, .. }), "{e:?}");
+        let message = e.to_string();
+        assert!(message.contains("CAP_SYS_ADMIN"), "{message}");
+        assert!(message.contains("from_endpoint"), "{message}");
+    }
+
+    #[test]
+    fn reuse_needs_every_named_map_to_be_this_loads() {
+        let current = BTreeMap::from([("policy_v1".to_owned(), 7), ("ct4_v2".to_owned(), 8)]);
+        let pin = Path::new("p");
+        let names = |id: u32| {
+            Ok(match id {
+                7 => Some("policy_v1".to_owned()),
+                8 | 9 => Some("ct4_v2".to_owned()),
+                _ => None,
+            })
+        };
+        assert!(same_maps(pin, &[7, 8, 3], &current, names).expect("readable"));
+        // A program that still uses the previous `ct4_v2` (a resized map) is not reused.
+        assert!(!same_maps(pin, &[7, 9], &current, names).expect("readable"));
+    }
 }

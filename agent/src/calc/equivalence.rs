@@ -22,7 +22,7 @@ use crate::{
     identity::{Identities, LabelSet},
     policy::{
         compile::{RuleRef, Subject, compile},
-        model::{Peer, Pod, Policy, PolicySet, PortSpec, Rule},
+        model::{NamedPort, NamedPortRef, Peer, Pod, Policy, PolicySet, PortSpec, Rule},
         pods,
         selector::Selector,
     },
@@ -183,11 +183,34 @@ fn port(rng: &mut Rng) -> PortSpec {
     }
 }
 
+const PORT_NAMES: [&str; 3] = ["http", "dns", "metrics"];
+
+fn named_port_ref(rng: &mut Rng) -> NamedPortRef {
+    NamedPortRef {
+        protocol: *rng.pick(&[6, 17]),
+        name: (*rng.pick(&PORT_NAMES)).to_owned(),
+    }
+}
+
+fn named_ports(rng: &mut Rng) -> Vec<NamedPort> {
+    (0..rng.below(3))
+        .map(|_| NamedPort {
+            name: (*rng.pick(&PORT_NAMES)).to_owned(),
+            protocol: *rng.pick(&[6, 17]),
+            port: *rng.pick(&[80, 8080, 53, 9000]),
+        })
+        .collect()
+}
+
 fn rule(rng: &mut Rng) -> Rule {
     Rule {
         peers: (0..rng.below(3)).map(|_| peer(rng)).collect(),
         ports: (0..rng.below(7)).map(|_| port(rng)).collect(),
-        named_ports: Vec::new(),
+        named_ports: if rng.chance(30) {
+            (0..=rng.below(2)).map(|_| named_port_ref(rng)).collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -260,6 +283,7 @@ fn random_pod(rng: &mut Rng) -> Pod {
         labels: pod_labels(rng),
         ips,
         host_network: rng.chance(10),
+        named_ports: named_ports(rng),
         ..Pod::default()
     }
 }
@@ -269,6 +293,10 @@ fn step(rng: &mut Rng, sources: &mut Sources, calc: &mut Calculation) {
     one_step(rng, sources, calc);
     let remote = pods::remote(&sources.set, sources.endpoints.values(), None);
     calc.set_remote_pods(&remote).expect("remote pods");
+    // Local endpoints' named ports come from the Pod object of their name.
+    for e in sources.endpoints.values() {
+        calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &sources.set));
+    }
 }
 
 fn one_step(rng: &mut Rng, sources: &mut Sources, calc: &mut Calculation) {

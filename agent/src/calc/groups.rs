@@ -7,9 +7,12 @@
 
 use maps_schema::{PolicyKey, PolicyValue};
 
+use maps_schema::policy::ANY_PROTO;
+
 use super::{
     RuleState,
     fasthash::{FastMap, FastSet},
+    named::Resolved,
 };
 use crate::{dataplane::map_driver::MapDriver, policy::compile::add_ports};
 
@@ -60,10 +63,21 @@ impl Groups {
         !self.dirty.is_empty()
     }
 
-    /// Recompiles the changed groups into the policy map's desired state.
+    /// Marks every group a rule of `rules` contributes to (their named ports may resolve anew).
+    pub(super) fn mark_rules(&mut self, rules: &std::collections::BTreeSet<u32>) {
+        for (key, group) in &self.groups {
+            if group.rules.iter().any(|r| rules.contains(r)) {
+                self.dirty.insert(*key);
+            }
+        }
+    }
+
+    /// Recompiles the changed groups into the policy map's desired state (named ports resolved
+    /// by `resolved`).
     pub(super) fn flush(
         &mut self,
         rules: &FastMap<u32, RuleState>,
+        resolved: &Resolved,
         policy: &mut MapDriver<PolicyKey, PolicyValue>,
     ) {
         let mut out = FastMap::default();
@@ -79,14 +93,20 @@ impl Groups {
             contributing.sort_by(|a, b| a.1.order.cmp(&b.1.order));
             out.clear();
             for (id, rule) in contributing {
-                add_ports(
-                    &mut out,
-                    key.endpoint,
-                    key.direction,
-                    key.peer,
-                    rule.ports_of(key.protocol),
-                    id,
-                );
+                let named = resolved.ports(rule, &key);
+                let specs: std::borrow::Cow<'_, [crate::policy::model::PortSpec]> =
+                    if named.is_empty() {
+                        rule.ports_of(key.protocol).into()
+                    } else {
+                        let mut all = rule.ports_of(key.protocol).to_vec();
+                        all.extend(named);
+                        all.into()
+                    };
+                if specs.is_empty() && key.protocol != ANY_PROTO {
+                    // Named ports only, none resolved here: the rule matches nothing.
+                    continue;
+                }
+                add_ports(&mut out, key.endpoint, key.direction, key.peer, &specs, id);
             }
             for old in &group.keys {
                 if !out.contains_key(old) {

@@ -24,6 +24,7 @@ mod classes;
 mod fasthash;
 mod groups;
 mod layered;
+mod named;
 mod peers;
 mod policies;
 mod remote;
@@ -63,7 +64,7 @@ use crate::{
     identity::{Identities, IdentityError, LabelSet},
     policy::{
         compile::RuleRef,
-        model::{Peer, Policy, PolicySet, PortSpec},
+        model::{NamedPort, NamedPortRef, Peer, Policy, PolicySet, PortSpec},
         pods::RemotePod,
     },
     sources::registry::Endpoint,
@@ -138,6 +139,8 @@ pub(super) struct RuleState {
     direction: u8,
     /// Port clauses by protocol (one `ANY_PROTO` group without clauses for a rule without ports).
     ports: Vec<(u8, Vec<PortSpec>)>,
+    /// Named port clauses, resolved per destination pod (`named`).
+    pub(super) named: Vec<NamedPortRef>,
     /// Selector-cache entries of its peers (a peer named twice is here twice).
     peers: Vec<usize>,
     /// Peer identity → how many of its peers select it (`ANY` for a rule without peers).
@@ -176,6 +179,10 @@ pub struct Calculation {
     policy_index: BTreeMap<(String, String), usize>,
     policies_by_namespace: HashMap<String, BTreeSet<usize>>,
     rules: FastMap<u32, RuleState>,
+    /// Rules with named port clauses (their groups are recompiled when named ports change).
+    named_rules: BTreeSet<u32>,
+    /// Named container ports of local endpoints, by registry key.
+    endpoint_ports: HashMap<String, Vec<NamedPort>>,
     rule_ids: RuleIds,
     peers: Slab<PeerEntry>,
     peer_index: HashMap<PeerKey, usize>,
@@ -210,6 +217,8 @@ impl Calculation {
             policy_index: BTreeMap::new(),
             policies_by_namespace: HashMap::new(),
             rules: FastMap::default(),
+            named_rules: BTreeSet::new(),
+            endpoint_ports: HashMap::new(),
             rule_ids: RuleIds::default(),
             peers: Slab::new(),
             peer_index: HashMap::new(),
@@ -259,6 +268,9 @@ impl Calculation {
         for (endpoint, identity) in endpoints.iter().zip(&identities) {
             self.apply_endpoint(endpoint, *identity);
         }
+        if !endpoints.is_empty() {
+            self.named_inputs_changed();
+        }
         Ok(identities)
     }
 
@@ -266,6 +278,7 @@ impl Calculation {
     pub fn remove_endpoint(&mut self, key: &str) {
         if let Some(endpoint) = self.leave(key) {
             self.gone_links.insert(endpoint.host_ifname);
+            self.named_inputs_changed();
         }
     }
 
@@ -327,7 +340,13 @@ impl Calculation {
                 }
             }
         }
-        self.groups.flush(&self.rules, &mut dp.policy);
+        if self.named_rules.is_empty() || !self.groups.is_dirty() {
+            self.groups
+                .flush(&self.rules, &named::Resolved::default(), &mut dp.policy);
+        } else {
+            let resolved = self.resolve_named();
+            self.groups.flush(&self.rules, &resolved, &mut dp.policy);
+        }
         for host_ifname in std::mem::take(&mut self.gone_links) {
             dp.endpoints_manager.remove(&mut dp.endpoints, &host_ifname);
         }
@@ -439,6 +458,7 @@ impl Calculation {
             for ns in &changed_namespaces {
                 self.relabel_namespace(ns, &relabelled);
             }
+            self.named_inputs_changed();
         }
         for (key, policy) in fresh {
             self.add_policy(key.clone(), policy.clone());

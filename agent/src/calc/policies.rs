@@ -152,10 +152,14 @@ impl Calculation {
             policy,
             direction,
             ports: ports_by_protocol(rule),
+            named: rule.named_ports.clone(),
             peers,
             identities,
         };
         let peer_identities: Vec<u32> = state.identities.keys().copied().collect();
+        if !state.named.is_empty() {
+            self.named_rules.insert(id);
+        }
         self.rules.insert(id, state);
         for identity in peer_identities {
             self.rule_contributions(id, identity, true);
@@ -175,6 +179,7 @@ impl Calculation {
         let Some(rule) = self.rules.remove(&id) else {
             return;
         };
+        self.named_rules.remove(&id);
         let mut unused = Vec::new();
         for p in rule.peers {
             if let Some(peer) = self.peers.get_mut(p)
@@ -392,6 +397,12 @@ fn ports_by_protocol(rule: &Rule) -> Vec<(u8, Vec<PortSpec>)> {
         match groups.iter_mut().find(|(p, _)| *p == spec.protocol) {
             Some((_, specs)) => specs.push(*spec),
             None => groups.push((spec.protocol, vec![*spec])),
+        }
+    }
+    // A protocol named only by named ports has a group too (its ports resolve per pod).
+    for named in &rule.named_ports {
+        if !groups.iter().any(|(p, _)| *p == named.protocol) {
+            groups.push((named.protocol, Vec::new()));
         }
     }
     groups

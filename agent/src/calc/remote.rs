@@ -36,11 +36,15 @@ impl Calculation {
             .filter(|k| !new.contains_key(k.as_str()))
             .cloned()
             .collect();
+        let any = !changed.is_empty() || !gone.is_empty();
         for key in gone {
             self.leave_remote(&key);
         }
         for (pod, identity) in changed.into_iter().zip(identities) {
             self.join_remote(pod, identity);
+        }
+        if any {
+            self.named_inputs_changed();
         }
         Ok(())
     }

@@ -88,8 +88,19 @@ pub fn check<K, V>(fd: BorrowedFd<'_>, prefix: bool) -> io::Result<()> {
 }
 
 /// (key size, value size) of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
-fn sizes(fd: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
-    // The info is read into plain bytes (the struct has no `Pod`) and its two fields taken from
+pub fn sizes(fd: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
+    let [key, value, _] = info_fields(fd)?;
+    Ok((key as usize, value as usize))
+}
+
+/// The capacity of the map behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
+pub fn max_entries(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    info_fields(fd).map(|[_, _, max]| max)
+}
+
+/// (key size, value size, max entries) of the map behind `fd`.
+fn info_fields(fd: BorrowedFd<'_>) -> io::Result<[u32; 3]> {
+    // The info is read into plain bytes (the struct has no `Pod`) and its fields taken from
     // their offsets.
     let mut info = vec![0u8; size_of::<bpf_map_info>()];
     let mut attr = new_attr();
@@ -98,12 +109,13 @@ fn sizes(fd: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
     attr.info.info = info.as_mut_ptr() as u64;
     bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let field = |offset: usize| {
-        bytemuck::pod_read_unaligned::<u32>(&info[offset..offset + size_of::<u32>()]) as usize
+        bytemuck::pod_read_unaligned::<u32>(&info[offset..offset + size_of::<u32>()])
     };
-    Ok((
+    Ok([
         field(std::mem::offset_of!(bpf_map_info, key_size)),
         field(std::mem::offset_of!(bpf_map_info, value_size)),
-    ))
+        field(std::mem::offset_of!(bpf_map_info, max_entries)),
+    ])
 }
 
 /// Every (key, value prefix) of a hash map whose values are `value_size` bytes, `value_size` ≥

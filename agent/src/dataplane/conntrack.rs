@@ -166,7 +166,7 @@ pub fn map_names(layout: u32) -> (String, String) {
 
 fn entries<K: Pod>(name: &str, map: &MapData) -> Result<Vec<(K, CtEntry)>, KernelError> {
     let layout = maps_schema::maps::layout_version(name).unwrap_or(maps_schema::conntrack::LAYOUT);
-    super::ct_layout::read::<K>(map.fd().as_fd(), layout).map_err(|e| io_err(name, "read", e))
+    super::ct_layout::read::<K>(map, layout).map_err(|e| io_err(name, "read", e))
 }
 
 /// The real [`CtIo`]: the pinned conntrack maps of one layout, opened per operation (a migration

@@ -1,26 +1,27 @@
 //! Conntrack entries of any layout, read in the current one: the sweep and listing read the
 //! maps through this, and so does the migration (`migrate/`), which depends on the dataplane
-//! and never the other way round.
+//! and never the other way round. Over the seam's [`CtMapIo`] (a map's fd, or the fake's map).
 
-use std::{io, os::fd::BorrowedFd};
+use std::io;
 
 use bytemuck::Pod;
 use maps_schema::{CtEntry, CtEntryV1};
 
-use super::batch;
+use super::kernel::CtMapIo;
 
 /// Every entry of a conntrack map of layout `version`, in the current layout. A layout newer
 /// than this release's is read as its prefix (layouts only append fields), so an older release
 /// can take the last entries of a rollback without knowing the newer layout.
-pub fn read<K: Pod>(fd: BorrowedFd<'_>, version: u32) -> io::Result<Vec<(K, CtEntry)>> {
+pub fn read<K: Pod>(map: &impl CtMapIo, version: u32) -> io::Result<Vec<(K, CtEntry)>> {
     match version {
-        1 => Ok(batch::lookup_all::<K, CtEntryV1>(fd)?
+        1 => Ok(map
+            .lookup_all::<K, CtEntryV1>()?
             .into_iter()
             .map(|(k, v)| (k, v.upgrade()))
             .collect()),
         v if v > maps_schema::conntrack::LAYOUT => {
-            batch::lookup_all_prefix::<K, CtEntry>(fd, batch::value_size(fd)?)
+            map.lookup_all_prefix::<K, CtEntry>(map.sizes()?.1)
         }
-        _ => batch::lookup_all::<K, CtEntry>(fd),
+        _ => map.lookup_all::<K, CtEntry>(),
     }
 }

@@ -1,6 +1,8 @@
 //! The one in-memory fake of the kernel seam (`kernel`), for unit tests only: a [`FakeKernel`]
 //! implements every seam trait (its maps are [`FakeMap`]s), and injects faults: every write
-//! dropped for a while, one link's attachments failing, a conntrack read paused mid-sweep.
+//! dropped for a while, one link's attachments failing, a conntrack read paused mid-sweep, a link
+//! watch that cannot open or whose event stream ends or fails (a dead watcher), a conntrack
+//! migration crashing at a failpoint (`fake_ct`).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -19,7 +21,10 @@ use maps_schema::{
     conntrack::{Ct4Key, Ct6Key},
 };
 
-use super::kernel::{Attacher, CountersIo, CtIo, Hook, KernelError, MapIo, PinIo, SysctlIo, XdpIo};
+use super::kernel::{
+    Attacher, CountersIo, CtIo, Hook, KernelError, LinkEvent, LinkIo, LinkStream, LinkWatch,
+    LinkWatchError, MapIo, PinIo, SysctlIo, XdpIo,
+};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -201,13 +206,47 @@ impl CtState {
     }
 }
 
+/// The link watching side: node addresses, live watches and their faults (the links themselves
+/// are `TcState::ifindex`).
+#[derive(Default)]
+pub(crate) struct LinkTable {
+    /// Node addresses: (ifindex, address).
+    pub(crate) addresses: BTreeSet<(u32, std::net::IpAddr)>,
+    /// Workload links administratively down.
+    pub(crate) down: BTreeSet<String>,
+    /// The event streams of live watches.
+    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Result<LinkEvent, LinkWatchError>>>,
+    /// The next this many watches fail to open.
+    pub(crate) fail_opens: u32,
+    /// Watches opened.
+    pub(crate) opened: u32,
+}
+
+impl LinkTable {
+    fn notify(&mut self, event: &LinkEvent) {
+        self.watchers.retain(|w| w.send(Ok(event.clone())).is_ok());
+    }
+}
+
+/// The routing side: weir's routes (its protocol only), and destinations whose writes fail.
+#[derive(Default)]
+pub(crate) struct RouteTable {
+    pub(crate) routes: BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>,
+    pub(crate) failing: BTreeSet<ipnetwork::IpNetwork>,
+}
+
 /// One fake kernel: every seam trait over shared in-memory state. Clones share it.
 #[derive(Clone, Default)]
 pub(crate) struct FakeKernel {
+    pub(crate) links: Arc<Mutex<LinkTable>>,
+    /// The conntrack pins the migration works on (`fake_ct`).
+    #[cfg(test)]
+    pub(crate) ct_pins: Arc<Mutex<super::fake_ct::CtPins>>,
     faults: Arc<Faults>,
     pub(crate) tc: Arc<Mutex<TcState>>,
     pub(crate) xdp: Arc<Mutex<XdpState>>,
     pub(crate) ct: Arc<Mutex<CtState>>,
+    routes: Arc<Mutex<RouteTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     sysctls: Arc<Mutex<BTreeMap<String, String>>>,
     pins: Arc<Mutex<BTreeSet<String>>>,
@@ -225,7 +264,7 @@ impl FakeKernel {
         self.faults.drop_all.store(on, Ordering::Relaxed);
     }
 
-    fn dropping(&self) -> bool {
+    pub(crate) fn dropping(&self) -> bool {
         self.faults.drop_all.load(Ordering::Relaxed)
     }
 
@@ -241,9 +280,29 @@ impl FakeKernel {
         lock(&self.ct)
     }
 
-    /// A workload link appears (what the link watcher would report: `link_events`).
+    /// The route table.
+    pub(crate) fn routes(&self) -> MutexGuard<'_, RouteTable> {
+        lock(&self.routes)
+    }
+
+    /// The link table (addresses, faults).
+    pub(crate) fn link_table(&self) -> MutexGuard<'_, LinkTable> {
+        lock(&self.links)
+    }
+
+    /// A link appears (live watches report it if it is a workload link).
     pub(crate) fn add_link(&self, ifname: &str, ifindex: u32) {
-        self.tc().ifindex.insert(ifname.to_owned(), ifindex);
+        let mut s = self.tc();
+        s.ifindex.insert(ifname.to_owned(), ifindex);
+        if is_workload(ifname) {
+            let mut links = self.link_table();
+            let up = !links.down.contains(ifname);
+            links.notify(&LinkEvent::Up {
+                ifname: ifname.to_owned(),
+                ifindex,
+                up,
+            });
+        }
     }
 
     /// A link disappears (with its attachments, as the kernel does).
@@ -251,24 +310,70 @@ impl FakeKernel {
         let mut s = self.tc();
         if let Some(ifindex) = s.ifindex.remove(ifname) {
             s.attached.retain(|(i, _, _)| *i != ifindex);
+            if is_workload(ifname) {
+                self.link_table().notify(&LinkEvent::Gone {
+                    ifname: ifname.to_owned(),
+                });
+            }
         }
     }
 
-    /// The link watcher's initial dump over this kernel's links: one `Up` per workload link
-    /// (all up), then `Synced` — the same events `linkwatch::watch` sends.
-    pub(crate) fn link_events(&self) -> Vec<crate::sources::linkwatch::LinkEvent> {
-        use crate::sources::linkwatch::LinkEvent;
-        let mut out: Vec<LinkEvent> = self
-            .tc()
-            .ifindex
+    /// A node address appears on (or leaves) interface `ifindex`.
+    pub(crate) fn set_address(&self, ifindex: u32, addr: std::net::IpAddr, present: bool) {
+        let _order = self.tc();
+        let mut links = self.link_table();
+        let changed = if present {
+            links.addresses.insert((ifindex, addr))
+        } else {
+            links.addresses.remove(&(ifindex, addr))
+        };
+        if changed {
+            links.notify(&LinkEvent::Address {
+                ifindex,
+                addr,
+                present,
+            });
+        }
+    }
+
+    /// Every live watch's event stream ends (`error`: with that error first): a dead watcher.
+    pub(crate) fn end_link_watches(&self, error: Option<&str>) {
+        for w in std::mem::take(&mut self.link_table().watchers) {
+            if let Some(e) = error {
+                let _closed = w.send(Err(LinkWatchError::Stream(std::io::Error::other(
+                    e.to_owned(),
+                ))));
+            }
+        }
+    }
+
+    /// The dump a watch starts from: an `Up` per workload link, an `Address` per node address.
+    fn link_dump(tc: &TcState, links: &LinkTable) -> Vec<LinkEvent> {
+        let ups =
+            tc.ifindex
+                .iter()
+                .filter(|(name, _)| is_workload(name))
+                .map(|(ifname, ifindex)| LinkEvent::Up {
+                    ifname: ifname.clone(),
+                    ifindex: *ifindex,
+                    up: !links.down.contains(ifname),
+                });
+        let addresses = links
+            .addresses
             .iter()
-            .filter(|(name, _)| name.starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX))
-            .map(|(ifname, ifindex)| LinkEvent::Up {
-                ifname: ifname.clone(),
+            .map(|(ifindex, addr)| LinkEvent::Address {
                 ifindex: *ifindex,
-                up: true,
-            })
-            .collect();
+                addr: *addr,
+                present: true,
+            });
+        ups.chain(addresses).collect()
+    }
+
+    /// The link watcher's initial dump over this kernel's links and addresses, then `Synced` —
+    /// the events `link_source` sends for a watch that starts now.
+    pub(crate) fn link_events(&self) -> Vec<LinkEvent> {
+        let tc = self.tc();
+        let mut out = Self::link_dump(&tc, &self.link_table());
         out.push(LinkEvent::Synced);
         out
     }
@@ -299,6 +404,36 @@ impl FakeKernel {
             return Err(injected(ifname));
         }
         Ok(s)
+    }
+}
+
+fn is_workload(ifname: &str) -> bool {
+    ifname.starts_with(maps_schema::programs::WORKLOAD_LINK_PREFIX)
+}
+
+impl LinkIo for FakeKernel {
+    fn watch(&self) -> futures_util::future::BoxFuture<'_, Result<LinkWatch, LinkWatchError>> {
+        // Subscribed and dumped under the same locks: no event is missed or reported twice.
+        let tc = self.tc();
+        let mut links = self.link_table();
+        let result = if links.fail_opens > 0 {
+            links.fail_opens -= 1;
+            Err(LinkWatchError::Socket(std::io::Error::other(
+                "fault injected by the fake kernel",
+            )))
+        } else {
+            links.opened += 1;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            links.watchers.push(tx);
+            let events: LinkStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async {
+                rx.recv().await.map(|e| (e, rx))
+            }));
+            Ok(LinkWatch {
+                dump: Self::link_dump(&tc, &links),
+                events,
+            })
+        };
+        Box::pin(std::future::ready(result))
     }
 }
 
@@ -504,6 +639,48 @@ impl PinIo for FakeKernel {
             return Err(injected(name));
         }
         self.pins().remove(name);
+        Ok(())
+    }
+}
+
+impl super::kernel::RouteIo for FakeKernel {
+    fn dump(
+        &mut self,
+    ) -> Result<BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>, super::kernel::RouteError>
+    {
+        Ok(self.routes().routes.clone())
+    }
+
+    fn replace(
+        &mut self,
+        dest: ipnetwork::IpNetwork,
+        hop: super::kernel::NextHop,
+    ) -> Result<(), super::kernel::RouteError> {
+        let mut t = self.routes();
+        if t.failing.contains(&dest) || self.dropping() {
+            return Err(super::kernel::RouteError::Netlink {
+                op: "replace",
+                dest: dest.to_string(),
+                source: std::io::Error::other("injected fault"),
+            });
+        }
+        t.routes.insert(dest, hop);
+        Ok(())
+    }
+
+    fn delete(
+        &mut self,
+        dest: ipnetwork::IpNetwork,
+        _: super::kernel::NextHop,
+    ) -> Result<(), super::kernel::RouteError> {
+        if self.dropping() {
+            return Err(super::kernel::RouteError::Netlink {
+                op: "delete",
+                dest: dest.to_string(),
+                source: std::io::Error::other("injected fault"),
+            });
+        }
+        self.routes().routes.remove(&dest);
         Ok(())
     }
 }

@@ -10,8 +10,17 @@
 //! - [`CountersIo`]: the per-CPU verdict counters (`counters::PinnedCounters`).
 //! - [`SysctlIo`]: `/proc/sys` (`node_setup::ProcSysctl`).
 //! - [`PinIo`]: the map pins under the pin root (`pins::BpffsPins`), for stale-pin removal.
+//! - [`LinkIo`]: link and address dumps and their live events (`sources::linkwatch::Netlink`).
+//! - [`MigrateIo`] and [`CtMapIo`]: the conntrack migration's map pins (create, rename, remove)
+//!   and raw batch reads and writes of one conntrack map of any layout
+//!   (`dataplane::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
 
-use std::{hash::Hash, path::Path};
+use std::{collections::BTreeMap, hash::Hash, io, net::IpAddr, path::Path, path::PathBuf};
+
+use ipnetwork::IpNetwork;
+use serde::Serialize;
+
+use futures_util::{future::BoxFuture, stream::BoxStream};
 
 use maps_schema::{
     CtEntry,
@@ -350,4 +359,164 @@ impl<K: Pod + Send, V: Pod + Send> MapIo<Prefix<K>, V> for PinnedLpm<K, V> {
             _ => Ok(()),
         }
     }
+}
+
+/// A change of workload links or node addresses, as the link watcher reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// A workload link exists with this index.
+    Up {
+        /// Name.
+        ifname: String,
+        /// Index.
+        ifindex: u32,
+        /// Administratively up (`IFF_UP`).
+        up: bool,
+    },
+    /// A workload link is gone.
+    Gone {
+        /// Name.
+        ifname: String,
+    },
+    /// A node address appeared on (or left) interface `ifindex`.
+    Address {
+        /// Interface.
+        ifindex: u32,
+        /// Address.
+        addr: std::net::IpAddr,
+        /// True when added, false when removed.
+        present: bool,
+    },
+    /// The initial dump is complete.
+    Synced,
+}
+
+/// Errors of link watching.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkWatchError {
+    /// The netlink socket could not be opened.
+    #[error("cannot open a netlink socket to watch links: {0}")]
+    Socket(#[source] std::io::Error),
+    /// The dump failed.
+    #[error("cannot list links: {0}")]
+    Dump(#[source] rtnetlink::Error),
+    /// The event stream failed.
+    #[error("the link event stream failed: {0}")]
+    Stream(#[source] std::io::Error),
+}
+
+/// The live link and address events after a dump; its end (or an error) means the watcher died.
+pub type LinkStream = BoxStream<'static, Result<LinkEvent, LinkWatchError>>;
+
+/// What a watch starts from: the dump's events (an `Up` per workload link, an `Address` per
+/// node address; no `Synced`) and the events since the subscription, which was made first so
+/// nothing between the two is missed.
+pub struct LinkWatch {
+    /// The dump.
+    pub dump: Vec<LinkEvent>,
+    /// Live events from here on.
+    pub events: LinkStream,
+}
+
+/// Link and address watching in the agent's network namespace.
+pub trait LinkIo: Send + Sync {
+    /// Subscribes to link and address changes, then dumps what exists.
+    fn watch(&self) -> BoxFuture<'_, Result<LinkWatch, LinkWatchError>>;
+}
+
+/// One conntrack map of any layout, raw: batch reads and writes with the key and value types
+/// the caller names, each refused when the map's sizes differ (the real one is the map's fd:
+/// `dataplane::batch`). Layout conversion happens above it (`ct_layout`, `bpf/migrate/copy`).
+pub trait CtMapIo {
+    /// (key size, value size) in bytes.
+    fn sizes(&self) -> io::Result<(usize, usize)>;
+    /// Capacity.
+    fn max_entries(&self) -> io::Result<u32>;
+    /// Refuses a map whose key size is not `K`'s or whose value size is not `V`'s (smaller
+    /// than it, with `prefix`).
+    fn check<K: bytemuck::Pod, V: bytemuck::Pod>(&self, prefix: bool) -> io::Result<()>;
+    /// Every entry.
+    fn lookup_all<K: bytemuck::Pod, V: bytemuck::Pod>(&self) -> io::Result<Vec<(K, V)>>;
+    /// Every entry of a map with values of `value_size` ≥ `size_of::<V>()` bytes, each value
+    /// read as its first `size_of::<V>()` bytes.
+    fn lookup_all_prefix<K: bytemuck::Pod, V: bytemuck::Pod>(
+        &self,
+        value_size: usize,
+    ) -> io::Result<Vec<(K, V)>>;
+    /// One entry, unchecked (call [`CtMapIo::check`] first).
+    fn lookup<K: bytemuck::Pod, V: bytemuck::Pod>(&self, key: &K) -> io::Result<Option<V>>;
+    /// Creates or replaces entries; returns how many were written.
+    fn update<K: bytemuck::Pod, V: bytemuck::Pod>(&self, entries: &[(K, V)]) -> io::Result<usize>;
+}
+
+/// The conntrack pins of the maps directory, as the migration uses them.
+pub trait MigrateIo {
+    /// A map opened from (or created under) a pin; it stays usable after its pin is renamed or
+    /// removed, as a file descriptor does.
+    type Map: CtMapIo;
+    /// File names in the maps directory.
+    fn pins(&self) -> io::Result<Vec<String>>;
+    /// The path of pin `name` (for messages).
+    fn path(&self, name: &str) -> PathBuf;
+    /// Opens the map pinned as `name`.
+    fn open(&self, name: &str) -> io::Result<Self::Map>;
+    /// Creates an LRU hash map named `name` in the kernel and pins it as `pin`.
+    fn create(
+        &mut self,
+        name: &str,
+        pin: &str,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+    ) -> io::Result<Self::Map>;
+    /// Renames pin `from` to `to`.
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()>;
+    /// Removes pin `name` (a missing one is not an error).
+    fn remove(&mut self, name: &str) -> io::Result<()>;
+    /// The programs' clock now (`CLOCK_MONOTONIC_COARSE`), in nanoseconds.
+    fn now_ns(&self) -> u64;
+    /// Failpoint `name` (`WEIR_FAILPOINT`): the real one kills the process there; true when the
+    /// migration must stop there as if it had (the fake's crash).
+    fn failpoint(&mut self, name: &'static str) -> bool;
+}
+
+/// Where a route sends its block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum NextHop {
+    /// Native routing: via the remote node's address (on a shared L2, or a fabric that routes pod CIDRs).
+    Via(IpAddr),
+    /// Tunnel routing: through a device (the VXLAN device, by ifindex), `onlink` via the remote node's
+    /// tunnel address.
+    Device {
+        /// The device.
+        ifindex: u32,
+        /// The remote end's address on the tunnel.
+        via: IpAddr,
+    },
+}
+
+/// A route-table failure.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// A netlink request failed.
+    #[error("cannot {op} the route to {dest}: {source}")]
+    Netlink {
+        /// What was done.
+        op: &'static str,
+        /// The destination (or `*` for a dump).
+        dest: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The kernel's route table as the route driver sees it (weir's protocol only).
+pub trait RouteIo: Send {
+    /// Every route of weir's protocol in the main table.
+    fn dump(&mut self) -> Result<BTreeMap<IpNetwork, NextHop>, RouteError>;
+    /// Creates or replaces the route to `dest`.
+    fn replace(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
+    /// Deletes the route to `dest` (of weir's protocol).
+    fn delete(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
 }

@@ -10,13 +10,16 @@ pub mod batch;
 pub mod conntrack;
 pub mod counters;
 pub mod ct_layout;
+pub mod ct_maps;
 pub mod endpoints;
 pub mod kernel;
 pub mod map_driver;
+pub mod netlink_routes;
 pub mod pins;
 pub mod plane;
 pub mod prefilter;
 pub mod retry;
+pub mod routes;
 pub mod tc_links;
 
 #[cfg(any(test, feature = "testing"))]
@@ -28,3 +31,5 @@ pub mod tc_links;
     )
 )]
 pub(crate) mod fake;
+#[cfg(test)]
+pub(crate) mod fake_ct;

@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    future::Future,
     hash::Hash,
     path::Path,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -12,6 +11,7 @@ use std::{
 };
 
 use aya::programs::TcAttachType;
+use futures_util::{StreamExt as _, future::BoxFuture};
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 use tokio::sync::mpsc;
 
@@ -19,7 +19,7 @@ use crate::{
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
         endpoints::EndpointsManager,
-        kernel::{KernelError, MapIo, Prefix},
+        kernel::{KernelError, LinkIo, LinkWatch, MapIo, Prefix},
         map_driver::MapDriver,
         plane::Dataplane,
     },
@@ -394,48 +394,44 @@ pub(crate) fn open_node(paths: &Paths, kernel: &FakeKernel) -> Node {
     Node::open(paths, kernel.dataplane(), set, errors).expect("the node opens")
 }
 
-/// One run of a fake link watcher.
-pub(crate) type WatchRun =
-    std::pin::Pin<Box<dyn Future<Output = Result<(), LinkWatchError>> + Send>>;
+/// A link watcher over the fake links: dumps them, then forwards what the test sends on `live`
+/// (or, with none, waits forever).
+pub(crate) struct Watcher {
+    links: FakeLinks,
+    live: Mutex<Option<mpsc::UnboundedReceiver<LinkEvent>>>,
+}
 
-/// A link watcher over the fake links: dumps them, says `Synced`, then forwards what the test
-/// sends on `live` (or, with none, waits forever).
+/// The link watcher of [`Watcher`].
 pub(crate) fn watcher(
     links: FakeLinks,
     live: Option<mpsc::UnboundedReceiver<LinkEvent>>,
-) -> impl Fn(mpsc::UnboundedSender<LinkEvent>) -> WatchRun {
-    let live = Arc::new(Mutex::new(live));
-    move |tx| {
-        let dump = links.interfaces();
-        let live = lock(&live).take();
-        Box::pin(async move {
-            for (ifname, ifindex) in dump {
-                if tx
-                    .send(LinkEvent::Up {
-                        ifname,
-                        ifindex,
-                        up: true,
-                    })
-                    .is_err()
-                {
-                    return Ok(());
-                }
-            }
-            if tx.send(LinkEvent::Synced).is_err() {
-                return Ok(());
-            }
-            match live {
-                Some(mut live) => {
-                    while let Some(event) = live.recv().await {
-                        if tx.send(event).is_err() {
-                            break;
-                        }
-                    }
-                    Ok(())
-                }
-                None => std::future::pending().await,
-            }
-        })
+) -> Watcher {
+    Watcher {
+        links,
+        live: Mutex::new(live),
+    }
+}
+
+impl LinkIo for Watcher {
+    fn watch(&self) -> BoxFuture<'_, Result<LinkWatch, LinkWatchError>> {
+        let dump = self
+            .links
+            .interfaces()
+            .into_iter()
+            .map(|(ifname, ifindex)| LinkEvent::Up {
+                ifname,
+                ifindex,
+                up: true,
+            })
+            .collect();
+        let events = match lock(&self.live).take() {
+            Some(live) => futures_util::stream::unfold(live, |mut live| async {
+                live.recv().await.map(|e| (Ok(e), live))
+            })
+            .boxed(),
+            None => futures_util::stream::pending().boxed(),
+        };
+        Box::pin(std::future::ready(Ok(LinkWatch { dump, events })))
     }
 }
 

@@ -156,7 +156,7 @@ async fn pod_objects_relabel_endpoints_add_remote_peers_and_a_bad_one_refuses_on
     };
     agent
         .wait_until("the remote pod's address", || {
-            kernel.state().ident4.get(&v4.octets()).is_some()
+            kernel.state().ident4.contains_key(&v4.octets())
         })
         .await;
     applied_after(&agent, generation, "the remote pod", |_| true).await;

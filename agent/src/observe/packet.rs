@@ -77,7 +77,8 @@ fn l4(spec: &Spec) -> Vec<u8> {
             h[6..8].copy_from_slice(&1u16.to_be_bytes());
             h
         }
-        // Other protocols: 8 bytes of ports-shaped payload (SCTP's common header starts so).
+        // Other protocols: 12 bytes of ports-shaped payload (an SCTP common header, whose ports
+        // the programs read).
         _ => {
             let mut h = vec![0u8; 12];
             h[0..2].copy_from_slice(&sp);

@@ -183,18 +183,22 @@ pub fn compile(
                     &set.namespaces,
                     &cidrs,
                 );
-                if !rule.all_ports() && rule.ports.is_empty() {
-                    // Named ports only: resolved per destination pod below (none yet: nothing).
-                    continue;
-                }
                 for subject in &selected {
                     for peer in &peers {
+                        let mut ports = rule.ports.clone();
+                        ports.extend(resolve_named(
+                            rule, dir, subject, *peer, set, subjects, &remote,
+                        ));
+                        if ports.is_empty() && !rule.all_ports() {
+                            // Named ports only, none resolved for this pair: nothing.
+                            continue;
+                        }
                         add_ports(
                             &mut out.policy,
                             subject.endpoint.id,
                             dir,
                             *peer,
-                            &rule.ports,
+                            &ports,
                             rule_id,
                         );
                     }
@@ -203,6 +207,55 @@ pub fn compile(
         }
     }
     Ok(out)
+}
+
+/// A rule's named ports as port clauses for (subject, peer): on the subject's own pod for
+/// ingress; for egress, on every pod (local or remote) of the peer identity (the union).
+fn resolve_named(
+    rule: &Rule,
+    direction: u8,
+    subject: &Subject<'_>,
+    peer: u32,
+    set: &PolicySet,
+    subjects: &[Subject<'_>],
+    remote: &[(RemotePod, u32)],
+) -> Vec<PortSpec> {
+    let mut out: Vec<PortSpec> = Vec::new();
+    for named in &rule.named_ports {
+        let mut ports: Vec<u16> = if direction == INGRESS {
+            super::pods::pod_of(subject.endpoint, set)
+                .and_then(|p| p.resolve(named))
+                .into_iter()
+                .collect()
+        } else {
+            let local = subjects
+                .iter()
+                .filter(|s| s.identity == peer)
+                .filter_map(|s| super::pods::pod_of(s.endpoint, set)?.resolve(named));
+            let remote = remote
+                .iter()
+                .filter(|(_, id)| *id == peer)
+                .filter_map(|(p, _)| {
+                    p.named_ports
+                        .iter()
+                        .find(|n| n.name == named.name && n.protocol == named.protocol)
+                        .map(|n| n.port)
+                });
+            local.chain(remote).collect()
+        };
+        ports.sort_unstable();
+        for port in ports {
+            let spec = PortSpec {
+                protocol: named.protocol,
+                port: Some(port),
+                end_port: None,
+            };
+            if !out.contains(&spec) {
+                out.push(spec);
+            }
+        }
+    }
+    out
 }
 
 fn peer_identities(
@@ -456,5 +509,91 @@ spec:
                 .any(|k| k.endpoint_id == 1 && k.peer_identity == inner),
             "10.2.0.0/16 addresses (their own identity in the LPM) are still inside policy a's /8"
         );
+    }
+
+    #[test]
+    fn named_ports_resolve_on_the_destination_pod() {
+        let set = parse_str(
+            "p.yaml",
+            r"
+kind: NetworkPolicy
+metadata: {name: web, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress: [{ports: [{port: http}, {protocol: UDP, port: dns}]}]
+---
+kind: NetworkPolicy
+metadata: {name: out, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  egress: [{to: [{podSelector: {matchLabels: {app: db}}}], ports: [{port: sql}]}]
+---
+kind: Pod
+metadata: {name: p1, namespace: default, labels: {app: web}}
+spec: {containers: [{name: a, ports: [{name: http, containerPort: 8080}]}]}
+---
+kind: Pod
+metadata: {name: p4, namespace: default, labels: {app: web}}
+spec: {containers: [{name: a, ports: [{name: http, containerPort: 9090}, {name: dns, containerPort: 53, protocol: UDP}]}]}
+---
+kind: Pod
+metadata: {name: remote-db, namespace: default, labels: {app: db}}
+spec: {containers: [{name: a, ports: [{name: sql, containerPort: 5432}]}]}
+status: {podIP: 10.9.9.9}
+---
+kind: Pod
+metadata: {name: p3, namespace: default, labels: {app: db}}
+spec: {containers: [{name: a, ports: [{name: sql, containerPort: 3306}]}]}
+",
+        )
+        .expect("valid");
+        let (web1, client, db, web4) = (
+            endpoint(1, "default", "web"),
+            endpoint(2, "default", "client"),
+            endpoint(3, "default", "db"),
+            endpoint(4, "default", "web"),
+        );
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut ids = Identities::load(&dir.path().join("i.json")).expect("ids");
+        // The local db pod has the remote db pod's label set, so its identity.
+        let db_id = ids
+            .get_or_allocate(&LabelSet::for_pod(&db.labels, "default", &BTreeMap::new()))
+            .expect("db identity");
+        let subjects = [
+            Subject {
+                endpoint: &web1,
+                identity: 300,
+            },
+            Subject {
+                endpoint: &client,
+                identity: 301,
+            },
+            Subject {
+                endpoint: &db,
+                identity: db_id,
+            },
+            Subject {
+                endpoint: &web4,
+                identity: 300,
+            },
+        ];
+        let c = compile(&set, &subjects, &mut ids).expect("compile");
+        let ports = |endpoint_id: u32, direction: u8| {
+            let mut v: Vec<(u8, u16, u32)> = c
+                .policy
+                .keys()
+                .filter(|k| k.endpoint_id == endpoint_id && k.direction == direction)
+                .map(|k| (k.protocol, k.port, k.peer_identity))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        // Ingress: each web pod on its own number; p1 names no dns port, so nothing for UDP.
+        assert_eq!(ports(1, INGRESS), vec![(6, 8080, ANY)]);
+        assert_eq!(ports(4, INGRESS), vec![(6, 9090, ANY), (17, 53, ANY)]);
+        // Egress: the db identity's pods (local p3 and the remote pod) name sql 3306 and 5432:
+        // the union, for that identity; the remote pod's address carries it.
+        assert_eq!(c.remote, vec![("10.9.9.9".parse().expect("ip"), db_id)]);
+        assert_eq!(ports(2, EGRESS), vec![(6, 3306, db_id), (6, 5432, db_id)]);
     }
 }

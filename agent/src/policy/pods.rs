@@ -7,7 +7,7 @@
 
 use std::{borrow::Cow, collections::BTreeSet, net::IpAddr};
 
-use super::model::{Labels, Pod, PolicySet};
+use super::model::{Labels, NamedPort, Pod, PolicySet};
 use crate::sources::registry::Endpoint;
 
 /// The Pod object of a local endpoint, if the source has one.
@@ -16,6 +16,14 @@ pub fn pod_of<'a>(endpoint: &Endpoint, set: &'a PolicySet) -> Option<&'a Pod> {
     set.pods
         .get(&(endpoint.namespace.clone(), endpoint.pod.clone()))
         .filter(|_| !endpoint.pod.is_empty())
+}
+
+/// The named container ports of a local endpoint (its Pod's; none without a Pod object).
+#[must_use]
+pub fn named_ports_of(endpoint: &Endpoint, set: &PolicySet) -> Vec<NamedPort> {
+    pod_of(endpoint, set)
+        .map(|p| p.named_ports.clone())
+        .unwrap_or_default()
 }
 
 /// The endpoint as policy sees it: with its Pod's labels when the source has the Pod.
@@ -41,6 +49,8 @@ pub struct RemotePod {
     pub labels: Labels,
     /// Its addresses.
     pub ips: Vec<IpAddr>,
+    /// Its named container ports (egress named ports resolve on them).
+    pub named_ports: Vec<NamedPort>,
 }
 
 /// The remote pods of `set`: not a local endpoint (by namespace and name), not on `node` (this
@@ -69,6 +79,7 @@ pub fn remote<'a>(
             namespace: p.namespace.clone(),
             labels: p.labels.clone(),
             ips: p.ips.clone(),
+            named_ports: p.named_ports.clone(),
         })
         .collect::<Vec<_>>();
     pods.sort_by(|a, b| a.key.cmp(&b.key));

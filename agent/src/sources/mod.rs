@@ -2,11 +2,13 @@
 //! and sends typed deltas (`applier::Command`) to the one dataplane loop; none touches the kernel.
 //!
 //! - `registry`: the endpoints the CNI registered, persisted in `endpoints.json`, restored at open;
-//! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses), and
-//!   `link_source`, the supervisor that restarts it;
-//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy and Namespace YAML);
+//! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses) — the real
+//!   `LinkIo` of the kernel seam — and `link_source`, the supervisor over that seam that
+//!   restarts it;
+//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy, Namespace, Pod and Node YAML);
 //! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
 //!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
+
 
 pub mod kube;
 pub mod link_source;

@@ -27,17 +27,23 @@ pub enum Kind {
     Affinity,
     /// `Handle`.
     Handle,
+    /// A cluster-wide security identity (`Identity`, named by its number).
+    Identity,
+    /// The index from a label set to its identity (`IdentityKey`, named by a hash of the labels).
+    IdentityKey,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Pool,
         Kind::Config,
         Kind::Reservation,
         Kind::Block,
         Kind::Affinity,
         Kind::Handle,
+        Kind::Identity,
+        Kind::IdentityKey,
     ];
 
     /// The kind's path segment in key-value stores.
@@ -49,6 +55,8 @@ impl Kind {
             Self::Block => "blocks",
             Self::Affinity => "affinities",
             Self::Handle => "handles",
+            Self::Identity => "identities",
+            Self::IdentityKey => "identitykeys",
         }
     }
 }

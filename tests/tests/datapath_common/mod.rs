@@ -18,7 +18,7 @@ use maps_schema::{
 };
 use tests::{
     datapath::{Fam, IDENTITIES, Lab, Peer},
-    packet::{ACK, FIN, PSH, RST, SYN, TCP, UDP},
+    packet::{ACK, FIN, PSH, RST, SCTP, SCTP_INIT, SCTP_INIT_ACK, SYN, TCP, UDP},
 };
 
 const BOTH: u32 = FLAG_ISOLATED_INGRESS | FLAG_ISOLATED_EGRESS;
@@ -467,6 +467,83 @@ pub fn host_reaches_isolated_pod(fam: Fam) {
     expect(
         "egress to the node follows egress policy",
         lab.from(1, &out),
+        DROP_POLICY_DENIED,
+    );
+}
+
+/// SCTP rules match on the destination port as TCP and UDP rules do: an exact port and a port
+/// range allow their ports only, TCP to the same port stays denied, the association's replies pass
+/// through conntrack (keyed by ports), and an ICMP error quoting an SCTP packet is related.
+pub fn sctp_ports_allowed_and_denied(fam: Fam) {
+    let Some(mut lab) = Lab::new("sctp_ports_allowed_and_denied", fam) else {
+        return;
+    };
+    lab.register(0, 0);
+    lab.register(1, BOTH);
+    lab.policy(1, INGRESS, IDENTITIES[0], SCTP, 80, ALLOW);
+    lab.policy(
+        1,
+        INGRESS,
+        IDENTITIES[0],
+        SCTP,
+        ANY_PORT,
+        Lab::ranges(VERDICT_ALLOW, 9, &[(5000, 5010)]),
+    );
+    let (a, b) = (Peer::Pod(0), Peer::Pod(1));
+    let init = lab.sctp(a, 40000, b, 80, SCTP_INIT);
+    expect("INIT to port 80 leaves pod 0", lab.from(0, &init), PASS);
+    expect(
+        "INIT to port 80 enters pod 1",
+        lab.to(1, &init),
+        PASS_POLICY,
+    );
+    assert_eq!(
+        ct_flags(&lab, a, 40000, b, 80, SCTP) & (SRC_OK | DST_OK),
+        SRC_OK | DST_OK,
+        "the association is keyed by its ports"
+    );
+    let ack = lab.sctp(b, 80, a, 40000, SCTP_INIT_ACK);
+    expect(
+        "INIT ACK leaves pod 1 (egress isolated, via conntrack)",
+        lab.from(1, &ack),
+        PASS_ESTABLISHED,
+    );
+    expect("INIT ACK enters pod 0", lab.to(0, &ack), PASS_ESTABLISHED);
+    let other = lab.sctp(a, 40001, b, 81, SCTP_INIT);
+    expect("INIT to port 81", lab.to(1, &other), DROP_POLICY_DENIED);
+    assert!(
+        lab.ct(a, 40001, b, 81, SCTP).is_none(),
+        "a denied association leaves no entry"
+    );
+    let tcp = lab.tcp(a, 40002, b, 80, SYN);
+    expect(
+        "TCP to port 80 (the rule is SCTP's)",
+        lab.to(1, &tcp),
+        DROP_POLICY_DENIED,
+    );
+    for (port, want) in [
+        (4999, DROP_POLICY_DENIED),
+        (5000, PASS_POLICY),
+        (5010, PASS_POLICY),
+        (5011, DROP_POLICY_DENIED),
+    ] {
+        let p = lab.sctp(a, 40003, b, port, SCTP_INIT);
+        expect(&format!("INIT to port {port}"), lab.to(1, &p), want);
+    }
+    // The same association seen from the other side: each one's ports, not the reverse.
+    let reversed = lab.sctp(b, 40000, a, 80, SCTP_INIT);
+    expect(
+        "pod 1 opening its own association (egress isolated)",
+        lab.from(1, &reversed),
+        DROP_POLICY_DENIED,
+    );
+    // An ICMP error about the allowed association is related (the quoted ports are read).
+    let err = lab.unreachable(b, a, &init);
+    expect("the error leaves pod 1", lab.from(1, &err), PASS_RELATED);
+    let denied_err = lab.unreachable(b, a, &other);
+    expect(
+        "an error about the denied association",
+        lab.from(1, &denied_err),
         DROP_POLICY_DENIED,
     );
 }

@@ -1,20 +1,13 @@
-//! Kernel side of a conntrack migration: create the new-layout map under its temporary pin, copy
-//! and convert every entry with batch operations, merge the delta (newest `last_seen_ns` wins).
+//! The conversions of a conntrack migration, over the kernel seam ([`CtMapIo`]): copy and
+//! convert every entry into a map of another layout, merge the delta (newest `last_seen_ns`
+//! wins). The maps are created, renamed and removed through [`crate::dataplane::kernel::MigrateIo`].
 
-use std::{
-    collections::HashMap,
-    hash::Hash,
-    io,
-    os::fd::{AsFd as _, BorrowedFd},
-    path::Path,
-};
+use std::{collections::HashMap, hash::Hash, io};
 
-use aya::maps::MapData;
-use aya_obj::generated::bpf_map_type;
 use bytemuck::Pod;
 use maps_schema::{CtEntry, CtEntryV1};
 
-use crate::dataplane::batch;
+use crate::dataplane::kernel::CtMapIo;
 
 /// Up to this many delta candidates are checked one lookup each (about 1 µs each); more read
 /// the target whole (about 0.5 s per million entries).
@@ -27,7 +20,7 @@ pub use crate::dataplane::ct_layout::read;
 
 /// Writes `entries` (current layout) into a map of layout `version`.
 pub fn write<K: Pod>(
-    fd: BorrowedFd<'_>,
+    map: &impl CtMapIo,
     version: u32,
     entries: &[(K, CtEntry)],
 ) -> io::Result<usize> {
@@ -35,66 +28,48 @@ pub fn write<K: Pod>(
         1 => {
             let old: Vec<(K, CtEntryV1)> =
                 entries.iter().map(|(k, v)| (*k, v.downgrade())).collect();
-            batch::update(fd, &old)
+            map.update(&old)
         }
-        _ => batch::update(fd, entries),
+        _ => map.update(entries),
     }
 }
 
 /// One entry of a map of layout `version` (the target of a merge: always a layout this
 /// release knows).
-fn lookup<K: Pod>(fd: BorrowedFd<'_>, version: u32, key: &K) -> io::Result<Option<CtEntry>> {
+fn lookup<K: Pod>(map: &impl CtMapIo, version: u32, key: &K) -> io::Result<Option<CtEntry>> {
     match version {
-        1 => Ok(batch::lookup::<K, CtEntryV1>(fd, key)?.map(CtEntryV1::upgrade)),
-        _ => batch::lookup::<K, CtEntry>(fd, key),
+        1 => Ok(map.lookup::<K, CtEntryV1>(key)?.map(CtEntryV1::upgrade)),
+        _ => map.lookup::<K, CtEntry>(key),
     }
 }
 
-/// Creates an LRU conntrack map of layout `version` (named `name` in the kernel) and pins it.
-pub fn create(
-    name: &str,
-    pin: &Path,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-) -> io::Result<MapData> {
-    let obj = aya_obj::Map::new_from_params(
-        bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
-        key_size,
-        value_size,
-        max_entries,
-        0,
-    );
-    let map = MapData::create(obj, name, None).map_err(io::Error::other)?;
-    map.pin(pin).map_err(io::Error::other)?;
-    Ok(map)
-}
-
-/// Copies `entries` into `to` (layout `version`), calling `halfway` once half are written.
+/// Copies `entries` into `to` (layout `version`), calling `halfway` once half are written;
+/// `None` when `halfway` says stop (a failpoint's crash).
 pub fn copy_into<K: Pod>(
-    to: &MapData,
+    to: &impl CtMapIo,
     version: u32,
     entries: &[(K, CtEntry)],
-    halfway: impl FnOnce(),
-) -> io::Result<usize> {
+    halfway: impl FnOnce() -> bool,
+) -> io::Result<Option<usize>> {
     let half = entries.len() / 2;
-    let mut written = write(to.fd().as_fd(), version, &entries[..half])?;
-    halfway();
-    written += write(to.fd().as_fd(), version, &entries[half..])?;
-    Ok(written)
+    let written = write(to, version, &entries[..half])?;
+    if halfway() {
+        return Ok(None);
+    }
+    Ok(Some(written + write(to, version, &entries[half..])?))
 }
 
 /// Merges `source` (layout `from`) into `target` (layout `to`): an entry refreshed since
 /// `since_ns` (every entry without it) is written unless the target holds a newer one.
 /// Returns how many were written.
 pub fn merge<K: Pod + Eq + Hash>(
-    source: &MapData,
+    source: &impl CtMapIo,
     from: u32,
-    target: &MapData,
+    target: &impl CtMapIo,
     to: u32,
     since_ns: Option<u64>,
 ) -> io::Result<usize> {
-    let candidates: Vec<(K, CtEntry)> = read::<K>(source.fd().as_fd(), from)?
+    let candidates: Vec<(K, CtEntry)> = read::<K>(source, from)?
         .into_iter()
         .filter(|(_, v)| {
             since_ns.is_none_or(|s| v.last_seen_ns.saturating_add(CLOCK_MARGIN_NS) >= s)
@@ -110,23 +85,22 @@ pub fn merge<K: Pod + Eq + Hash>(
     };
     let mut writes = Vec::new();
     match to {
-        1 => batch::check::<K, CtEntryV1>(target.fd().as_fd(), false)?,
-        _ => batch::check::<K, CtEntry>(target.fd().as_fd(), false)?,
+        1 => target.check::<K, CtEntryV1>(false)?,
+        _ => target.check::<K, CtEntry>(false)?,
     }
     if candidates.len() <= LOOKUP_LIMIT {
         for (k, v) in &candidates {
-            if let Some(w) = newer(v, lookup(target.fd().as_fd(), to, k)?) {
+            if let Some(w) = newer(v, lookup(target, to, k)?) {
                 writes.push((*k, w));
             }
         }
     } else {
-        let existing: HashMap<K, CtEntry> =
-            read::<K>(target.fd().as_fd(), to)?.into_iter().collect();
+        let existing: HashMap<K, CtEntry> = read::<K>(target, to)?.into_iter().collect();
         for (k, v) in &candidates {
             if let Some(w) = newer(v, existing.get(k).copied()) {
                 writes.push((*k, w));
             }
         }
     }
-    write(target.fd().as_fd(), to, &writes)
+    write(target, to, &writes)
 }

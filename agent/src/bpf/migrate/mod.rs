@@ -6,19 +6,22 @@
 //! Once every link runs the new programs, [`finish`] merges the delta the old programs wrote
 //! meanwhile and removes the old pins. [`rollback`] (`weir bpf migrate --to-version N`)
 //! converts back for an older release. Every step leaves pins a later start rolls forward from.
+//!
+//! Every pin and map operation goes through the kernel seam's [`MigrateIo`] (real:
+//! `dataplane::ct_maps::BpffsCtMaps`; the fake kernel's in the unit tests, `tests.rs`).
 
 mod copy;
 pub mod failpoint;
 pub mod pins;
+#[cfg(test)]
+mod tests;
 
 use std::{
-    fs, io,
-    os::fd::AsFd as _,
+    io,
     path::{Path, PathBuf},
     time::Instant,
 };
 
-use aya::maps::MapData;
 use bytemuck::Pod;
 use maps_schema::{
     Ct4Key, Ct6Key,
@@ -27,8 +30,8 @@ use maps_schema::{
 };
 use serde::Serialize;
 
-use crate::dataplane::conntrack::now_ns;
-pub use copy::read as read_entries;
+pub use crate::dataplane::ct_maps::BpffsCtMaps;
+use crate::dataplane::kernel::{CtMapIo, MigrateIo};
 use pins::{CtPin, PinKind, Refusal};
 
 /// Errors of a migration. Nothing is deleted on an error: the pins stay for the next attempt.
@@ -89,6 +92,10 @@ pub enum MigrateError {
         /// Why.
         why: String,
     },
+    /// The migration stopped at a failpoint (the fake kernel's crash; the real one kills the
+    /// process there).
+    #[error("the conntrack migration stopped at failpoint {0}")]
+    Failpoint(&'static str),
     /// A kernel or filesystem operation failed.
     #[error("cannot {op} {what}: {source}")]
     Io {
@@ -146,54 +153,86 @@ pub fn object_layout(object: &[u8]) -> Result<u32, MigrateError> {
     }
 }
 
-fn list(dir: &Path, stem: &str) -> Result<Vec<CtPin>, MigrateError> {
-    let mut out: Vec<CtPin> = fs::read_dir(dir)
-        .map_err(io_err("read", dir.display()))?
-        .filter_map(Result::ok)
-        .filter_map(|e| CtPin::parse(stem, e.file_name().to_str()?))
+fn list(io: &impl MigrateIo, stem: &str) -> Result<Vec<CtPin>, MigrateError> {
+    let mut out: Vec<CtPin> = io
+        .pins()
+        .map_err(io_err("read", io.path("").display()))?
+        .iter()
+        .filter_map(|name| CtPin::parse(stem, name))
         .collect();
     out.sort();
     Ok(out)
 }
 
-fn pin_path(dir: &Path, stem: &str, pin: &CtPin) -> PathBuf {
-    dir.join(pin.name(stem))
+fn pin_path(io: &impl MigrateIo, stem: &str, pin: &CtPin) -> PathBuf {
+    io.path(&pin.name(stem))
 }
 
-fn open(path: &Path) -> Result<MapData, MigrateError> {
-    MapData::from_pin(path).map_err(|e| MigrateError::Io {
-        op: "open",
-        what: path.display().to_string(),
-        source: io::Error::other(e),
-    })
+fn open<M: MigrateIo>(io: &M, stem: &str, pin: &CtPin) -> Result<M::Map, MigrateError> {
+    io.open(&pin.name(stem))
+        .map_err(io_err("open", pin_path(io, stem, pin).display()))
 }
 
-fn refusal(dir: &Path, stem: &str, target: u32, r: Refusal) -> MigrateError {
+fn capacity(
+    io: &impl MigrateIo,
+    stem: &str,
+    pin: &CtPin,
+    map: &impl CtMapIo,
+) -> Result<u32, MigrateError> {
+    map.max_entries()
+        .map_err(io_err("read", pin_path(io, stem, pin).display()))
+}
+
+fn refusal(io: &impl MigrateIo, stem: &str, target: u32, r: Refusal) -> MigrateError {
     match r {
         Refusal::Newer { pin } => MigrateError::NewerLayout {
-            pin: pin_path(dir, stem, &pin),
+            pin: pin_path(io, stem, &pin),
             found: pin.version,
             known: target,
         },
         Refusal::Unknown { pin } => MigrateError::UnknownLayout {
-            pin: pin_path(dir, stem, &pin),
+            pin: pin_path(io, stem, &pin),
             found: pin.version,
         },
     }
 }
 
-fn rename(from: &Path, to: &Path) -> Result<(), MigrateError> {
-    fs::rename(from, to).map_err(io_err(
+fn rename(
+    io: &mut impl MigrateIo,
+    stem: &str,
+    from: &CtPin,
+    to: &CtPin,
+) -> Result<(), MigrateError> {
+    io.rename(&from.name(stem), &to.name(stem)).map_err(io_err(
         "rename",
-        format!("{} to {}", from.display(), to.display()),
+        format!(
+            "{} to {}",
+            pin_path(io, stem, from).display(),
+            pin_path(io, stem, to).display()
+        ),
     ))
 }
 
-fn remove(path: &Path) -> Result<(), MigrateError> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path.display())(e)),
-        _ => Ok(()),
+fn remove(io: &mut impl MigrateIo, stem: &str, pin: &CtPin) -> Result<(), MigrateError> {
+    io.remove(&pin.name(stem))
+        .map_err(io_err("remove", pin_path(io, stem, pin).display()))
+}
+
+/// Failpoint `name`: an error (the fake's crash) stops the migration there.
+fn hit(io: &mut impl MigrateIo, name: &'static str) -> Result<(), MigrateError> {
+    if io.failpoint(name) {
+        Err(MigrateError::Failpoint(name))
+    } else {
+        Ok(())
     }
+}
+
+/// Every entry of the conntrack map behind `fd` (layout `version`), in the current layout.
+pub fn read_entries<K: Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    version: u32,
+) -> io::Result<Vec<(K, maps_schema::CtEntry)>> {
+    copy::read(&fd, version)
 }
 
 /// What a migration did, for the agent's log, `weir status` and the benchmark.
@@ -221,6 +260,7 @@ pub struct MigrationStep {
 /// Sources still owed a delta merge once the links run the new programs.
 #[derive(Debug, Default)]
 pub struct Pending {
+    /// The maps directory of [`prepare`] (for [`finish`]).
     dir: PathBuf,
     target: u32,
     families: Vec<(&'static str, Vec<CtPin>, Option<u64>)>,
@@ -244,40 +284,54 @@ fn with_headroom(entries: usize) -> u32 {
     u32::try_from((entries as u64 * 10).div_ceil(9)).unwrap_or(u32::MAX)
 }
 
-/// Step 1 for both families (see the module doc). `max_entries` is `--ct-max-entries`; a map
-/// never shrinks below what its entries need, so no entry is ever evicted by a resize or copy.
+/// Step 1 for both families (see the module doc) on the pins of the maps directory `dir`.
+/// `max_entries` is `--ct-max-entries`; a map never shrinks below what its entries need, so no
+/// entry is ever evicted by a resize or copy.
 pub fn prepare(dir: &Path, target: u32, max_entries: u32) -> Result<Pending, MigrateError> {
+    let mut pending = prepare_with(&mut BpffsCtMaps::new(dir), target, max_entries)?;
+    pending.dir = dir.to_owned();
+    Ok(pending)
+}
+
+/// [`prepare`] over the kernel seam.
+pub fn prepare_with(
+    io: &mut impl MigrateIo,
+    target: u32,
+    max_entries: u32,
+) -> Result<Pending, MigrateError> {
     let mut pending = Pending {
-        dir: dir.to_owned(),
         target,
         ..Pending::default()
     };
     // Refuse before touching anything.
     for stem in [CT4_STEM, CT6_STEM] {
-        pins::plan(&list(dir, stem)?, target, known).map_err(|r| refusal(dir, stem, target, r))?;
+        pins::plan(&list(io, stem)?, target, known).map_err(|r| refusal(io, stem, target, r))?;
     }
-    prepare_family::<V4>(&mut pending, max_entries)?;
-    prepare_family::<V6>(&mut pending, max_entries)?;
+    prepare_family::<V4>(io, &mut pending, max_entries)?;
+    prepare_family::<V6>(io, &mut pending, max_entries)?;
     Ok(pending)
 }
 
-fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<(), MigrateError> {
-    let (dir, target, stem) = (pending.dir.clone(), pending.target, F::STEM);
-    let plan = pins::plan(&list(&dir, stem)?, target, known)
-        .map_err(|r| refusal(&dir, stem, target, r))?;
+fn prepare_family<F: Family>(
+    io: &mut impl MigrateIo,
+    pending: &mut Pending,
+    max_entries: u32,
+) -> Result<(), MigrateError> {
+    let (target, stem) = (pending.target, F::STEM);
+    let plan =
+        pins::plan(&list(io, stem)?, target, known).map_err(|r| refusal(io, stem, target, r))?;
     for pin in &plan.discard {
         tracing::warn!(pin = %pin.name(stem), "discarding an unfinished conntrack copy");
-        remove(&pin_path(&dir, stem, pin))?;
+        remove(io, stem, pin)?;
         pending
             .report
             .steps
             .push(step("discard", &pin.name(stem), "", 0, Instant::now()));
     }
     let target_pin = CtPin::plain(target);
-    let target_path = pin_path(&dir, stem, &target_pin);
     if let Some(pin) = &plan.restore {
         tracing::warn!(pin = %pin.name(stem), "a rollback was prepared but this newer agent started: restoring its map");
-        rename(&pin_path(&dir, stem, pin), &target_path)?;
+        rename(io, stem, pin, &target_pin)?;
         pending.report.steps.push(step(
             "restore",
             &pin.name(stem),
@@ -289,26 +343,24 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
     let mut plan = plan;
     let mut size = max_entries;
     if plan.target_exists {
-        let map = open(&target_path)?;
-        let info = map
-            .info()
-            .map_err(|e| io_err("read", target_path.display())(io::Error::other(e)))?;
-        let entries = if info.max_entries() == max_entries {
+        let map = open(io, stem, &target_pin)?;
+        let current = capacity(io, stem, &target_pin, &map)?;
+        let entries = if current == max_entries {
             0
         } else {
-            copy::read::<F::Key>(map.fd().as_fd(), target)
-                .map_err(io_err("read", target_path.display()))?
+            copy::read::<F::Key>(&map, target)
+                .map_err(io_err("read", pin_path(io, stem, &target_pin).display()))?
                 .len()
         };
-        if info.max_entries() != max_entries && with_headroom(entries) > max_entries {
+        if current != max_entries && with_headroom(entries) > max_entries {
             tracing::warn!(
                 map = %target_pin.name(stem),
                 entries,
-                size = info.max_entries(),
+                size = current,
                 requested = max_entries,
                 "conntrack holds more than --ct-max-entries leaves room for; keeping the current size (raise the flag, or let entries expire first)"
             );
-            size = info.max_entries();
+            size = current;
             pending.report.steps.push(step(
                 "keep",
                 &target_pin.name(stem),
@@ -316,13 +368,13 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
                 entries,
                 Instant::now(),
             ));
-        } else if info.max_entries() != max_entries {
+        } else if current != max_entries {
             let old = CtPin {
                 version: target,
                 kind: PinKind::Old,
             };
-            tracing::info!(map = %target_pin.name(stem), from = info.max_entries(), to = max_entries, "resizing conntrack through {}", old.name(stem));
-            rename(&target_path, &pin_path(&dir, stem, &old))?;
+            tracing::info!(map = %target_pin.name(stem), from = current, to = max_entries, "resizing conntrack through {}", old.name(stem));
+            rename(io, stem, &target_pin, &old)?;
             pending.report.steps.push(step(
                 "resize",
                 &target_pin.name(stem),
@@ -330,8 +382,8 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
                 0,
                 Instant::now(),
             ));
-            plan = pins::plan(&list(&dir, stem)?, target, known)
-                .map_err(|r| refusal(&dir, stem, target, r))?;
+            plan = pins::plan(&list(io, stem)?, target, known)
+                .map_err(|r| refusal(io, stem, target, r))?;
         }
     }
     let mut since = None;
@@ -339,11 +391,10 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
         && let Some(source) = plan.sources.first()
     {
         let started = Instant::now();
-        let source_path = pin_path(&dir, stem, source);
-        let source_map = open(&source_path)?;
-        since = Some(now_ns());
-        let entries = copy::read::<F::Key>(source_map.fd().as_fd(), source.version)
-            .map_err(io_err("read", source_path.display()))?;
+        let source_map = open(io, stem, source)?;
+        since = Some(io.now_ns());
+        let entries = copy::read::<F::Key>(&source_map, source.version)
+            .map_err(io_err("read", pin_path(io, stem, source).display()))?;
         let needed = with_headroom(entries.len());
         if needed > max_entries {
             tracing::warn!(
@@ -359,33 +410,37 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
             version: target,
             kind: PinKind::Migrating,
         };
-        let migrating_path = pin_path(&dir, stem, &migrating);
+        let migrating_path = pin_path(io, stem, &migrating);
         let key_size = u32::try_from(size_of::<F::Key>()).unwrap_or(u32::MAX);
         let value = value_size(target).unwrap_or_default();
-        let map = copy::create(
-            &target_pin.name(stem),
-            &migrating_path,
-            key_size,
-            value,
-            size,
-        )
-        .map_err(io_err("create", migrating_path.display()))?;
-        copy::copy_into(&map, target, &entries, || {
-            failpoint::hit("ct-migrate:mid-copy");
+        let map = io
+            .create(
+                &target_pin.name(stem),
+                &migrating.name(stem),
+                key_size,
+                value,
+                size,
+            )
+            .map_err(io_err("create", migrating_path.display()))?;
+        let copied = copy::copy_into(&map, target, &entries, || {
+            io.failpoint("ct-migrate:mid-copy")
         })
         .map_err(io_err("copy into", migrating_path.display()))?;
-        let present = copy::read::<F::Key>(map.fd().as_fd(), target)
+        if copied.is_none() {
+            return Err(MigrateError::Failpoint("ct-migrate:mid-copy"));
+        }
+        let present = copy::read::<F::Key>(&map, target)
             .map_err(io_err("read", migrating_path.display()))?
             .len();
         if present < entries.len() {
-            remove(&migrating_path)?;
+            remove(io, stem, &migrating)?;
             return Err(MigrateError::Lost {
                 map: migrating.name(stem),
                 lost: entries.len() - present,
             });
         }
-        failpoint::hit("ct-migrate:after-copy");
-        rename(&migrating_path, &target_path)?;
+        hit(io, "ct-migrate:after-copy")?;
+        rename(io, stem, &migrating, &target_pin)?;
         tracing::info!(from = %source.name(stem), to = %target_pin.name(stem), entries = entries.len(), "conntrack copied and converted");
         pending.report.steps.push(step(
             "copy",
@@ -394,7 +449,7 @@ fn prepare_family<F: Family>(pending: &mut Pending, max_entries: u32) -> Result<
             entries.len(),
             started,
         ));
-        failpoint::hit("ct-migrate:after-rename");
+        hit(io, "ct-migrate:after-rename")?;
     }
     pending.families.push((stem, plan.sources, since));
     pending.sizes.push((target_pin.name(stem), size));
@@ -418,25 +473,30 @@ fn step(
 }
 
 /// Steps 2–3, once every link runs the programs that use the new maps: merges what the old
-/// programs wrote meanwhile and removes the old pins.
+/// programs wrote meanwhile and removes the old pins (in the directory `prepare` used).
 pub fn finish(pending: &mut Pending) -> Result<MigrationReport, MigrateError> {
+    let mut io = BpffsCtMaps::new(&pending.dir);
+    finish_with(&mut io, pending)
+}
+
+/// [`finish`] over the kernel seam.
+pub fn finish_with(
+    io: &mut impl MigrateIo,
+    pending: &mut Pending,
+) -> Result<MigrationReport, MigrateError> {
     let mut report = MigrationReport::default();
     if pending.is_empty() {
         return Ok(report);
     }
-    failpoint::hit("ct-migrate:after-links");
-    let (dir, target) = (pending.dir.clone(), pending.target);
+    hit(io, "ct-migrate:after-links")?;
+    let target = pending.target;
     let mut owed = Vec::new();
     for (stem, sources, since) in &pending.families {
         let target_pin = CtPin::plain(target);
         for (i, source) in sources.iter().enumerate() {
             let started = Instant::now();
             let since = if i == 0 { *since } else { None };
-            let (from, to) = (
-                pin_path(&dir, stem, source),
-                pin_path(&dir, stem, &target_pin),
-            );
-            let (from_map, to_map) = (open(&from)?, open(&to)?);
+            let (from_map, to_map) = (open(io, stem, source)?, open(io, stem, &target_pin)?);
             let merged = if *stem == CT4_STEM {
                 copy::merge::<Ct4Key>(&from_map, source.version, &to_map, target, since)
             } else {
@@ -444,7 +504,11 @@ pub fn finish(pending: &mut Pending) -> Result<MigrationReport, MigrateError> {
             }
             .map_err(io_err(
                 "merge",
-                format!("{} into {}", from.display(), to.display()),
+                format!(
+                    "{} into {}",
+                    pin_path(io, stem, source).display(),
+                    pin_path(io, stem, &target_pin).display()
+                ),
             ))?;
             tracing::info!(from = %source.name(stem), to = %target_pin.name(stem), merged, "conntrack delta merged");
             report.steps.push(step(
@@ -454,12 +518,12 @@ pub fn finish(pending: &mut Pending) -> Result<MigrationReport, MigrateError> {
                 merged,
                 started,
             ));
-            owed.push(from);
+            owed.push((*stem, source.clone()));
         }
     }
-    failpoint::hit("ct-migrate:after-delta");
-    for path in owed {
-        remove(&path)?;
+    hit(io, "ct-migrate:after-delta")?;
+    for (stem, pin) in owed {
+        remove(io, stem, &pin)?;
     }
     pending.families.clear();
     Ok(report)
@@ -470,6 +534,11 @@ pub fn finish(pending: &mut Pending) -> Result<MigrationReport, MigrateError> {
 /// and the newer map is renamed `<name>:rollback`; the older agent merges that one's last
 /// entries once its programs run, then removes it.
 pub fn rollback(dir: &Path, to: u32) -> Result<MigrationReport, MigrateError> {
+    rollback_with(&mut BpffsCtMaps::new(dir), to)
+}
+
+/// [`rollback`] over the kernel seam.
+pub fn rollback_with(io: &mut impl MigrateIo, to: u32) -> Result<MigrationReport, MigrateError> {
     let mut report = MigrationReport::default();
     if !known(to) {
         return Err(MigrateError::BadTarget {
@@ -478,18 +547,18 @@ pub fn rollback(dir: &Path, to: u32) -> Result<MigrationReport, MigrateError> {
             why: format!("this weir converts layouts {OLDEST_LAYOUT} to {LAYOUT} only"),
         });
     }
-    rollback_family::<V4>(dir, to, &mut report)?;
-    rollback_family::<V6>(dir, to, &mut report)?;
+    rollback_family::<V4>(io, to, &mut report)?;
+    rollback_family::<V6>(io, to, &mut report)?;
     Ok(report)
 }
 
 fn rollback_family<F: Family>(
-    dir: &Path,
+    io: &mut impl MigrateIo,
     to: u32,
     report: &mut MigrationReport,
 ) -> Result<(), MigrateError> {
     let stem = F::STEM;
-    let pins = list(dir, stem)?;
+    let pins = list(io, stem)?;
     let Some(current) = pins
         .iter()
         .filter(|p| p.kind == PinKind::Plain)
@@ -510,59 +579,58 @@ fn rollback_family<F: Family>(
     }
     if !known(current) {
         return Err(MigrateError::UnknownLayout {
-            pin: pin_path(dir, stem, &CtPin::plain(current)),
+            pin: pin_path(io, stem, &CtPin::plain(current)),
             found: current,
         });
     }
     let started = Instant::now();
     let (source_pin, target_pin) = (CtPin::plain(current), CtPin::plain(to));
-    let (source_path, target_path) = (
-        pin_path(dir, stem, &source_pin),
-        pin_path(dir, stem, &target_pin),
-    );
     let migrating = CtPin {
         version: to,
         kind: PinKind::Migrating,
     };
-    let migrating_path = pin_path(dir, stem, &migrating);
-    remove(&migrating_path)?;
-    let source = open(&source_path)?;
+    let migrating_path = pin_path(io, stem, &migrating);
+    remove(io, stem, &migrating)?;
+    let source = open(io, stem, &source_pin)?;
     let written = if pins.contains(&target_pin) {
         // An upgrade never finished: older programs may still write the older map, so merge
         // into it in place rather than replace it.
-        let target = open(&target_path)?;
+        let target = open(io, stem, &target_pin)?;
         copy::merge::<F::Key>(&source, current, &target, to, None).map_err(io_err(
             "merge",
-            format!("{} into {}", source_path.display(), target_path.display()),
+            format!(
+                "{} into {}",
+                pin_path(io, stem, &source_pin).display(),
+                pin_path(io, stem, &target_pin).display()
+            ),
         ))?
     } else {
-        let max = source
-            .info()
-            .map_err(|e| io_err("read", source_path.display())(io::Error::other(e)))?
-            .max_entries();
-        let entries = copy::read::<F::Key>(source.fd().as_fd(), current)
-            .map_err(io_err("read", source_path.display()))?;
+        let max = capacity(io, stem, &source_pin, &source)?;
+        let entries = copy::read::<F::Key>(&source, current)
+            .map_err(io_err("read", pin_path(io, stem, &source_pin).display()))?;
         let key_size = u32::try_from(size_of::<F::Key>()).unwrap_or(u32::MAX);
-        let map = copy::create(
-            &target_pin.name(stem),
-            &migrating_path,
-            key_size,
-            value_size(to).unwrap_or_default(),
-            max,
-        )
-        .map_err(io_err("create", migrating_path.display()))?;
-        let n = copy::copy_into(&map, to, &entries, || {})
-            .map_err(io_err("copy into", migrating_path.display()))?;
-        failpoint::hit("ct-rollback:after-copy");
-        rename(&migrating_path, &target_path)?;
+        let map = io
+            .create(
+                &target_pin.name(stem),
+                &migrating.name(stem),
+                key_size,
+                value_size(to).unwrap_or_default(),
+                max,
+            )
+            .map_err(io_err("create", migrating_path.display()))?;
+        let n = copy::copy_into(&map, to, &entries, || false)
+            .map_err(io_err("copy into", migrating_path.display()))?
+            .unwrap_or_default();
+        hit(io, "ct-rollback:after-copy")?;
+        rename(io, stem, &migrating, &target_pin)?;
         n
     };
-    failpoint::hit("ct-rollback:after-rename");
+    hit(io, "ct-rollback:after-rename")?;
     let rollback_pin = CtPin {
         version: current,
         kind: PinKind::Rollback,
     };
-    rename(&source_path, &pin_path(dir, stem, &rollback_pin))?;
+    rename(io, stem, &source_pin, &rollback_pin)?;
     report.steps.push(step(
         "rollback",
         &source_pin.name(stem),

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    model::{self, Block, Handle, IpPool, IpamConfig, Reservation},
+    model::{self, Block, Handle, Identity, IdentityKey, IpPool, IpamConfig, Reservation},
     store::Kind,
 };
 
@@ -109,6 +109,36 @@ pub struct IPAMHandleSpec {
     pub handle: Handle,
 }
 
+/// Spec of a `SecurityIdentity`: one cluster-wide identity number and its label set.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.weir.dev",
+    version = "v1",
+    kind = "SecurityIdentity",
+    plural = "securityidentities",
+    doc = "A cluster-wide security identity: its number, label set and the nodes using it. Written only by weir."
+)]
+pub struct SecurityIdentitySpec {
+    /// The identity.
+    #[serde(flatten)]
+    pub identity: Identity,
+}
+
+/// Spec of a `SecurityIdentityKey`: the index from a label set to its identity.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.weir.dev",
+    version = "v1",
+    kind = "SecurityIdentityKey",
+    plural = "securityidentitykeys",
+    doc = "The index from a label set to its security identity. Written only by weir."
+)]
+pub struct SecurityIdentityKeySpec {
+    /// The index entry.
+    #[serde(flatten)]
+    pub key: IdentityKey,
+}
+
 /// The resource that stores `kind`.
 pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
     match kind {
@@ -118,6 +148,8 @@ pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
         Kind::Block => IPAMBlock::api_resource(),
         Kind::Affinity => BlockAffinity::api_resource(),
         Kind::Handle => IPAMHandle::api_resource(),
+        Kind::Identity => SecurityIdentity::api_resource(),
+        Kind::IdentityKey => SecurityIdentityKey::api_resource(),
     }
 }
 
@@ -130,6 +162,8 @@ pub fn definitions() -> Vec<CustomResourceDefinition> {
         IPAMBlock::crd(),
         BlockAffinity::crd(),
         IPAMHandle::crd(),
+        SecurityIdentity::crd(),
+        SecurityIdentityKey::crd(),
     ]
 }
 

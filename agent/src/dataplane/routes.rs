@@ -1,0 +1,164 @@
+//! The route driver (DESIGN.md → "Nodes and routing"): one route per remote pod block, owned by weir's
+//! own route protocol number ([`crate::paths::ROUTE_PROTOCOL`]) in the main table. Like every driver it
+//! reads its routes back, writes only what is missing or different, and sweeps routes of its protocol that
+//! nothing wants any more; routes of any other protocol are never touched, and a restart over unchanged state
+//! writes nothing.
+
+use std::collections::BTreeMap;
+
+use ipnetwork::IpNetwork;
+
+pub use super::kernel::{NextHop, RouteError, RouteIo};
+use super::map_driver::DriverStats;
+
+/// Desired routes and their reconciliation.
+pub struct RouteDriver {
+    io: Box<dyn RouteIo>,
+    desired: BTreeMap<IpNetwork, NextHop>,
+    stats: DriverStats,
+    dirty: bool,
+}
+
+impl RouteDriver {
+    /// A driver whose first apply reads everything back.
+    #[must_use]
+    pub fn new(io: Box<dyn RouteIo>) -> Self {
+        Self {
+            io,
+            desired: BTreeMap::new(),
+            stats: DriverStats::default(),
+            dirty: true,
+        }
+    }
+
+    /// Replaces the desired routes (a manager's whole view: remote blocks → their next hops).
+    pub fn set_desired(&mut self, desired: BTreeMap<IpNetwork, NextHop>) {
+        if desired != self.desired {
+            self.desired = desired;
+            self.dirty = true;
+        }
+    }
+
+    /// The desired routes.
+    #[must_use]
+    pub fn desired(&self) -> &BTreeMap<IpNetwork, NextHop> {
+        &self.desired
+    }
+
+    /// What it wrote and swept so far.
+    #[must_use]
+    pub fn stats(&self) -> DriverStats {
+        self.stats
+    }
+
+    /// Reads back, writes what is missing or different, sweeps the rest. Every route is tried; the first
+    /// failure is returned and the driver stays dirty, so the next apply retries what is still wrong.
+    pub fn apply(&mut self) -> Result<(), RouteError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        self.stats.resyncs += 1;
+        let present = match self.io.dump() {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.errors += 1;
+                return Err(e);
+            }
+        };
+        let mut first_error = None;
+        for (dest, hop) in &self.desired {
+            if present.get(dest) == Some(hop) {
+                continue;
+            }
+            match self.io.replace(*dest, *hop) {
+                Ok(()) => self.stats.writes += 1,
+                Err(e) => {
+                    self.stats.errors += 1;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for (dest, hop) in &present {
+            if self.desired.contains_key(dest) {
+                continue;
+            }
+            match self.io.delete(*dest, *hop) {
+                Ok(()) => self.stats.deletes += 1,
+                Err(e) => {
+                    self.stats.errors += 1;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            None => {
+                self.dirty = false;
+                Ok(())
+            }
+            Some(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::fake::FakeKernel;
+
+    fn net(s: &str) -> IpNetwork {
+        s.parse().expect("cidr")
+    }
+
+    fn via(s: &str) -> NextHop {
+        NextHop::Via(s.parse().expect("ip"))
+    }
+
+    #[test]
+    fn writes_what_is_missing_sweeps_orphans_and_a_restart_writes_nothing() {
+        let kernel = FakeKernel::default();
+        kernel
+            .routes()
+            .routes
+            .insert(net("10.9.0.0/26"), via("192.0.2.9"));
+        let mut driver = RouteDriver::new(Box::new(kernel.clone()));
+        let want = BTreeMap::from([
+            (net("10.244.1.0/26"), via("192.0.2.2")),
+            (net("10.244.2.0/26"), via("192.0.2.3")),
+        ]);
+        driver.set_desired(want.clone());
+        driver.apply().expect("apply");
+        assert_eq!(kernel.routes().routes, want, "the orphan is swept");
+        assert_eq!((driver.stats().writes, driver.stats().deletes), (2, 1));
+        // A restarted driver over the same table writes nothing.
+        let mut restarted = RouteDriver::new(Box::new(kernel.clone()));
+        restarted.set_desired(want.clone());
+        restarted.apply().expect("apply");
+        assert_eq!(
+            (restarted.stats().writes, restarted.stats().deletes),
+            (0, 0)
+        );
+        // A next hop that changed is replaced; nothing else is written.
+        let mut moved = want;
+        moved.insert(net("10.244.2.0/26"), via("192.0.2.4"));
+        restarted.set_desired(moved.clone());
+        restarted.apply().expect("apply");
+        assert_eq!(restarted.stats().writes, 1);
+        assert_eq!(kernel.routes().routes, moved);
+    }
+
+    #[test]
+    fn a_failing_route_stays_dirty_while_the_others_are_written() {
+        let kernel = FakeKernel::default();
+        kernel.routes().failing.insert(net("10.244.1.0/26"));
+        let mut driver = RouteDriver::new(Box::new(kernel.clone()));
+        driver.set_desired(BTreeMap::from([
+            (net("10.244.1.0/26"), via("192.0.2.2")),
+            (net("10.244.2.0/26"), via("192.0.2.3")),
+        ]));
+        assert!(driver.apply().is_err());
+        assert!(kernel.routes().routes.contains_key(&net("10.244.2.0/26")));
+        kernel.routes().failing.clear();
+        driver.apply().expect("the retry succeeds");
+        assert_eq!(kernel.routes().routes.len(), 2);
+    }
+}

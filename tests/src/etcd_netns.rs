@@ -1,0 +1,69 @@
+//! A real etcd inside a test's infra network namespace (nodes reach it over veths), killed on drop. Its
+//! client port is 2379 inside that namespace only, so tests never collide.
+
+use std::{
+    net::TcpStream,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::netns::NetNs;
+
+/// The client port inside the namespace.
+pub const PORT: u16 = 2379;
+
+/// etcd running in a namespace.
+pub struct NetnsEtcd {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl NetnsEtcd {
+    /// Starts `etcd` (or `$WEIR_ETCD_BIN`) in `ns`, listening on every address of it, and waits (20 s at most)
+    /// until it accepts connections.
+    #[must_use]
+    pub fn start(ns: &NetNs) -> Self {
+        let binary = std::env::var("WEIR_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        let dir = tempfile::tempdir().expect("etcd data dir");
+        let data = dir.path().join("data");
+        let peer = "http://127.0.0.1:2380";
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns.name(), &binary])
+            .arg("--name=wt")
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls=http://0.0.0.0:{PORT}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{PORT}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=wt={peer}"))
+            .arg("--log-level=error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("start {binary} (install etcd-server: cargo xtask setup): {e}")
+            });
+        let mut me = Self { child, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if ns.run(|| TcpStream::connect(("127.0.0.1", PORT)).is_ok()) {
+                return me;
+            }
+            if let Ok(Some(status)) = me.child.try_wait() {
+                panic!("etcd exited at start: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not accept connections within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for NetnsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
