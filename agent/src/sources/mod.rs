@@ -9,7 +9,6 @@
 //! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
 //!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
 
-
 pub mod kube;
 pub mod link_source;
 pub mod linkwatch;
