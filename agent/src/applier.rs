@@ -130,6 +130,9 @@ pub enum Command {
         /// Refused documents (reported in status).
         errors: Vec<PolicyFileError>,
     },
+    /// The cluster source (the Kubernetes API server) is unreachable (`Some`: why; the last known
+    /// state stays in force and the agent reports not ready) or reachable again (`None`).
+    SourceStale(Option<String>),
     /// The policy files changed but a document is bad: the last good policies stay in force.
     PoliciesRefused(Vec<PolicyFileError>),
     /// Register (or replace) an endpoint.
@@ -274,6 +277,7 @@ pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), Lo
         waiters: Vec::new(),
         changed: Changed::default(),
         link_watcher_down: false,
+        source_stale: None,
         retry_at: None,
         backoff: Duration::ZERO,
         last_apply: Instant::now() - MIN_INTERVAL,
@@ -323,6 +327,8 @@ struct DataplaneLoop {
     waiters: Vec<Waiter>,
     changed: Changed,
     link_watcher_down: bool,
+    /// Why the cluster source is stale, while it is.
+    source_stale: Option<String>,
     retry_at: Option<Instant>,
     backoff: Duration,
     last_apply: Instant,
@@ -400,6 +406,7 @@ impl DataplaneLoop {
                     "the link watcher stopped ({error}); it is being restarted"
                 ));
             }
+            Command::SourceStale(stale) => self.on_source_stale(stale),
             Command::Policies { set, errors } => {
                 for e in &errors {
                     tracing::warn!(error = %e, "policy document refused; the object it names keeps its last good form");
@@ -480,10 +487,32 @@ impl DataplaneLoop {
                 if std::mem::take(&mut self.link_watcher_down) {
                     tracing::info!("the link watcher is back and synced");
                 }
-                self.applied.source_error = None;
+                self.applied.source_error = self.source_stale.clone();
             }
         }
         self.node.on_link(event);
+    }
+
+    /// The cluster source went stale or came back: readiness says so; the dataplane keeps what
+    /// it has (fail static).
+    fn on_source_stale(&mut self, stale: Option<String>) {
+        match &stale {
+            Some(why) => {
+                tracing::warn!(reason = %why, "the cluster source is stale; the last known state stays in force");
+                self.applied.ready = false;
+            }
+            None => {
+                tracing::info!("the cluster source is reachable again");
+                // Ready again when it was before: the last apply succeeded after in-sync.
+                self.applied.ready = !self.link_watcher_down
+                    && self.applied.error.is_none()
+                    && self.applied.generation > 0;
+            }
+        }
+        if !self.link_watcher_down {
+            self.applied.source_error.clone_from(&stale);
+        }
+        self.source_stale = stale;
     }
 
     /// Answers a write at once; once accepted, it waits for its generation.
@@ -542,7 +571,7 @@ impl DataplaneLoop {
                 self.retry_at = None;
                 if in_sync {
                     a.generation = generation;
-                    a.ready = !self.link_watcher_down;
+                    a.ready = !self.link_watcher_down && self.source_stale.is_none();
                     a.error = None;
                     a.failures = 0;
                 }

@@ -54,6 +54,15 @@ pub struct AgentArgs {
     /// State directory (embedded datastore, endpoint registry).
     #[arg(long, env = "WEIR_STATE_DIR", default_value = paths::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Where pods, namespaces, NetworkPolicies and nodes come from: `standalone` (the
+    /// `--policy-dir` files) or `kubernetes` (watchers on the API server, through `--kubeconfig`
+    /// or, without it, the in-cluster service account). See docs/kubernetes.md.
+    #[arg(long, env = "WEIR_SOURCE", default_value_t = SourceMode::Standalone)]
+    pub source: SourceMode,
+    /// A kubeconfig for `--source kubernetes` (default: the in-cluster configuration from the
+    /// pod's service account).
+    #[arg(long, env = "WEIR_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Directory of NetworkPolicy YAML files (standalone mode).
     #[arg(long, env = "WEIR_POLICY_DIR", default_value = paths::DEFAULT_POLICY_DIR)]
     pub policy_dir: PathBuf,
@@ -134,9 +143,32 @@ pub struct AgentArgs {
     pub dump_config: bool,
 }
 
+/// Where the cluster's objects come from (`--source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceMode {
+    /// The `--policy-dir` files, hot-reloaded.
+    Standalone,
+    /// Watchers on the Kubernetes API server.
+    Kubernetes,
+}
+
+impl std::fmt::Display for SourceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Standalone => "standalone",
+            Self::Kubernetes => "kubernetes",
+        })
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
+    /// Where the cluster's objects come from.
+    pub source: SourceMode,
+    /// The kubeconfig of `--source kubernetes` (None: in-cluster).
+    pub kubeconfig: Option<PathBuf>,
     /// Every path the agent uses.
     pub paths: Paths,
     /// Datastore spec.
@@ -341,6 +373,22 @@ impl AgentArgs {
             })?;
             prefilter_deny.push(net.to_string());
         }
+        if let Some(file) = &self.kubeconfig {
+            if !file.is_absolute() {
+                return Err(invalid(
+                    "--kubeconfig (WEIR_KUBECONFIG)",
+                    &file.display().to_string(),
+                    "use an absolute path",
+                ));
+            }
+            if self.source != SourceMode::Kubernetes {
+                return Err(invalid(
+                    "--kubeconfig (WEIR_KUBECONFIG)",
+                    &file.display().to_string(),
+                    "it is read only with --source kubernetes: add that flag or drop this one",
+                ));
+            }
+        }
         if let Some(file) = &self.prefilter_deny_file
             && !file.is_absolute()
         {
@@ -437,6 +485,8 @@ impl AgentArgs {
             )
         })?;
         Ok(Config {
+            source: self.source,
+            kubeconfig: self.kubeconfig.clone(),
             paths,
             datastore,
             node,
@@ -533,6 +583,28 @@ mod tests {
         ])
         .expect("CIDRs and addresses are valid");
         assert_eq!(deny.prefilter_deny, vec!["10.1.0.0/16", "2001:db8::1/128"]);
+        assert_eq!(json["source"], "standalone");
+        let kube = parse(&[
+            "--node",
+            "n1",
+            "--source",
+            "kubernetes",
+            "--kubeconfig",
+            "/etc/weir/kubeconfig",
+        ])
+        .expect("a kubeconfig with the kubernetes source is valid");
+        let dumped = serde_json::to_value(&kube).expect("json");
+        assert_eq!(dumped["source"], "kubernetes");
+        let again = parse(&[
+            "--node",
+            "n1",
+            "--source",
+            dumped["source"].as_str().expect("a string"),
+            "--kubeconfig",
+            dumped["kubeconfig"].as_str().expect("a path"),
+        ])
+        .expect("the dump parses back");
+        assert_eq!(serde_json::to_value(&again).expect("json"), dumped);
         let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
         assert_eq!(raised.cni_version, "1.1.0");
     }
@@ -633,6 +705,21 @@ mod tests {
                 "--pool",
             ),
             (vec!["--node", "n1", "--pool", "10.244.0.0/28"], "--pool"),
+            (
+                vec!["--node", "n1", "--kubeconfig", "/etc/kubeconfig"],
+                "--kubeconfig",
+            ),
+            (
+                vec![
+                    "--node",
+                    "n1",
+                    "--source",
+                    "kubernetes",
+                    "--kubeconfig",
+                    "kubeconfig",
+                ],
+                "--kubeconfig",
+            ),
             (
                 vec!["--node", "n1", "--proc-sys-net", "proc/sys/net"],
                 "--proc-sys-net",

@@ -24,7 +24,7 @@ use crate::{
     bpf::loader::{self, LoadReport},
     bpf::migrate::{self, MigrateError, MigrationReport},
     bpf::programs::{Programs, ProgramsError},
-    config::Config,
+    config::{Config, SourceMode},
     dataplane::{
         attachments::AttachDriver,
         conntrack::{self, CtStats},
@@ -96,6 +96,9 @@ pub enum DaemonError {
     /// The dataplane loop could not be started.
     #[error(transparent)]
     Loop(#[from] LoopError),
+    /// The Kubernetes source could not be set up.
+    #[error(transparent)]
+    Kube(#[from] crate::sources::kube::KubeError),
     /// The first apply did not complete.
     #[error("the first dataplane apply did not complete within {0} s: {1}")]
     NotReady(u64, String),
@@ -171,7 +174,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &maps(IPCACHE6))?)),
         policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &maps(POLICY))?)),
     };
-    let (policies, policy_errors) = policy::load::load_dir(&paths.policy_dir);
+    // Standalone: the policy files are read now; Kubernetes: the watchers' initial lists gate the
+    // first write (the node is not in sync until their first set).
+    let kube_client = match config.source {
+        SourceMode::Kubernetes => {
+            Some(crate::sources::kube::client(config.kubeconfig.as_deref()).await?)
+        }
+        SourceMode::Standalone => None,
+    };
+    let (policies, policy_errors) = if kube_client.is_some() {
+        Default::default()
+    } else {
+        policy::load::load_dir(&paths.policy_dir)
+    };
     for e in &policy_errors {
         tracing::warn!(error = %e, "policy document refused");
     }
@@ -202,6 +217,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut node =
         Node::open_with_identities(&paths, dataplane, policies, policy_errors, identities)?;
     node.set_node_name(&config.node)?;
+    if kube_client.is_some() {
+        node.await_policy_source();
+    }
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
     // The dataplane loop on its own thread: it owns the node from now on.
@@ -227,11 +245,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         },
     ));
 
-    // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
-    tokio::spawn(crate::sources::policy_dir::run(
-        dataplane_loop.clone(),
-        paths.policy_dir.clone(),
-    ));
+    match kube_client {
+        // The API server's objects → loop: the whole set after each change, debounced.
+        Some(client) => {
+            tokio::spawn(crate::sources::kube::run(dataplane_loop.clone(), client));
+        }
+        // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
+        None => {
+            tokio::spawn(crate::sources::policy_dir::run(
+                dataplane_loop.clone(),
+                paths.policy_dir.clone(),
+            ));
+        }
+    }
 
     // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
     ipam.confirm_all(&handles).await?;
@@ -265,7 +291,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             let error = applied
                 .error
                 .or(applied.source_error)
-                .unwrap_or_else(|| "links not synced".into());
+                .unwrap_or_else(|| match config.source {
+                    SourceMode::Kubernetes => "links not synced, or a Kubernetes watcher has not delivered its initial list".into(),
+                    SourceMode::Standalone => "links not synced".into(),
+                });
             return Err(DaemonError::NotReady(ready_timeout.as_secs(), error));
         }
     };

@@ -228,11 +228,17 @@ async fn metrics(State(state): State<Arc<MetricsState>>) -> (StatusCode, String)
     }
 }
 
-async fn readyz(State(state): State<Arc<MetricsState>>) -> (StatusCode, &'static str) {
-    if state.snapshot.borrow().applied.ready {
-        (StatusCode::OK, "ready\n")
+async fn readyz(State(state): State<Arc<MetricsState>>) -> (StatusCode, String) {
+    let applied = &state.snapshot.borrow().applied;
+    if applied.ready {
+        (StatusCode::OK, "ready\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        // Why, when a source says: a stale API server, a link watcher being restarted.
+        let why = applied
+            .source_error
+            .as_deref()
+            .map_or_else(String::new, |e| format!(": {e}"));
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready{why}\n"))
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Node {
     node_addresses: BTreeSet<IpAddr>,
     address_sources: BTreeSet<(u32, IpAddr)>,
     links_synced: bool,
+    /// False while the cluster source (`--source kubernetes`) has not delivered every initial
+    /// list: its first whole set makes it true (the policy files are read before `open`).
+    policies_synced: bool,
     generation: u64,
 }
 
@@ -117,6 +120,7 @@ impl Node {
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
             links_synced: false,
+            policies_synced: true,
             generation: 1,
         };
         node.flush();
@@ -162,8 +166,15 @@ impl Node {
             ..policies
         };
         self.policy_errors = errors;
+        self.policies_synced = true;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// The policies come from a source that has not listed them yet (`--source kubernetes`):
+    /// not in sync (nothing written) until its first [`Self::set_policies`].
+    pub fn await_policy_source(&mut self) {
+        self.policies_synced = false;
     }
 
     /// This node's name (its pods in the source are local, never remote).
@@ -234,10 +245,11 @@ impl Node {
         self.calc.rules()
     }
 
-    /// True once every source has been read (the links dump; the registry is read at open).
+    /// True once every source has been read (the links dump, and the cluster source's initial
+    /// lists when it is one; the registry is read at open).
     #[must_use]
     pub fn in_sync(&self) -> bool {
-        self.links_synced
+        self.links_synced && self.policies_synced
     }
 
     /// The desired-state generation.

@@ -190,6 +190,12 @@ impl AgentProcess {
         panic!("weir agent did not report start within 60 s");
     }
 
+    /// The agent's process id (`nsenter` execs the agent, so it is the agent's own).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");

@@ -17,6 +17,7 @@
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
+//! - `kube_api`: a minimal Kubernetes API server (lists, chunked watches, bookmarks, 410, faults).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_pod;
@@ -31,6 +32,7 @@ pub mod demo;
 pub mod etcd_netns;
 pub mod hooks;
 pub mod image;
+pub mod kube_api;
 pub mod manifests;
 pub mod names;
 pub mod netns;

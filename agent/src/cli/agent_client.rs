@@ -96,6 +96,9 @@ pub fn status(args: StatusArgs) -> Result<()> {
             if let Some(error) = &detail.applied.error {
                 println!("last error: {error}");
             }
+            if let Some(error) = &detail.applied.source_error {
+                println!("source:     {error}");
+            }
             let ct = &detail.conntrack;
             println!(
                 "conntrack:  ipv4 {}/{} entries, {} created, {} evicted; ipv6 {}/{} entries, {} created, {} evicted",

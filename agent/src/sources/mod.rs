@@ -6,9 +6,12 @@
 //! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses) — the real
 //!   `LinkIo` of the kernel seam — and `link_source`, the supervisor over that seam that
 //!   restarts it;
-//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy and Namespace YAML).
+//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy, Namespace, Pod and Node YAML);
+//! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
+//!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
 
 pub mod journal;
+pub mod kube;
 pub mod link_source;
 pub mod linkwatch;
 pub mod policy_dir;

@@ -8,6 +8,7 @@ mod cni;
 mod cri;
 mod datapath;
 mod ipam;
+mod k8s;
 mod policy;
 
 use std::path::Path;
@@ -25,6 +26,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("attach", attach::run),
     ("cri", cri::run),
     ("policy", policy::run),
+    ("k8s", k8s::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool, only: Option<&str>) -> Result<()> {

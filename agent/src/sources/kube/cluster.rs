@@ -1,0 +1,162 @@
+//! The cluster as the watchers delivered it: one store per kind of converted objects, the
+//! conversion errors by object, and the whole `PolicySet` the loop takes.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
+};
+
+use super::{
+    store::{Key, KindStore},
+    watch::{Change, Kind},
+};
+use crate::policy::{
+    convert,
+    load::PolicyFileError,
+    model::{Labels, NodeInfo, Pod as PodInfo, Policy, PolicySet},
+};
+
+/// A converted object (by `policy::convert`, as the standalone directory's), or why it could
+/// not be converted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// A NetworkPolicy.
+    Policy(Result<Policy, String>),
+    /// A Namespace's labels.
+    Namespace(Result<Labels, String>),
+    /// A Pod.
+    Pod(Result<PodInfo, String>),
+    /// A Node.
+    Node(Result<NodeInfo, String>),
+}
+
+/// Converts a NetworkPolicy.
+pub fn policy(np: &NetworkPolicy) -> Object {
+    Object::Policy(convert::policy(np).map_err(|e| e.to_string()))
+}
+
+/// Converts a Namespace.
+pub fn namespace(ns: &Namespace) -> Object {
+    Object::Namespace(
+        convert::namespace(ns)
+            .map(|(_, labels)| labels)
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// Converts a Pod.
+pub fn pod(pod: &Pod) -> Object {
+    Object::Pod(convert::pod(pod).map_err(|e| e.to_string()))
+}
+
+/// Converts a Node.
+pub fn node(node: &Node) -> Object {
+    Object::Node(convert::node(node).map_err(|e| e.to_string()))
+}
+
+/// Every kind's objects.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    objects: BTreeMap<Kind, KindStore<Object>>,
+}
+
+impl Cluster {
+    /// Takes one watcher change; true when the set the loop holds must change.
+    pub fn take(&mut self, change: Change) -> bool {
+        let store = self.objects.entry(change.kind()).or_default();
+        match change {
+            Change::Init(_) => {
+                store.init();
+                false
+            }
+            Change::InitApply(_, key, object) => {
+                store.init_apply(key, object);
+                false
+            }
+            Change::InitDone(_) => store.init_done(),
+            Change::Apply(_, key, object) => store.apply(key, object),
+            Change::Delete(_, key) => store.delete(&key),
+            Change::Error(..) => false,
+        }
+    }
+
+    /// True once every kind delivered its initial list.
+    #[must_use]
+    pub fn synced(&self) -> bool {
+        Kind::ALL
+            .iter()
+            .all(|k| self.objects.get(k).is_some_and(KindStore::synced))
+    }
+
+    /// Objects known, by kind.
+    #[must_use]
+    pub fn counts(&self) -> BTreeMap<Kind, usize> {
+        self.objects
+            .iter()
+            .map(|(k, s)| (*k, s.live().len()))
+            .collect()
+    }
+
+    /// The whole set, and every object that could not be converted (named `Kind ns/name`).
+    #[must_use]
+    pub fn set(&self) -> (PolicySet, Vec<PolicyFileError>) {
+        let mut set = PolicySet::default();
+        let mut errors = Vec::new();
+        let mut refuse = |kind: Kind, key: &Key, reason: &String| {
+            errors.push(PolicyFileError {
+                file: PathBuf::from(object_name(kind, key)),
+                line: 0,
+                reason: reason.clone(),
+            });
+        };
+        for (kind, store) in &self.objects {
+            for (key, object) in store.live() {
+                match object {
+                    Object::Policy(Ok(p)) => {
+                        set.policies.insert(key.clone(), p.clone());
+                    }
+                    Object::Namespace(Ok(labels)) => {
+                        set.namespaces.insert(key.1.clone(), labels.clone());
+                    }
+                    Object::Pod(Ok(p)) => {
+                        set.pods.insert(key.clone(), p.clone());
+                    }
+                    Object::Node(Ok(n)) => {
+                        set.nodes.insert(key.1.clone(), n.clone());
+                    }
+                    Object::Policy(Err(e))
+                    | Object::Namespace(Err(e))
+                    | Object::Pod(Err(e))
+                    | Object::Node(Err(e)) => refuse(*kind, key, e),
+                }
+            }
+        }
+        (set, errors)
+    }
+}
+
+/// `NetworkPolicy ns/name`, `Node name`: how the log and the status name an object.
+#[must_use]
+pub fn object_name(kind: Kind, (namespace, name): &Key) -> String {
+    if namespace.is_empty() {
+        format!("{} {name}", kind.name())
+    } else {
+        format!("{} {namespace}/{name}", kind.name())
+    }
+}
+
+impl Object {
+    /// Why the object could not be converted, if it could not.
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Policy(Err(e))
+            | Self::Namespace(Err(e))
+            | Self::Pod(Err(e))
+            | Self::Node(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The Kubernetes source (`--source kubernetes`): kube-rs watchers on Pods, Namespaces,
+//! NetworkPolicies and Nodes feed one task that keeps their converted objects (`cluster`) and
+//! sends the loop the whole `PolicySet` (`Command::Policies`) — the first time once every
+//! watcher delivered its initial list (the loop writes nothing to the kernel before: the node is
+//! not in sync), then after each change, debounced by [`DEBOUNCE`]. A relist that finds nothing
+//! new sends nothing. Conversion errors are logged naming the object, and the rest is applied.
+//!
+//! When the API server is unreachable the dataplane keeps its last state (nothing is sent) and
+//! the loop is told the source is stale (`Command::SourceStale`: `/readyz` and `weir status`
+//! report it) until the API server answers again; the watchers resume within their backoff.
+
+mod backoff;
+mod client;
+mod cluster;
+mod store;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
+};
+use kube::Api;
+use tokio::{sync::mpsc, time::Instant};
+
+pub use client::client;
+pub use watch::Kind;
+
+use crate::applier::{Command, LoopHandle};
+use cluster::Cluster;
+use watch::Change;
+
+/// How long changes gather before the set is sent (one set for a burst of events).
+pub const DEBOUNCE: Duration = Duration::from_millis(5);
+/// How often the API server is probed while a watcher is failing.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Errors setting up the Kubernetes source.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The kubeconfig could not be read or used.
+    #[error(
+        "cannot use the kubeconfig {}: {source}; fix the file or point --kubeconfig (WEIR_KUBECONFIG) at another",
+        path.display()
+    )]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Not in a cluster, and no kubeconfig given.
+    #[error(
+        "no in-cluster configuration ({0}); run the agent in a pod with a service account, or pass --kubeconfig (WEIR_KUBECONFIG)"
+    )]
+    InCluster(#[source] kube::config::InClusterError),
+    /// The client could not be built from the configuration.
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// Runs the source until the loop is gone.
+pub async fn run(dataplane_loop: LoopHandle, client: kube::Client) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(watch::forward(
+        Api::<Pod>::all(client.clone()),
+        Kind::Pods,
+        cluster::pod,
+        tx.clone(),
+    ));
+    tokio::spawn(watch::forward(
+        Api::<Namespace>::all(client.clone()),
+        Kind::Namespaces,
+        cluster::namespace,
+        tx.clone(),
+    ));
+    tokio::spawn(watch::forward(
+        Api::<NetworkPolicy>::all(client.clone()),
+        Kind::NetworkPolicies,
+        cluster::policy,
+        tx.clone(),
+    ));
+    tokio::spawn(watch::forward(
+        Api::<Node>::all(client.clone()),
+        Kind::Nodes,
+        cluster::node,
+        tx,
+    ));
+    Source::default().run(&dataplane_loop, rx, &client).await;
+}
+
+/// The source's state between events.
+#[derive(Default)]
+struct Source {
+    cluster: Cluster,
+    /// Kinds whose watcher failed last, with the error.
+    failing: BTreeMap<Kind, String>,
+    /// What the loop was last told about staleness.
+    told_stale: bool,
+    /// When the gathered changes are due to be sent.
+    due: Option<Instant>,
+    /// The first set was sent (in sync).
+    sent: bool,
+}
+
+impl Source {
+    async fn run(
+        mut self,
+        dataplane_loop: &LoopHandle,
+        mut rx: mpsc::UnboundedReceiver<Change>,
+        client: &kube::Client,
+    ) {
+        let mut probe = tokio::time::interval(PROBE_EVERY);
+        loop {
+            let due = self.due;
+            tokio::select! {
+                change = rx.recv() => {
+                    let Some(change) = change else { return };
+                    self.take(change);
+                    // Everything queued joins this batch.
+                    while let Ok(change) = rx.try_recv() {
+                        self.take(change);
+                    }
+                }
+                () = sleep_until(due), if due.is_some() => {
+                    self.due = None;
+                    let (set, errors) = self.cluster.set();
+                    if !self.sent {
+                        tracing::info!(objects = ?self.cluster.counts(), "every watcher delivered its initial list; in sync");
+                    }
+                    self.sent = true;
+                    if dataplane_loop.send(Command::Policies { set, errors }).is_err() {
+                        return;
+                    }
+                }
+                _ = probe.tick(), if !self.failing.is_empty() => {
+                    let answer = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
+                    if matches!(answer, Ok(Ok(_))) {
+                        tracing::info!("the API server answers again; the watchers resume");
+                        self.failing.clear();
+                    }
+                }
+            }
+            let stale = !self.failing.is_empty();
+            if stale != self.told_stale {
+                self.told_stale = stale;
+                let why = stale.then(|| {
+                    let failing: Vec<String> = self
+                        .failing
+                        .iter()
+                        .map(|(k, e)| format!("{} watcher: {e}", k.name()))
+                        .collect();
+                    format!(
+                        "the Kubernetes API server is unreachable ({}); the last known state stays in force",
+                        failing.join("; ")
+                    )
+                });
+                if dataplane_loop.send(Command::SourceStale(why)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, change: Change) {
+        let kind = change.kind();
+        match &change {
+            Change::Error(_, e) => {
+                tracing::warn!(kind = kind.name(), error = %e, "watcher failed; retrying with backoff");
+                self.failing.insert(kind, e.clone());
+                return;
+            }
+            Change::InitApply(_, key, object) | Change::Apply(_, key, object) => {
+                if let Some(e) = object.error() {
+                    tracing::warn!(object = %cluster::object_name(kind, key), error = %e, "object refused; the rest is applied");
+                }
+            }
+            _ => {}
+        }
+        self.failing.remove(&kind);
+        let changed = self.cluster.take(change);
+        if !self.cluster.synced() {
+            return;
+        }
+        if !self.sent || changed {
+            self.due.get_or_insert_with(|| Instant::now() + DEBOUNCE);
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
