@@ -64,10 +64,13 @@ pub enum LabelSource {
     /// `labels` in the endpoint registration (`PUT /v1/endpoints/…`), as the API pods of the
     /// agent tests have them.
     Registration,
+    /// `kind: Pod` documents in the policy directory (labels and named container ports), as the
+    /// standalone source defines pods; the registration carries none.
+    PodDocument,
 }
 
 /// The label source this suite uses.
-pub const LABEL_SOURCE: LabelSource = LabelSource::Registration;
+pub const LABEL_SOURCE: LabelSource = LabelSource::PodDocument;
 
 /// One probe of the matrix and what the model needs to judge it.
 struct Cell<'a> {
@@ -260,7 +263,13 @@ impl Lab {
         let mut new = pod_labels(pod);
         new.extend(labels(extra));
         p.model.labels = new;
-        register(&self.agent, &p.model, &p.name, &p.host, &p.handle, p.ip);
+        match LABEL_SOURCE {
+            LabelSource::Registration => {
+                register(&self.agent, &p.model, &p.name, &p.host, &p.handle, p.ip);
+            }
+            // Written with the next case's policies.
+            LabelSource::PodDocument => {}
+        }
     }
 
     /// Gives namespace `namespace` its standard labels plus `extra` (written with the next case's
@@ -481,6 +490,7 @@ fn register(
     let id = format!("{}-{name}", pod.namespace);
     let labels = match LABEL_SOURCE {
         LabelSource::Registration => json!(pod.labels),
+        LabelSource::PodDocument => json!({}),
     };
     let body = json!({
         "container_id": id, "ifname": "eth0", "host_ifname": host, "namespace": pod.namespace,
@@ -495,10 +505,34 @@ fn register(
         .expect("register the pod's endpoint");
 }
 
-/// The `kind: Pod` documents the policy directory carries (none while labels come with the
-/// registration).
-fn pod_documents(_pods: &[LabPod]) -> Vec<String> {
+/// The `kind: Pod` documents the policy directory carries: every pod's labels and its named
+/// container ports (none while labels come with the registration).
+fn pod_documents(pods: &[LabPod]) -> Vec<String> {
     match LABEL_SOURCE {
         LabelSource::Registration => Vec::new(),
+        LabelSource::PodDocument => {
+            let ports: Vec<(&str, &str, u16)> = NAMED_PORTS
+                .iter()
+                .map(|(name, proto, port)| {
+                    let protocol = match proto {
+                        Proto::Tcp => "TCP",
+                        Proto::Udp => "UDP",
+                        Proto::Sctp => "SCTP",
+                    };
+                    (*name, protocol, *port)
+                })
+                .collect();
+            pods.iter()
+                .map(|p| {
+                    let labels: Vec<(&str, &str)> = p
+                        .model
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    crate::pod_doc::pod_yaml(&p.model.namespace, &p.name, &labels, &ports)
+                })
+                .collect()
+        }
     }
 }

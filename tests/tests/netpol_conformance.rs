@@ -482,7 +482,6 @@ fn ip_block_with_except() {
 }
 
 #[test]
-#[ignore = "needs named ports from the pods branch"]
 fn named_ports() {
     let Some(mut lab) = lab("named_ports") else {
         return;
@@ -521,7 +520,6 @@ fn named_ports() {
 }
 
 #[test]
-#[ignore = "needs policyTypes defaulted on the lists' lengths from the pods branch (main isolates egress for `egress: []`)"]
 fn policy_types_defaulted_on_list_length() {
     let Some(mut lab) = lab("policy_types_defaulted_on_list_length") else {
         return;

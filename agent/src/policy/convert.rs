@@ -106,6 +106,7 @@ pub fn policy(np: &NetworkPolicy) -> Result<Policy, ConvertError> {
             "to",
         )?);
     }
+    named_ports_to_every_pod(&mut egress);
     Ok(Policy {
         namespace,
         name,
@@ -115,6 +116,35 @@ pub fn policy(np: &NetworkPolicy) -> Result<Policy, ConvertError> {
         ingress,
         egress,
     })
+}
+
+/// An egress rule with no `to` allows its named ports toward every destination that resolves the
+/// name: every pod of every namespace with that named container port (a name means nothing on an
+/// address outside the cluster). So a rule without peers carries its named ports to the peer "every
+/// pod in every namespace": a rule with only named ports gets that peer; a rule with numbered ports
+/// too keeps them toward every peer and its named ports move to a rule of their own, appended after
+/// the policy's rules (so the earlier rules keep their positions and rule ids).
+fn named_ports_to_every_pod(egress: &mut Vec<Rule>) {
+    let every_pod = || Peer::Pods {
+        namespaces: Some(Selector::everything()),
+        pods: None,
+    };
+    let mut appended = Vec::new();
+    for r in egress.iter_mut() {
+        if !r.peers.is_empty() || r.named_ports.is_empty() {
+            continue;
+        }
+        if r.ports.is_empty() {
+            r.peers.push(every_pod());
+        } else {
+            appended.push(Rule {
+                peers: vec![every_pod()],
+                ports: Vec::new(),
+                named_ports: std::mem::take(&mut r.named_ports),
+            });
+        }
+    }
+    egress.extend(appended);
 }
 
 fn rule(

@@ -367,3 +367,36 @@ fn a_node_converts_and_bad_addresses_are_named() {
             .contains("give the Node a name")
     );
 }
+
+#[test]
+fn egress_named_ports_without_peers_go_to_every_pod() {
+    let every_pod = Peer::Pods {
+        namespaces: Some(Selector::everything()),
+        pods: None,
+    };
+    // Only named ports: the rule's peer becomes every pod of every namespace.
+    let p = policy(&np(
+        "{podSelector: {}, policyTypes: [Egress], egress: [{ports: [{port: dns, protocol: UDP}]}]}",
+    ))
+    .expect("named only");
+    assert_eq!(p.egress.len(), 1);
+    assert_eq!(p.egress[0].peers, vec![every_pod.clone()]);
+    // Numbered and named: the numbered stay toward every peer, the named move to an appended rule.
+    let p = policy(&np(
+        "{podSelector: {}, policyTypes: [Egress], egress: [{ports: [{port: 53, protocol: UDP}, {port: dns, protocol: UDP}]}, {to: [{podSelector: {}}], ports: [{port: http}]}]}",
+    ))
+    .expect("mixed");
+    assert_eq!(p.egress.len(), 3);
+    assert!(p.egress[0].peers.is_empty() && p.egress[0].named_ports.is_empty());
+    assert_eq!(p.egress[0].ports.len(), 1);
+    assert_eq!(
+        p.egress[1].named_ports.len(),
+        1,
+        "a rule with peers is left alone"
+    );
+    assert_eq!(p.egress[2].peers, vec![every_pod]);
+    assert_eq!(p.egress[2].named_ports.len(), 1);
+    // Ingress named ports resolve on the selected pod itself: untouched.
+    let p = policy(&np("{podSelector: {}, ingress: [{ports: [{port: http}]}]}")).expect("ingress");
+    assert!(p.ingress[0].peers.is_empty());
+}

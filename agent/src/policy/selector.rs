@@ -20,6 +20,12 @@ enum Expression {
 }
 
 impl Selector {
+    /// The empty selector: selects everything.
+    #[must_use]
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
     /// Validates a Kubernetes selector.
     pub fn from_k8s(s: &LabelSelector) -> Result<Self, String> {
         for (key, value) in s.match_labels.iter().flatten() {
