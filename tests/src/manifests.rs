@@ -247,58 +247,79 @@ pub fn problems(docs: &[Value]) -> Vec<String> {
 }
 
 fn check_rbac(m: &Manifest, p: &mut Vec<String>) {
-    let want_resources: BTreeSet<String> = ipam::store::kubernetes::rbac_resources()
-        .into_iter()
-        .collect();
-    let want_verbs: BTreeSet<String> = ipam::store::kubernetes::RBAC_VERBS
-        .iter()
-        .map(|v| (*v).to_owned())
-        .collect();
+    // (group, resource) → verbs, from the code: the Kubernetes datastore's resources and the
+    // Kubernetes source's.
+    let mut want: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     let group = ipam::store::kubernetes::crd::GROUP;
+    for r in ipam::store::kubernetes::rbac_resources() {
+        want.insert(
+            (group.to_owned(), r),
+            ipam::store::kubernetes::RBAC_VERBS
+                .iter()
+                .map(|v| (*v).to_owned())
+                .collect(),
+        );
+    }
+    for (g, r) in agent::sources::kube::RBAC_RESOURCES {
+        want.insert(
+            ((*g).to_owned(), (*r).to_owned()),
+            agent::sources::kube::RBAC_VERBS
+                .iter()
+                .map(|v| (*v).to_owned())
+                .collect(),
+        );
+    }
     let [role] = m.roles.as_slice() else {
         p.push(format!("expected one ClusterRole, found {}", m.roles.len()));
         return;
     };
-    let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for rule in role.rules.iter().flatten() {
-        for g in rule.api_groups.iter().flatten() {
-            if g != group {
-                p.push(format!(
-                    "the ClusterRole grants API group {g:?}, which no code uses"
-                ));
-            }
-        }
         if rule.resource_names.is_some() || rule.non_resource_urls.is_some() {
             p.push(
                 "the ClusterRole has resourceNames or nonResourceURLs, which no code needs".into(),
             );
         }
-        for r in rule.resources.iter().flatten() {
-            granted
-                .entry(r.clone())
-                .or_default()
-                .extend(rule.verbs.iter().cloned());
+        for g in rule.api_groups.iter().flatten() {
+            for r in rule.resources.iter().flatten() {
+                granted
+                    .entry((g.clone(), r.clone()))
+                    .or_default()
+                    .extend(rule.verbs.iter().cloned());
+            }
         }
     }
-    for r in &want_resources {
-        match granted.get(r) {
+    let name = |(g, r): &(String, String)| {
+        if g.is_empty() {
+            r.clone()
+        } else {
+            format!("{r}.{g}")
+        }
+    };
+    for (key, verbs_wanted) in &want {
+        match granted.get(key) {
             None => p.push(format!(
-                "the ClusterRole misses {r}.{group}, which the Kubernetes datastore uses"
+                "the ClusterRole misses {}, which the agent uses",
+                name(key)
             )),
             Some(verbs) => {
-                for v in want_verbs.difference(verbs) {
-                    p.push(format!("the ClusterRole misses verb {v} on {r}"));
+                for v in verbs_wanted.difference(verbs) {
+                    p.push(format!("the ClusterRole misses verb {v} on {}", name(key)));
                 }
-                for v in verbs.difference(&want_verbs) {
+                for v in verbs.difference(verbs_wanted) {
                     p.push(format!(
-                        "the ClusterRole grants verb {v} on {r}, which no code uses"
+                        "the ClusterRole grants verb {v} on {}, which no code uses",
+                        name(key)
                     ));
                 }
             }
         }
     }
-    for r in granted.keys().filter(|r| !want_resources.contains(*r)) {
-        p.push(format!("the ClusterRole grants {r}, which no code uses"));
+    for key in granted.keys().filter(|k| !want.contains_key(*k)) {
+        p.push(format!(
+            "the ClusterRole grants {}, which no code uses",
+            name(key)
+        ));
     }
     let role_name = role.metadata.name.clone().unwrap_or_default();
     let sa = m.service_accounts.first();

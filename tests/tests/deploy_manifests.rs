@@ -3,7 +3,7 @@
 //! SUBCOMMAND --help` and every environment variable in `weir agent --help`; every path the agent
 //! resolves from the DaemonSet's command and environment (`--dump-config`) lies on a hostPath
 //! mount seen at the same path on the host, at the defaults of `agent/src/paths.rs`; the
-//! ClusterRole grants exactly the resources and verbs of the Kubernetes datastore
+//! ClusterRole grants exactly the resources and verbs of the Kubernetes datastore and source
 //! (`ipam::store::kubernetes::{rbac_resources, RBAC_VERBS}`). Then copies broken one way each
 //! (a wrong mount path, a missing RBAC rule, an unknown flag, …) are shown to fail.
 
@@ -130,9 +130,23 @@ fn a_broken_copy_fails_the_checks() {
                 role["rules"]
                     .as_array_mut()
                     .expect("rules")
-                    .push(serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}));
+                    .push(serde_json::json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}));
             },
-            "grants pods, which no code uses",
+            "grants secrets, which no code uses",
+        ),
+        (
+            "the Kubernetes source's policies not granted",
+            |d| {
+                let role = d
+                    .iter_mut()
+                    .find(|x| x["kind"] == "ClusterRole")
+                    .expect("role");
+                role["rules"]
+                    .as_array_mut()
+                    .expect("rules")
+                    .retain(|r| r["apiGroups"][0] != "networking.k8s.io");
+            },
+            "misses networkpolicies.networking.k8s.io",
         ),
         (
             "an unknown flag",

@@ -36,6 +36,17 @@ use watch::Change;
 
 /// How long changes gather before the set is sent (one set for a burst of events).
 pub const DEBOUNCE: Duration = Duration::from_millis(5);
+
+/// What the source reads from the API server, for the DaemonSet's ClusterRole (`deploy/weir.yaml`
+/// is checked against it): (API group, resource) — `""` is the core group.
+pub const RBAC_RESOURCES: &[(&str, &str)] = &[
+    ("", "pods"),
+    ("", "namespaces"),
+    ("", "nodes"),
+    ("networking.k8s.io", "networkpolicies"),
+];
+/// The verbs its watchers use on each (a paged list, then watches).
+pub const RBAC_VERBS: &[&str] = &["list", "watch"];
 /// How often the API server is probed while a watcher is failing.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
