@@ -14,8 +14,8 @@
 //! `/etc/cni/net.d`, … — are used as written without touching the host's); `/etc/cni/net.d` and
 //! `/opt/cni/bin` there are containerd's own CNI directories; the node name comes from the test
 //! (`fieldRef: spec.nodeName`); and the datastore is the embedded one, since no API server can
-//! run here (the ConfigMap's `WEIR_DATASTORE=kubernetes` is dropped; `ipam/tests/kubernetes.rs`
-//! covers that store).
+//! run here (the ConfigMap's `WEIR_DATASTORE=kubernetes` and `WEIR_SOURCE=kubernetes` are dropped;
+//! `ipam/tests/kubernetes.rs` covers that store, `kube_source.rs` that source).
 
 use std::{
     collections::BTreeMap,
@@ -166,6 +166,13 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         Some("kubernetes")
     );
     env.remove("WEIR_DATASTORE");
+    // No API server here either for the Kubernetes source: standalone (tests/tests/kube_source.rs
+    // runs that source against a test API server).
+    assert_eq!(
+        env.get("WEIR_SOURCE").map(String::as_str),
+        Some("kubernetes")
+    );
+    env.remove("WEIR_SOURCE");
 
     let node = NetNs::new();
     node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
