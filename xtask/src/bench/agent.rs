@@ -7,9 +7,20 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
+    run_example_with_weir(workspace, smoke, "agent-bench", "agent")
+}
+
+/// Builds `weir` (release; dev with `--smoke`), then runs the `tests` crate's `example` with it in
+/// `WEIR_BIN`, writing `target/weir-bench/<name>.json`. Shared with `bench k8s`.
+pub(super) fn run_example_with_weir(
+    workspace: &Path,
+    smoke: bool,
+    example: &str,
+    name: &str,
+) -> Result<()> {
     let out = workspace.join("target/weir-bench");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let json = out.join("agent.json");
+    let json = out.join(format!("{name}.json"));
     let profile: &[&str] = if smoke { &[] } else { &["--release"] };
     let build: Vec<&str> = ["build", "-p", "agent", "--bin", "weir"]
         .iter()
@@ -23,7 +34,7 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         .join(if smoke { "debug" } else { "release" })
         .join("weir");
     let json_arg = json.display().to_string();
-    let mut args: Vec<&str> = vec!["run", "-q", "-p", "tests", "--example", "agent-bench"];
+    let mut args: Vec<&str> = vec!["run", "-q", "-p", "tests", "--example", example];
     args.extend(profile);
     args.extend(["--", "--out", &json_arg]);
     if smoke {
@@ -35,7 +46,7 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         .env("WEIR_BIN", &weir)
         .status()
         .context("cannot run cargo")?;
-    anyhow::ensure!(status.success(), "the agent benchmark failed ({status})");
+    anyhow::ensure!(status.success(), "the {name} benchmark failed ({status})");
     println!("wrote {}", json.display());
     Ok(())
 }
