@@ -23,7 +23,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     api::types::EndpointView,
     node::{Node, NodeError},
-    paths::Paths,
     policy::{load::PolicyFileError, model::PolicySet},
     snapshot::{self, Snapshot},
     sources::linkwatch::LinkEvent,
@@ -121,7 +120,7 @@ pub enum Command {
     /// A link or node-address event from the link watcher.
     Link(LinkEvent),
     /// The link watcher stopped and is being restarted: not ready until it has synced again.
-    LinkWatcherDown(String),
+    LinkWatcherDown(crate::dataplane::kernel::LinkWatcherStopped),
     /// The source's objects (policies, namespaces, pods, nodes): every valid document, with
     /// refused ones in their last good form.
     Policies {
@@ -140,11 +139,11 @@ pub enum Command {
     /// Remove an endpoint (by key); answers the removed one.
     DeleteEndpoint(String, Done<Option<Endpoint>>),
     /// `weir policy trace` on the desired state.
-    /// A trace on the desired state; with the pin root, also through the loaded programs.
+    /// A trace on the desired state; given the kernel, also through the loaded programs.
     Trace(
         TraceRequest,
         u8,
-        Option<Paths>,
+        Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
         oneshot::Sender<TraceResult>,
     ),
     /// End the loop.
@@ -233,13 +232,13 @@ impl LoopHandle {
         })
     }
 
-    /// Traces a packet on the desired state and, given the agent's paths, through the loaded
-    /// programs with `BPF_PROG_TEST_RUN` beside it (`observe::ktrace`).
+    /// Traces a packet on the desired state and, given the kernel, through the loaded programs
+    /// with `BPF_PROG_TEST_RUN` beside it (`observe::ktrace`).
     pub async fn trace(
         &self,
         request: TraceRequest,
         protocol: u8,
-        kernel: Option<Paths>,
+        kernel: Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
     ) -> Result<TraceResult, LoopError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Trace(request, protocol, kernel, tx))?;
@@ -448,9 +447,9 @@ impl DataplaneLoop {
             }
             Command::Trace(request, protocol, kernel, reply) => {
                 let mut result = crate::trace::trace(&self.node, &request, protocol);
-                if let Some(paths) = &kernel {
+                if let Some(kernel) = &kernel {
                     crate::observe::api::add_kernel_trace(
-                        paths,
+                        &**kernel,
                         &self.node,
                         &request,
                         protocol,

@@ -350,6 +350,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
+    let inspect: Arc<dyn crate::dataplane::kernel::InspectIo> =
+        Arc::new(crate::dataplane::inspect::PinnedInspect::new(&paths));
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
@@ -359,6 +361,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ct_ops,
         ct_layout,
         tc_attach: config.tc_attach,
+        kernel: Arc::clone(&inspect),
+        monitor: crate::monitor::Monitor::default(),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -369,7 +373,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         dataplane_loop.subscribe(),
         Arc::clone(&ct_stats),
         program_report.clone(),
-        paths.clone(),
+        inspect,
     );
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 

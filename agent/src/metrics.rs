@@ -194,13 +194,13 @@ impl MetricsState {
         snapshot: watch::Receiver<Arc<Snapshot>>,
         ct: Arc<Mutex<CtStats>>,
         programs: Vec<(String, u32, bool)>,
-        paths: crate::paths::Paths,
+        kernel: Arc<dyn crate::dataplane::kernel::InspectIo>,
     ) -> Self {
         let mut registry = Registry::with_prefix("weir");
         registry.register_collector(Box::new(DataplaneCollector(snapshot.clone())));
         registry.register_collector(Box::new(crate::observe::metrics::DatapathCollector {
             snapshot: snapshot.clone(),
-            paths,
+            kernel,
         }));
         registry.register_collector(Box::new(ConntrackCollector(ct)));
         registry.register_collector(Box::new(ProgramsCollector(programs)));
@@ -290,7 +290,7 @@ mod tests {
             handle.subscribe(),
             Arc::clone(&ct),
             vec![("from_endpoint".into(), 7, true)],
-            paths.clone(),
+            Arc::new(kernel.fake.clone()),
         );
         let before = state.render().expect("render");
         assert!(before.contains("weir_ready 0"), "{before}");
@@ -301,7 +301,9 @@ mod tests {
 
         for i in 0..sizes.endpoints {
             let ifname = synthetic::host_ifname(i);
-            kernel.links.add(&ifname, 10 + u32::try_from(i).expect("i"));
+            kernel
+                .fake
+                .add_link(&ifname, 10 + u32::try_from(i).expect("i"));
             handle
                 .send(Command::Link(LinkEvent::Up {
                     ifname,

@@ -70,6 +70,19 @@ pub struct LoadReport {
     pub programs: Vec<ProgramReport>,
     /// Maps: name, kernel id, pin, max entries.
     pub maps: Vec<MapReport>,
+    /// Pins that should be there but could not be read (each also logged): the pin root was
+    /// changed under the agent; restart it to load and pin again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadablePin>,
+}
+
+/// A pin the report could not read.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct UnreadablePin {
+    /// Pin path.
+    pub pin: PathBuf,
+    /// Why (the kernel's answer).
+    pub error: String,
 }
 
 /// One loaded program.
@@ -237,23 +250,6 @@ pub fn map_names(ct_layout: u32) -> Vec<String> {
         .collect()
 }
 
-/// Pins of maps the agent fills (not conntrack, which `migrate` owns) at a layout version other
-/// than the object's: left by another release, removed once the links run this one's programs.
-#[must_use]
-pub fn stale_pins(paths: &Paths, object: &[u8]) -> Vec<PathBuf> {
-    let Ok(dir) = fs::read_dir(paths.maps_dir()) else {
-        return Vec::new();
-    };
-    let present: Vec<String> = dir
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    stale_map_pins(object, &present)
-        .iter()
-        .map(|name| paths.map_pin(name))
-        .collect()
-}
-
 /// Of the map pin names `present`, those `stale_pins` removes (none if the object does not parse).
 #[must_use]
 pub fn stale_map_pins(object: &[u8], present: &[String]) -> Vec<String> {
@@ -279,33 +275,45 @@ pub fn stale_map_pins(object: &[u8], present: &[String]) -> Vec<String> {
 }
 
 /// What is pinned under `paths` (read from the pins, as an operator would see it), conntrack at
-/// layout `ct_layout`.
+/// layout `ct_layout`. A pin that cannot be read is logged and listed in `unreadable`.
 #[must_use]
 pub fn report(paths: &Paths, ct_layout: u32) -> LoadReport {
-    let programs = maps_schema::programs::ALL
-        .iter()
-        .filter_map(|name| {
-            let pin = paths.prog_pin(name);
-            let info = aya::programs::ProgramInfo::from_pin(&pin).ok()?;
-            Some(ProgramReport {
+    let mut unreadable = Vec::new();
+    let mut failed = |pin: &std::path::Path, error: &dyn std::error::Error| {
+        tracing::warn!(pin = %pin.display(), error = %error, "cannot read a pin for the start report; is the pin root intact?");
+        unreadable.push(UnreadablePin {
+            pin: pin.to_owned(),
+            error: error.to_string(),
+        });
+    };
+    let mut programs = Vec::new();
+    for name in maps_schema::programs::ALL {
+        let pin = paths.prog_pin(name);
+        match aya::programs::ProgramInfo::from_pin(&pin) {
+            Ok(info) => programs.push(ProgramReport {
                 name: (*name).to_owned(),
                 id: info.id(),
                 pin,
-            })
-        })
-        .collect();
-    let maps = map_names(ct_layout)
-        .into_iter()
-        .filter_map(|name| {
-            let pin = paths.map_pin(&name);
-            let info = MapInfo::from_pin(&pin).ok()?;
-            Some(MapReport {
+            }),
+            Err(e) => failed(&pin, &e),
+        }
+    }
+    let mut maps = Vec::new();
+    for name in map_names(ct_layout) {
+        let pin = paths.map_pin(&name);
+        match MapInfo::from_pin(&pin) {
+            Ok(info) => maps.push(MapReport {
                 name,
                 id: info.id(),
                 max_entries: info.max_entries(),
                 pin,
-            })
-        })
-        .collect();
-    LoadReport { programs, maps }
+            }),
+            Err(e) => failed(&pin, &e),
+        }
+    }
+    LoadReport {
+        programs,
+        maps,
+        unreadable,
+    }
 }

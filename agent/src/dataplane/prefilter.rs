@@ -464,12 +464,21 @@ impl XdpIo for PinnedXdp {
                 });
             }
         };
-        Ok(entries
-            .filter_map(Result::ok)
-            .filter_map(|e| crate::paths::parse_link_pin(&e.file_name().to_string_lossy()))
-            .filter(|(_, program)| program == XDP_PREFILTER)
-            .map(|(ifname, _)| ifname)
-            .collect())
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| KernelError::Io {
+                op: "list",
+                what: dir.display().to_string(),
+                source,
+            })?;
+            if let Some((ifname, program)) =
+                crate::paths::parse_link_pin(&entry.file_name().to_string_lossy())
+                && program == XDP_PREFILTER
+            {
+                out.push(ifname);
+            }
+        }
+        Ok(out)
     }
 
     fn pinned_program(&self, ifname: &str) -> Option<u32> {

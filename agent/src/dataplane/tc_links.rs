@@ -129,10 +129,14 @@ impl Attacher for TcLinks {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(kerr("list", dir.display().to_string(), e)),
         };
-        Ok(entries
-            .filter_map(Result::ok)
-            .filter_map(|e| crate::paths::parse_link_pin(&e.file_name().to_string_lossy()))
-            .collect())
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| kerr("list", dir.display().to_string(), e))?;
+            out.extend(crate::paths::parse_link_pin(
+                &entry.file_name().to_string_lossy(),
+            ));
+        }
+        Ok(out)
     }
 
     fn has_pin(&self, ifname: &str, program: &str) -> bool {
