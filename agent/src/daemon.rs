@@ -431,7 +431,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if loop_thread.join().is_err() {
         tracing::error!("the dataplane loop thread panicked");
     }
-    let _ = std::fs::remove_file(&paths.api_socket);
+    match std::fs::remove_file(&paths.api_socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!(error = %e, path = %paths.api_socket.display(), "cannot remove the API socket; the next start replaces it");
+        }
+        _ => {}
+    }
     tracing::info!("shutting down; programs, maps and attachments stay pinned");
     result
 }

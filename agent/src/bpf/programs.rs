@@ -211,11 +211,6 @@ impl Programs {
             report,
         })
     }
-
-    /// The kernel id of a program handle.
-    pub fn id_of(program: &SchedClassifier) -> u32 {
-        program.info().map(|i| i.id()).unwrap_or_default()
-    }
 }
 
 fn map_id(map: &aya::maps::Map) -> Option<u32> {

@@ -443,17 +443,6 @@ pub fn list_with(io: &dyn CtIo) -> Result<Vec<CtView>, KernelError> {
     Ok(out)
 }
 
-/// Every entry of both families (conntrack layout `layout`), for `weir bpf ct list`.
-pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
-    list_with(&PinnedCt::new(paths, layout))
-}
-
-/// Deletes every entry (conntrack layout `layout`, `weir bpf ct flush`); returns how many. The
-/// agent's flush goes through [`CtUpkeep::flush`] instead, which keeps it out of the eviction count.
-pub fn flush(paths: &Paths, layout: u32) -> Result<u64, KernelError> {
-    flush_with(&mut PinnedCt::new(paths, layout), &mut CtStats::default())
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{

@@ -429,6 +429,8 @@ impl Prefilter {
 pub struct PinnedXdp {
     paths: Paths,
     program: Xdp,
+    /// Its kernel id, read once.
+    id: u32,
 }
 
 impl PinnedXdp {
@@ -443,9 +445,18 @@ impl PinnedXdp {
                     source: Box::new(e),
                 }
             })?;
+        let id = program
+            .info()
+            .map_err(|e| KernelError::Attach {
+                op: "read the id of",
+                what: pin.display().to_string(),
+                source: Box::new(e),
+            })?
+            .id();
         Ok(Self {
             paths: paths.clone(),
             program,
+            id,
         })
     }
 }
@@ -497,7 +508,7 @@ impl XdpIo for PinnedXdp {
     }
 
     fn current(&self) -> u32 {
-        self.program.info().map(|i| i.id()).unwrap_or_default()
+        self.id
     }
 
     fn link_exists(&self, ifname: &str) -> bool {
