@@ -373,7 +373,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         dataplane_loop.subscribe(),
         Arc::clone(&ct_stats),
         program_report.clone(),
-        inspect,
+        Arc::clone(&inspect),
     );
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 
@@ -413,7 +413,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Started {
         event: "started",
         node: &config.node,
-        loaded: loader::report(&paths, ct_layout),
+        loaded: loader::report(&*inspect, &paths, ct_layout),
         programs: program_report,
         prefilter,
         endpoints: restored,

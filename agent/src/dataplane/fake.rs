@@ -294,6 +294,7 @@ pub(crate) struct FakeKernel {
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
+    programs: Arc<Mutex<BTreeMap<String, u32>>>,
     trace: Arc<Mutex<TraceState>>,
     /// The readers of the drop events ring.
     drop_readers: Arc<Mutex<Vec<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>>>,
@@ -445,6 +446,11 @@ impl FakeKernel {
     /// The pinned maps' metadata: name → metadata.
     pub(crate) fn map_metas(&self) -> MutexGuard<'_, BTreeMap<String, MapMeta>> {
         lock(&self.maps)
+    }
+
+    /// The pinned programs: name → kernel id.
+    pub(crate) fn program_ids(&self) -> MutexGuard<'_, BTreeMap<String, u32>> {
+        lock(&self.programs)
     }
 
     /// The programs write one record into the drop events ring (every open reader gets it).
@@ -736,6 +742,12 @@ fn no_pin(name: &str) -> KernelError {
 impl InspectIo for FakeKernel {
     fn map_meta(&self, name: &str) -> Result<MapMeta, KernelError> {
         self.map_metas()
+            .get(name)
+            .copied()
+            .ok_or_else(|| no_pin(name))
+    }
+    fn program_id(&self, name: &str) -> Result<u32, KernelError> {
+        self.program_ids()
             .get(name)
             .copied()
             .ok_or_else(|| no_pin(name))

@@ -58,6 +58,16 @@ impl InspectIo for PinnedInspect {
         })
     }
 
+    fn program_id(&self, name: &str) -> Result<u32, KernelError> {
+        let pin = self.paths.prog_pin(name);
+        aya::programs::ProgramInfo::from_pin(&pin)
+            .map(|info| info.id())
+            .map_err(|source| KernelError::OpenProgram {
+                path: pin.display().to_string(),
+                source: Box::new(source),
+            })
+    }
+
     fn counter_array(&self, name: &str) -> Result<Box<dyn CountersIo>, KernelError> {
         Ok(Box::new(PinnedCounters::open(&self.paths, name)?))
     }

@@ -52,6 +52,15 @@ pub enum KernelError {
         #[source]
         source: Box<MapError>,
     },
+    /// A pinned program could not be opened.
+    #[error("cannot open the pinned program {path}: {source}; is the agent's pin root intact?")]
+    OpenProgram {
+        /// The pin.
+        path: String,
+        /// The cause.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
     /// Attaching, updating or unpinning a program link failed.
     #[error("cannot {op} {what}: {source}")]
     Attach {
@@ -206,11 +215,13 @@ pub struct MapMeta {
 pub type RecordStream = BoxStream<'static, Result<Vec<u8>, KernelError>>;
 
 /// What the API reads from the kernel when an operator asks (`weir bpf maps|ct|counters`,
-/// `weir policy rules`, `weir monitor`) and the conntrack maps its flush goes through: each call
+/// `weir policy rules`, `weir monitor`; the start report's pins too) and the conntrack maps its flush goes through: each call
 /// opens what it needs from the pin root, so a migration or a reload is seen at the next call.
 pub trait InspectIo: TraceIo + Send + Sync {
     /// The metadata of the map pinned as `name`.
     fn map_meta(&self, name: &str) -> Result<MapMeta, KernelError>;
+    /// The kernel id of the program pinned as `name`.
+    fn program_id(&self, name: &str) -> Result<u32, KernelError>;
     /// The per-CPU counter array pinned as `name` (`counters`, `rule_hits_v1`).
     fn counter_array(&self, name: &str) -> Result<Box<dyn CountersIo>, KernelError>;
     /// The conntrack maps of layout `layout`.
