@@ -36,6 +36,8 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use crate::pod_ipam::{self, AnnotationError, PodHints};
+
 /// Errors of the agent's IPAM.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamServiceError {
@@ -113,6 +115,33 @@ pub enum IpamServiceError {
     /// The allocator task has stopped (the agent is shutting down).
     #[error("the agent's allocator has stopped; retry once the agent runs again")]
     Stopped,
+    /// A pool or address annotation of the pod or its namespace cannot be used.
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    /// The allocation the annotations asked for failed.
+    #[error("{annotations}: {}; fix or remove the annotation", chain(source))]
+    Annotated {
+        /// The annotations in force (`annotation X of pod Y`).
+        annotations: String,
+        /// Why the allocation failed.
+        #[source]
+        source: Box<IpamServiceError>,
+    },
+}
+
+/// An error and its causes, as one line (`a: b: c`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The API's allocation request, allocation (also what `allocations.json` records), handle and
@@ -285,6 +314,30 @@ impl IpamService {
             return Err(IpamServiceError::Stopped);
         }
         answer.await.map_err(|_| IpamServiceError::Stopped)?
+    }
+
+    /// Allocates for a pod with its pool and address annotations (and its namespace's) applied
+    /// (`pod_ipam`): a bad annotation, or an allocation the annotations made fail, is an error
+    /// naming the annotation; nothing is kept.
+    pub async fn allocate_for_pod(
+        &self,
+        req: &AllocateRequest,
+        hints: &PodHints,
+        budget: Duration,
+    ) -> Result<Allocation, IpamServiceError> {
+        let wanted = hints.wanted()?;
+        if wanted.is_empty() {
+            return self.allocate(req, budget).await;
+        }
+        let pools = self.core.ipam.pools().await?;
+        let annotated = pod_ipam::apply(req, &wanted, &pools, &self.core.node_labels)?;
+        tracing::debug!(handle = %req.handle, annotations = %wanted.describe(), pools = ?annotated.pools, ips = ?annotated.ips, "allocation follows the pod's annotations");
+        self.allocate(&annotated, budget)
+            .await
+            .map_err(|source| IpamServiceError::Annotated {
+                annotations: wanted.describe(),
+                source: Box::new(source),
+            })
     }
 
     /// Releases a handle's addresses (idempotent) and forgets it as pending.

@@ -4,7 +4,7 @@
 //! generation it has applied, so an API call can answer only once its change is in the kernel. No
 //! kernel I/O happens here.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use serde::Serialize;
 
@@ -13,6 +13,7 @@ use crate::{
     dataplane::plane::Dataplane,
     identity::{Identities, IdentityError},
     paths::Paths,
+    pod_ipam::IpamHints,
     policy::{
         compile::RuleRef,
         load::PolicyFileError,
@@ -43,6 +44,8 @@ pub struct Node {
     policy_errors: Vec<PolicyFileError>,
     /// The source's Pods (local endpoints take their labels from them) and Nodes.
     cluster: PolicySet,
+    /// The pool and address annotations of the source's Pods and Namespaces (read on CNI ADD).
+    ipam_hints: Arc<IpamHints>,
     /// This node's name, when known (its pods are not remote).
     node_name: Option<String>,
     node_addresses: BTreeSet<IpAddr>,
@@ -105,6 +108,7 @@ impl Node {
             calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
         }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
+        let ipam_hints = IpamHints::of(&policies);
         let cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -116,6 +120,7 @@ impl Node {
             dataplane,
             policy_errors,
             cluster,
+            ipam_hints,
             node_name: None,
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
@@ -160,6 +165,7 @@ impl Node {
             self.registry.endpoints(),
             self.node_name.as_deref(),
         ))?;
+        self.ipam_hints = IpamHints::of(&policies);
         self.cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -205,6 +211,12 @@ impl Node {
             .collect()
     }
 
+    /// The pool and address annotations of the source's Pods and Namespaces.
+    #[must_use]
+    pub fn ipam_hints(&self) -> Arc<IpamHints> {
+        Arc::clone(&self.ipam_hints)
+    }
+
     /// The source's Pod object of a local endpoint, if any.
     #[must_use]
     pub fn pod_of(&self, endpoint: &Endpoint) -> Option<&Pod> {
@@ -215,11 +227,6 @@ impl Node {
     #[must_use]
     pub fn effective(&self, endpoint: &Endpoint) -> Endpoint {
         pods::effective(endpoint, &self.cluster).into_owned()
-    }
-
-    /// Policy files changed but some document is bad: keep the last good policies in force.
-    pub fn policy_refused(&mut self, errors: Vec<PolicyFileError>) {
-        self.policy_errors = errors;
     }
 
     /// The node's own addresses carry the host identity (kubelet probes).
