@@ -636,7 +636,15 @@ async fn allocate_on<S: Store + Clone>(
         ("node".to_owned(), host.to_owned()),
     ]);
     let give_back = || async {
-        if let Err(e) = ipam.release_by_handle(&req.handle).await {
+        // Nothing held (the first address failed) is nothing to give back.
+        if let Err(e) = ipam
+            .release_by_handle(&req.handle)
+            .await
+            .or_else(|e| match e {
+                IpamError::HandleNotFound { .. } => Ok(Vec::new()),
+                e => Err(e),
+            })
+        {
             tracing::warn!(handle = %req.handle, error = %e, "cannot give back the addresses of a failed allocation; they expire unconfirmed");
             leftovers
                 .lock()
