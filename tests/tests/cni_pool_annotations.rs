@@ -103,6 +103,9 @@ fn wait_for_documents(node: &CniNode) {
     }
 }
 
+/// A Pod document: namespace, name, annotations.
+type PodDoc<'a> = (&'a str, &'a str, Vec<(&'a str, String)>);
+
 #[test]
 fn pool_and_address_annotations_of_pod_and_namespace_choose_the_addresses() {
     if !require_root("pool_and_address_annotations_of_pod_and_namespace_choose_the_addresses") {
@@ -126,7 +129,7 @@ fn pool_and_address_annotations_of_pod_and_namespace_choose_the_addresses() {
         "ns-tenant.yaml",
         &namespace_yaml("tenant", &[], &[("weir.dev/ipv4pools", blue_pools)]),
     );
-    let pods: [(&str, &str, Vec<(&str, String)>); 7] = [
+    let pods: [PodDoc<'_>; 7] = [
         ("default", "plain", vec![]),
         ("tenant", "from-ns", vec![]),
         (
