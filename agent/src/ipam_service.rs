@@ -842,6 +842,49 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pods_annotation_chooses_its_address_and_a_failure_names_the_annotation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        let set = crate::policy::load::parse_str(
+            "t.yaml",
+            "kind: Pod\nmetadata: {name: web, namespace: prod, annotations: {weir.dev/ipAddrs: '[\"10.50.0.9\"]'}}\nspec: {containers: [{name: main}]}\n",
+        )
+        .expect("valid");
+        let hints = pod_ipam::IpamHints::of(&set).for_pod("prod", "web");
+        let budget = Duration::from_secs(30);
+        let first = svc
+            .allocate_for_pod(&request("first"), &hints, budget)
+            .await
+            .expect("the annotated address");
+        let wanted: IpAddr = "10.50.0.9".parse().expect("ip");
+        assert_eq!(first.ips, [wanted]);
+        let err = svc
+            .allocate_for_pod(&request("second"), &hints, budget)
+            .await
+            .expect_err("in use");
+        assert!(
+            matches!(&err, IpamServiceError::Annotated { source, .. }
+                if matches!(**source, IpamServiceError::Ipam(IpamError::Block { .. }))),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("annotation weir.dev/ipAddrs of pod prod/web")
+                && message.contains("already allocated"),
+            "{message}"
+        );
+        assert!(held(&svc, "second").await.is_empty(), "nothing kept");
+        // Positive control: without annotations the count is served from the pool.
+        let plain = pod_ipam::IpamHints::default().for_pod("prod", "web");
+        let third = svc
+            .allocate_for_pod(&request("third"), &plain, budget)
+            .await
+            .expect("plain");
+        assert_eq!(third.ips.len(), 1);
+        assert_ne!(third.ips[0], wanted);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dual_stack_half_success_gives_back_the_family_that_succeeded() {
         let dir = tempfile::tempdir().expect("tempdir");
         // An IPv6 pool of one /126 block, filled first: the IPv6 half cannot succeed.
