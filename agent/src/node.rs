@@ -18,7 +18,7 @@ use crate::{
         compile::RuleRef,
         load::PolicyFileError,
         model::{Pod, PolicySet},
-        pods,
+        pods, warnings,
     },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
@@ -35,6 +35,20 @@ pub enum NodeError {
     Identity(#[from] IdentityError),
 }
 
+/// The caveats of `policies` (`policy::warnings`), each new one (not in `before`) logged naming
+/// its object.
+fn caveats(policies: &PolicySet, before: &[String]) -> Vec<String> {
+    let now: Vec<String> = warnings::check(policies)
+        .into_iter()
+        .map(|w| w.reason)
+        .collect();
+    let known: BTreeSet<&String> = before.iter().collect();
+    for w in now.iter().filter(|w| !known.contains(w)) {
+        tracing::warn!(warning = %w, "a source object applies with a caveat");
+    }
+    now
+}
+
 /// Desired state of this node.
 pub struct Node {
     registry: Registry,
@@ -42,6 +56,8 @@ pub struct Node {
     /// Drivers and managers.
     pub dataplane: Dataplane,
     policy_errors: Vec<PolicyFileError>,
+    /// Objects that apply with a caveat (`policy::warnings`), as `weir status` lists them.
+    policy_warnings: Vec<String>,
     /// The source's Pods (local endpoints take their labels from them) and Nodes.
     cluster: PolicySet,
     /// The pool and address annotations of the source's Pods and Namespaces (read on CNI ADD).
@@ -72,6 +88,10 @@ pub struct NodeSummary {
     pub policies: usize,
     /// Policy documents that were refused (file:line: reason).
     pub policy_errors: Vec<String>,
+    /// Source objects that apply with a caveat: a namespace with no Namespace object, a named
+    /// port no Pod declares (`policy::warnings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_warnings: Vec<String>,
 }
 
 impl Node {
@@ -109,6 +129,7 @@ impl Node {
         }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
         let ipam_hints = IpamHints::of(&policies);
+        let policy_warnings = caveats(&policies, &[]);
         let cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -119,6 +140,7 @@ impl Node {
             calc,
             dataplane,
             policy_errors,
+            policy_warnings,
             cluster,
             ipam_hints,
             node_name: None,
@@ -166,6 +188,7 @@ impl Node {
             self.node_name.as_deref(),
         ))?;
         self.ipam_hints = IpamHints::of(&policies);
+        self.policy_warnings = caveats(&policies, &self.policy_warnings);
         self.cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -385,6 +408,7 @@ impl Node {
             generation: self.generation,
             policies: self.calc.policy_count(),
             policy_errors: self.policy_errors.iter().map(ToString::to_string).collect(),
+            policy_warnings: self.policy_warnings.clone(),
         }
     }
 }

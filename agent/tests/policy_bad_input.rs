@@ -3,7 +3,8 @@
 //! the documents around it in the same file are still read (the rest applied). Two kinds of input
 //! apply with a caveat instead of being refused, as upstream applies them: an object in a
 //! namespace with no Namespace document, and a named port no Pod declares; they are reported as
-//! warnings with file and line (`Loaded::warnings`; the agent logs them).
+//! warnings with file and line (`Loaded::warnings`; the agent logs them, and its status lists
+//! them by object name: `node_tests.rs`).
 
 use std::path::Path;
 
