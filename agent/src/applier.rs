@@ -132,8 +132,6 @@ pub enum Command {
     /// The cluster source (the Kubernetes API server) is unreachable (`Some`: why; the last known
     /// state stays in force and the agent reports not ready) or reachable again (`None`).
     SourceStale(Option<String>),
-    /// The policy files changed but a document is bad: the last good policies stay in force.
-    PoliciesRefused(Vec<PolicyFileError>),
     /// Register (or replace) an endpoint.
     UpsertEndpoint(Endpoint, Done<EndpointView>),
     /// Remove an endpoint (by key); answers the removed one.
@@ -422,12 +420,6 @@ impl DataplaneLoop {
                 }
                 self.changed.rules = true;
             }
-            Command::PoliciesRefused(errors) => {
-                for e in &errors {
-                    tracing::warn!(error = %e, "policy document refused; the last good policies stay in force");
-                }
-                self.node.policy_refused(errors);
-            }
             Command::UpsertEndpoint(endpoint, done) => {
                 let result = self
                     .node
@@ -668,6 +660,7 @@ impl DataplaneLoop {
                 Arc::clone(&previous.rules)
             },
             stats: self.node.dataplane.stats(),
+            ipam_hints: self.node.ipam_hints(),
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

@@ -26,6 +26,7 @@ pub mod node;
 pub mod node_setup;
 pub mod observe;
 pub mod paths;
+pub mod pod_ipam;
 pub mod policy;
 pub mod reference;
 pub mod snapshot;

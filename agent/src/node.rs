@@ -4,7 +4,7 @@
 //! generation it has applied, so an API call can answer only once its change is in the kernel. No
 //! kernel I/O happens here.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use serde::Serialize;
 
@@ -13,11 +13,12 @@ use crate::{
     dataplane::plane::Dataplane,
     identity::{Identities, IdentityError},
     paths::Paths,
+    pod_ipam::IpamHints,
     policy::{
         compile::RuleRef,
         load::PolicyFileError,
         model::{Pod, PolicySet},
-        pods,
+        pods, warnings,
     },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
@@ -34,6 +35,20 @@ pub enum NodeError {
     Identity(#[from] IdentityError),
 }
 
+/// The caveats of `policies` (`policy::warnings`), each new one (not in `before`) logged naming
+/// its object.
+fn caveats(policies: &PolicySet, before: &[String]) -> Vec<String> {
+    let now: Vec<String> = warnings::check(policies)
+        .into_iter()
+        .map(|w| w.reason)
+        .collect();
+    let known: BTreeSet<&String> = before.iter().collect();
+    for w in now.iter().filter(|w| !known.contains(w)) {
+        tracing::warn!(warning = %w, "a source object applies with a caveat");
+    }
+    now
+}
+
 /// Desired state of this node.
 pub struct Node {
     registry: Registry,
@@ -41,8 +56,12 @@ pub struct Node {
     /// Drivers and managers.
     pub dataplane: Dataplane,
     policy_errors: Vec<PolicyFileError>,
+    /// Objects that apply with a caveat (`policy::warnings`), as `weir status` lists them.
+    policy_warnings: Vec<String>,
     /// The source's Pods (local endpoints take their labels from them) and Nodes.
     cluster: PolicySet,
+    /// The pool and address annotations of the source's Pods and Namespaces (read on CNI ADD).
+    ipam_hints: Arc<IpamHints>,
     /// This node's name, when known (its pods are not remote).
     node_name: Option<String>,
     node_addresses: BTreeSet<IpAddr>,
@@ -69,6 +88,10 @@ pub struct NodeSummary {
     pub policies: usize,
     /// Policy documents that were refused (file:line: reason).
     pub policy_errors: Vec<String>,
+    /// Source objects that apply with a caveat: a namespace with no Namespace object, a named
+    /// port no Pod declares (`policy::warnings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_warnings: Vec<String>,
 }
 
 impl Node {
@@ -105,6 +128,8 @@ impl Node {
             calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
         }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
+        let ipam_hints = IpamHints::of(&policies);
+        let policy_warnings = caveats(&policies, &[]);
         let cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -115,7 +140,9 @@ impl Node {
             calc,
             dataplane,
             policy_errors,
+            policy_warnings,
             cluster,
+            ipam_hints,
             node_name: None,
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
@@ -160,6 +187,8 @@ impl Node {
             self.registry.endpoints(),
             self.node_name.as_deref(),
         ))?;
+        self.ipam_hints = IpamHints::of(&policies);
+        self.policy_warnings = caveats(&policies, &self.policy_warnings);
         self.cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -205,6 +234,12 @@ impl Node {
             .collect()
     }
 
+    /// The pool and address annotations of the source's Pods and Namespaces.
+    #[must_use]
+    pub fn ipam_hints(&self) -> Arc<IpamHints> {
+        Arc::clone(&self.ipam_hints)
+    }
+
     /// The source's Pod object of a local endpoint, if any.
     #[must_use]
     pub fn pod_of(&self, endpoint: &Endpoint) -> Option<&Pod> {
@@ -215,11 +250,6 @@ impl Node {
     #[must_use]
     pub fn effective(&self, endpoint: &Endpoint) -> Endpoint {
         pods::effective(endpoint, &self.cluster).into_owned()
-    }
-
-    /// Policy files changed but some document is bad: keep the last good policies in force.
-    pub fn policy_refused(&mut self, errors: Vec<PolicyFileError>) {
-        self.policy_errors = errors;
     }
 
     /// The node's own addresses carry the host identity (kubelet probes).
@@ -378,6 +408,7 @@ impl Node {
             generation: self.generation,
             policies: self.calc.policy_count(),
             policy_errors: self.policy_errors.iter().map(ToString::to_string).collect(),
+            policy_warnings: self.policy_warnings.clone(),
         }
     }
 }

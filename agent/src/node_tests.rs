@@ -368,3 +368,51 @@ fn node_addresses_write_their_ident_entries_only_and_a_restart_writes_nothing() 
         "a restart over unchanged state writes nothing: {w:?}"
     );
 }
+
+#[test]
+fn status_lists_the_caveats_of_the_source_objects_by_name_for_every_source() {
+    const GHOST: &str = "kind: NetworkPolicy\nmetadata: {name: deny, namespace: ghost}\n\
+                         spec: {podSelector: {}, ingress: [{ports: [{port: http}]}]}\n";
+    let mut f = Fixture::new(WEB);
+    assert!(
+        f.node.summary().policy_warnings.is_empty(),
+        "`default` always exists and WEB names no port: {:?}",
+        f.node.summary().policy_warnings
+    );
+    f.node
+        .set_policies(policies(GHOST), Vec::new())
+        .expect("set");
+    let warnings = f.node.summary().policy_warnings;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("NetworkPolicy ghost/deny") && w.contains("no Namespace object")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"http\" (TCP)") && w.contains("no Pod declares")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        f.node.summary().policy_errors,
+        Vec::<String>::new(),
+        "a caveat is no refusal"
+    );
+    // Positive control: with the Namespace and a pod declaring the port, none.
+    let fixed = format!(
+        "{GHOST}---\nkind: Namespace\nmetadata: {{name: ghost}}\n---\n\
+         kind: Pod\nmetadata: {{name: p, namespace: ghost}}\n\
+         spec: {{containers: [{{name: main, ports: [{{name: http, containerPort: 80}}]}}]}}\n"
+    );
+    f.node
+        .set_policies(policies(&fixed), Vec::new())
+        .expect("set");
+    assert!(
+        f.node.summary().policy_warnings.is_empty(),
+        "{:?}",
+        f.node.summary().policy_warnings
+    );
+}

@@ -9,6 +9,7 @@ use crate::{
     applier::Applied,
     dataplane::plane::DataplaneStats,
     node::{Node, NodeSummary},
+    pod_ipam::IpamHints,
     policy::compile::RuleRef,
 };
 
@@ -30,6 +31,9 @@ pub struct Snapshot {
     pub rules: Arc<BTreeMap<u32, RuleRef>>,
     /// Driver counters.
     pub stats: DataplaneStats,
+    /// The pool and address annotations of the source's Pods and Namespaces (CNI ADD reads
+    /// them). Shared with the node: replaced only when the source's objects change.
+    pub ipam_hints: Arc<IpamHints>,
 }
 
 impl Snapshot {
@@ -43,6 +47,7 @@ impl Snapshot {
             links: Arc::new(links.clone()),
             rules: Arc::new(rules(node)),
             stats: node.dataplane.stats(),
+            ipam_hints: node.ipam_hints(),
         }
     }
 

@@ -380,8 +380,22 @@ async fn delete_endpoint(
 
 async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<AllocateResponse> {
     let req: AllocateRequest = parse(&body)?;
+    // The pod's pool and address annotations (and its namespace's), as the source last gave them.
+    let namespace = if req.namespace.is_empty() {
+        "default"
+    } else {
+        req.namespace.as_str()
+    };
+    let hints = api
+        .dataplane
+        .snapshot()
+        .ipam_hints
+        .for_pod(namespace, &req.pod);
     Ok(Json(AllocateResponse {
-        allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
+        allocation: api
+            .ipam
+            .allocate_for_pod(&req, &hints, ALLOCATE_BUDGET)
+            .await?,
         bpf_root: api.paths.bpf_root.clone(),
         tc_attach: Some(api.tc_attach),
     }))

@@ -54,12 +54,25 @@ async fn settled_read(dir: &Path, before: &Fingerprint) -> (Loaded, Fingerprint)
     (loaded, fingerprint)
 }
 
+/// Logs the caveats (`policy::warnings`) of `now` that `last` did not have, with file and line.
+fn log_new_warnings(now: &Loaded, last: &Loaded) {
+    for w in now.warnings.iter().filter(|w| !last.warnings.contains(w)) {
+        tracing::warn!(warning = %w, "a policy directory document applies with a caveat");
+    }
+}
+
+/// Logs every caveat of a first read of the directory (the agent's start).
+fn log_warnings(loaded: &Loaded) {
+    log_new_warnings(loaded, &Loaded::default());
+}
+
 /// The policy directory as a source of the loop: re-read when its fingerprint changes (a cheap
 /// stat every 50 ms). Every valid document applies; a bad one is reported (file:line) and the
 /// object it meant keeps its last good form (`policy::last_good`).
 pub async fn run(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
     let mut seen = load::fingerprint(&dir);
     let mut last = load::load_dir_full(&dir);
+    log_warnings(&last);
     loop {
         tokio::time::sleep(POLL).await;
         let now = load::fingerprint(&dir);
@@ -68,6 +81,7 @@ pub async fn run(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
         }
         let (loaded, fingerprint) = settled_read(&dir, &seen).await;
         seen = fingerprint;
+        log_new_warnings(&loaded, &last);
         let merged = last_good::merge(loaded, &last);
         let command = Command::Policies {
             set: merged.set.clone(),
