@@ -2,11 +2,12 @@
 //! calculation, the managers and the drivers. Sources (the API, the policy files, the link
 //! watcher; the registry is read when the node opens) send typed [`Command`]s over a channel. The
 //! loop takes everything queued as one batch, updates the node, applies when anything is dirty
-//! (throttled; a failure keeps the state dirty and retries with backoff), and publishes a
-//! [`Snapshot`] that every reader uses instead of the node. A write resolves once the generation
-//! carrying it is applied; it fails only when its own generation is not applied within its
-//! timeout. Before the first in-sync only new workload links get the deny-by-default programs.
-//! After [`MAX_FAILURES`] failed applies in a row the agent turns not-ready and asks to exit.
+//! (at once after an idle wait, throttled while commands keep coming; a failure keeps the state
+//! dirty and retries with backoff), and publishes a [`Snapshot`] that every reader uses instead
+//! of the node. A write resolves once the generation carrying it is applied; it fails only when
+//! its own generation is not applied within its timeout. Before the first in-sync only new
+//! workload links get the deny-by-default programs. After [`MAX_FAILURES`] failed applies in a
+//! row the agent turns not-ready and asks to exit.
 //!
 //! The kernel I/O of an apply runs on this thread, never on the async runtime: while it runs,
 //! commands queue (they form the next batch) and readers keep reading the last snapshot.
@@ -345,9 +346,19 @@ impl DataplaneLoop {
         };
         let mut stop = false;
         while !stop {
-            let wait = self.next_wake();
-            let rx = &mut self.rx;
-            let first = runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+            // Idle: nothing was queued when the loop looked, so a change that arrives now is
+            // applied at once; the throttle only spaces applies while commands keep coming.
+            let (first, idle) = match self.rx.try_recv() {
+                Ok(command) => (Ok(Some(command)), false),
+                Err(mpsc::error::TryRecvError::Disconnected) => (Ok(None), false),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    let wait = self.next_wake();
+                    let rx = &mut self.rx;
+                    let first =
+                        runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+                    (first, true)
+                }
+            };
             let mut batch = 0;
             match first {
                 Ok(Some(command)) => {
@@ -368,11 +379,13 @@ impl DataplaneLoop {
             if stop {
                 break;
             }
-            self.apply_if_due();
+            self.apply_if_due(idle);
             // Readers first: a write that resolves finds its change in the snapshot.
             self.publish();
             self.resolve_waiters();
             self.expire_waiters();
+            // After the answers: freeing a replaced policy set is nobody's latency.
+            self.node.drop_retired();
         }
         tracing::info!("dataplane loop stopped");
     }
@@ -534,7 +547,9 @@ impl DataplaneLoop {
             || self.node.dataplane.is_dirty()
     }
 
-    fn apply_if_due(&mut self) {
+    /// Applies when anything is owed and no retry is pending; spaced by [`MIN_INTERVAL`] unless
+    /// the loop was `idle` before this batch (a lone change goes to the kernel at once).
+    fn apply_if_due(&mut self, idle: bool) {
         if !self.needs_apply() {
             return;
         }
@@ -542,7 +557,7 @@ impl DataplaneLoop {
             return;
         }
         let since = self.last_apply.elapsed();
-        if since < MIN_INTERVAL {
+        if !idle && since < MIN_INTERVAL {
             std::thread::sleep(MIN_INTERVAL - since);
         }
         let generation = self.node.generation();

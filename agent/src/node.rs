@@ -71,6 +71,8 @@ pub struct Node {
     /// list: its first whole set makes it true (the policy files are read before `open`).
     policies_synced: bool,
     generation: u64,
+    /// The documents of the last policy set, waiting for [`Node::drop_retired`].
+    retired: Option<PolicySet>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node.
@@ -149,6 +151,7 @@ impl Node {
             links_synced: false,
             policies_synced: true,
             generation: 1,
+            retired: None,
         };
         node.flush();
         Ok(node)
@@ -164,7 +167,7 @@ impl Node {
     /// labels); remote pods' addresses follow the set.
     pub fn set_policies(
         &mut self,
-        policies: PolicySet,
+        mut policies: PolicySet,
         errors: Vec<PolicyFileError>,
     ) -> Result<u64, NodeError> {
         let relabelled: Vec<Endpoint> = self
@@ -178,9 +181,12 @@ impl Node {
         self.calc.set_policies(&policies)?;
         self.calc
             .upsert_endpoints(&relabelled.iter().collect::<Vec<_>>())?;
-        for e in self.registry.endpoints() {
-            self.calc
-                .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        // Without Pod objects, before or now, no endpoint has named ports to change.
+        if !policies.pods.is_empty() || !self.cluster.pods.is_empty() {
+            for e in self.registry.endpoints() {
+                self.calc
+                    .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+            }
         }
         self.calc.set_remote_pods(&pods::remote(
             &policies,
@@ -189,15 +195,24 @@ impl Node {
         ))?;
         self.ipam_hints = IpamHints::of(&policies);
         self.policy_warnings = caveats(&policies, &self.policy_warnings);
-        self.cluster = PolicySet {
-            policies: Default::default(),
-            namespaces: Default::default(),
-            ..policies
-        };
+        // The policies and namespaces are the calculation's now; the set's own copies are freed
+        // after the loop has published (`drop_retired`), not on the write's path.
+        self.retired = Some(PolicySet {
+            policies: std::mem::take(&mut policies.policies),
+            namespaces: std::mem::take(&mut policies.namespaces),
+            ..PolicySet::default()
+        });
+        self.cluster = policies;
         self.policy_errors = errors;
         self.policies_synced = true;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// Frees what the last [`Self::set_policies`] left to free (the loop calls it once a batch
+    /// is published; at most one set waits otherwise).
+    pub fn drop_retired(&mut self) {
+        self.retired = None;
     }
 
     /// The policies come from a source that has not listed them yet (`--source kubernetes`):
@@ -209,13 +224,30 @@ impl Node {
     /// This node's name (its pods in the source are local, never remote).
     pub fn set_node_name(&mut self, name: &str) -> Result<u64, NodeError> {
         self.node_name = Some(name.to_owned());
+        self.refresh_remote_pods()?;
+        self.flush();
+        Ok(self.changed())
+    }
+
+    /// True when the source has a Pod object named as `endpoint`'s registration names its pod:
+    /// only then can registering or removing the endpoint change which pods are remote
+    /// (`pods::remote` leaves out exactly the Pods named by a local endpoint).
+    fn has_pod(&self, endpoint: &Endpoint) -> bool {
+        !self.cluster.pods.is_empty()
+            && self
+                .cluster
+                .pods
+                .contains_key(&(endpoint.namespace.clone(), endpoint.pod.clone()))
+    }
+
+    /// Recomputes the remote pods from the source's Pods and the local endpoints.
+    fn refresh_remote_pods(&mut self) -> Result<(), NodeError> {
         self.calc.set_remote_pods(&pods::remote(
             &self.cluster,
             self.registry.endpoints(),
             self.node_name.as_deref(),
         ))?;
-        self.flush();
-        Ok(self.changed())
+        Ok(())
     }
 
     /// The endpoints whose view `policies` would change: their namespace's labels or their
@@ -345,6 +377,11 @@ impl Node {
         // Its identity is allocated and persisted before the registry holds the endpoint.
         self.calc
             .prepare_endpoint(&pods::effective(&endpoint, &self.cluster))?;
+        let replaced_pod = self
+            .registry
+            .get(&endpoint.key())
+            .filter(|old| self.has_pod(old))
+            .is_some();
         let stored = self.registry.upsert(endpoint)?;
         let identity = self
             .calc
@@ -354,12 +391,11 @@ impl Node {
             .unwrap_or_default();
         self.calc
             .set_endpoint_ports(&stored.key(), pods::named_ports_of(&stored, &self.cluster));
-        // A pod that just became local is no longer remote.
-        self.calc.set_remote_pods(&pods::remote(
-            &self.cluster,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        // A pod that just became local is no longer remote (and the one its registration named
+        // before may be remote again).
+        if replaced_pod || self.has_pod(&stored) {
+            self.refresh_remote_pods()?;
+        }
         self.flush();
         Ok((stored, identity, self.changed()))
     }
@@ -370,11 +406,9 @@ impl Node {
         if removed.is_some() {
             self.calc.remove_endpoint(key);
             self.calc.set_endpoint_ports(key, Vec::new());
-            self.calc.set_remote_pods(&pods::remote(
-                &self.cluster,
-                self.registry.endpoints(),
-                self.node_name.as_deref(),
-            ))?;
+            if removed.as_ref().is_some_and(|e| self.has_pod(e)) {
+                self.refresh_remote_pods()?;
+            }
             self.flush();
         }
         Ok((removed, self.changed()))
