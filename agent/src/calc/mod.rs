@@ -21,6 +21,7 @@
 //! failure leaves the calculation as it was. No kernel I/O here: `flush` writes desired state.
 
 mod classes;
+mod deltas;
 pub(crate) mod fasthash;
 mod groups;
 mod layered;

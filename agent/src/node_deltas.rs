@@ -1,0 +1,137 @@
+//! Per-object changes from a watching source (the Kubernetes source once its first whole set is
+//! in): each delta touches only what its object affects — one policy's rules, one namespace's
+//! classes, one pod's endpoint or remote entry — instead of diffing the whole set.
+
+use std::collections::BTreeSet;
+
+use super::{Node, NodeError};
+use crate::{
+    policy::{
+        delta::{Delta, Key, ObjectChange},
+        model::{Labels, Pod},
+        pods,
+    },
+    sources::registry::Endpoint,
+};
+
+/// What a batch of deltas did.
+#[derive(Debug, Default)]
+pub struct DeltasApplied {
+    /// Endpoints whose view may have changed (their Pod's or their namespace's labels moved
+    /// them to another identity).
+    pub relabelled: BTreeSet<String>,
+    /// A policy changed (the rules in force must be listed again).
+    pub policies: bool,
+    /// Objects whose change could not be applied, and why (each keeps its previous form).
+    pub failed: Vec<(String, NodeError)>,
+    /// The generation to apply.
+    pub generation: u64,
+}
+
+impl Node {
+    /// Applies a watching source's per-object changes (after its first whole set): each object
+    /// takes its new form, or goes; a refused object goes and is listed in status by name.
+    pub fn apply_deltas(&mut self, deltas: Vec<Delta>) -> DeltasApplied {
+        let mut out = DeltasApplied::default();
+        for delta in deltas {
+            self.policy_errors
+                .retain(|e| e.file.as_os_str() != delta.object.as_str());
+            if let Some(error) = delta.error() {
+                self.policy_errors.push(error);
+            }
+            let result = match delta.change {
+                ObjectChange::Policy(key, policy) => {
+                    out.policies = true;
+                    self.calc
+                        .set_policy(&key, policy.as_ref())
+                        .map(drop)
+                        .map_err(NodeError::from)
+                }
+                ObjectChange::Namespace(name, labels) => {
+                    self.namespace_delta(&name, labels.as_ref(), &mut out.relabelled)
+                }
+                ObjectChange::Pod(key, pod) => self.pod_delta(key, pod, &mut out.relabelled),
+                ObjectChange::Node(name, node) => {
+                    match node {
+                        Some(node) => self.cluster.nodes.insert(name, node),
+                        None => self.cluster.nodes.remove(&name),
+                    };
+                    Ok(())
+                }
+            };
+            if let Err(e) = result {
+                out.failed.push((delta.object, e));
+            }
+        }
+        self.flush();
+        out.generation = self.changed();
+        out
+    }
+
+    fn namespace_delta(
+        &mut self,
+        name: &str,
+        labels: Option<&Labels>,
+        relabelled: &mut BTreeSet<String>,
+    ) -> Result<(), NodeError> {
+        if self.calc.set_namespace(name, labels)? {
+            relabelled.extend(
+                self.registry
+                    .endpoints()
+                    .filter(|e| e.namespace == name)
+                    .map(Endpoint::key),
+            );
+        }
+        Ok(())
+    }
+
+    /// A Pod changed: a local endpoint of it takes its labels and named ports; any other pod is
+    /// a remote pod (or none: on this node, on the host network, without an address).
+    fn pod_delta(
+        &mut self,
+        key: Key,
+        pod: Option<Pod>,
+        relabelled: &mut BTreeSet<String>,
+    ) -> Result<(), NodeError> {
+        let locals: Vec<&Endpoint> = self
+            .registry
+            .endpoints()
+            .filter(|e| !e.pod.is_empty() && e.namespace == key.0 && e.pod == key.1)
+            .collect();
+        let remote_key = pods::remote_key(&key.0, &key.1);
+        if locals.is_empty() {
+            let remote = pod
+                .as_ref()
+                .and_then(|p| pods::remote_pod(p, false, self.node_name.as_deref()));
+            self.calc.set_remote_pod(&remote_key, remote.as_ref())?;
+        } else {
+            let moved: Vec<Endpoint> = locals
+                .iter()
+                .filter_map(|e| {
+                    let labels = pod.as_ref().map_or(&e.labels, |p| &p.labels);
+                    (*labels != pods::effective(e, &self.cluster).labels).then(|| Endpoint {
+                        labels: labels.clone(),
+                        ..(*e).clone()
+                    })
+                })
+                .collect();
+            let keys: Vec<String> = locals.iter().map(|e| e.key()).collect();
+            self.calc
+                .upsert_endpoints(&moved.iter().collect::<Vec<_>>())?;
+            relabelled.extend(moved.iter().map(Endpoint::key));
+            let ports = pod
+                .as_ref()
+                .map(|p| p.named_ports.clone())
+                .unwrap_or_default();
+            for key in keys {
+                self.calc.set_endpoint_ports(&key, ports.clone());
+            }
+            self.calc.set_remote_pod(&remote_key, None)?;
+        }
+        match pod {
+            Some(pod) => self.cluster.pods.insert(key, pod),
+            None => self.cluster.pods.remove(&key),
+        };
+        Ok(())
+    }
+}
