@@ -74,7 +74,10 @@ fn random_pod(rng: &mut Rng, namespace: &str, name: &str, n: u8) -> Pod {
         } else {
             Vec::new()
         },
-        node: Some((*rng.pick(&[HERE, "there"])).to_owned()).filter(|_| rng.chance(90)),
+        node: {
+            let name = (*rng.pick(&[HERE, "there"])).to_owned();
+            rng.chance(90).then_some(name)
+        },
         host_network: rng.chance(10),
         named_ports: if rng.chance(50) {
             vec![NamedPort {
