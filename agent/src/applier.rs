@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     api::types::EndpointView,
     node::{Node, NodeError},
-    policy::{load::PolicyFileError, model::PolicySet},
+    policy::{delta::Delta, load::PolicyFileError, model::PolicySet},
     snapshot::{self, Snapshot},
     sources::linkwatch::LinkEvent,
     sources::registry::Endpoint,
@@ -130,6 +130,9 @@ pub enum Command {
         /// Refused documents (reported in status).
         errors: Vec<PolicyFileError>,
     },
+    /// Per-object changes from the cluster source once its first whole set was sent (each object
+    /// in its new form, gone, or refused); only what each object affects is recomputed.
+    ClusterDeltas(Vec<Delta>),
     /// The cluster source (the Kubernetes API server) is unreachable (`Some`: why; the last known
     /// state stays in force and the agent reports not ready) or reachable again (`None`).
     SourceStale(Option<String>),
@@ -432,6 +435,20 @@ impl DataplaneLoop {
                     Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
                 }
                 self.changed.rules = true;
+            }
+            Command::ClusterDeltas(deltas) => {
+                let objects = deltas.len();
+                let done = self.node.apply_deltas(deltas);
+                for (object, e) in &done.failed {
+                    tracing::error!(%object, error = %e, "cannot apply the object's change; it keeps its previous form until its next change");
+                }
+                tracing::debug!(
+                    objects,
+                    generation = done.generation,
+                    "cluster changes taken"
+                );
+                self.changed.endpoints.extend(done.relabelled);
+                self.changed.rules |= done.policies;
             }
             Command::UpsertEndpoint(endpoint, done) => {
                 let result = self

@@ -447,6 +447,14 @@ impl Node {
     }
 }
 
+#[path = "node_deltas.rs"]
+mod deltas;
+pub use deltas::DeltasApplied;
+
+#[cfg(test)]
+#[path = "node_deltas_tests.rs"]
+mod deltas_tests;
+
 #[cfg(test)]
 #[path = "node_tests.rs"]
 mod tests;

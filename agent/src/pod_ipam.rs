@@ -275,6 +275,22 @@ fn ipam_only(annotations: &Annotations) -> Option<Annotations> {
 }
 
 impl IpamHints {
+    /// Pod `key`'s annotations changed (`None`: gone).
+    pub fn set_pod(&mut self, key: &(String, String), annotations: Option<&Annotations>) {
+        match annotations.and_then(ipam_only) {
+            Some(a) => self.pods.insert(key.clone(), a),
+            None => self.pods.remove(key),
+        };
+    }
+
+    /// Namespace `name`'s annotations changed (`None`: gone).
+    pub fn set_namespace(&mut self, name: &str, annotations: Option<&Annotations>) {
+        match annotations.and_then(ipam_only) {
+            Some(a) => self.namespaces.insert(name.to_owned(), a),
+            None => self.namespaces.remove(name),
+        };
+    }
+
     /// The hints of `set`'s Pods and Namespaces.
     #[must_use]
     pub fn of(set: &PolicySet) -> Arc<Self> {

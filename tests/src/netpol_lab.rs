@@ -2,13 +2,16 @@
 //! b and c in each (nine pod network namespaces behind workload veths of a node namespace), each
 //! serving TCP and UDP on 80 and 81 and SCTP on 80; and two hosts outside the cluster
 //! (198.51.100.10 and 198.51.100.200, one namespace each behind a plain `wt…` veth) serving the
-//! same, for `ipBlock` peers. A case writes its policies to the agent's `--policy-dir`, and the
-//! whole matrix — every source × destination × port × protocol, self-pairs left out as upstream
+//! same, for `ipBlock` peers. A case writes its policies, namespaces and pods to the agent's
+//! `--policy-dir` ([`ObjectSource::PolicyDir`]) or serves them from the test API server to an
+//! agent on `--source kubernetes` ([`ObjectSource::ApiServer`]: only the objects that changed
+//! are written, so each case reaches the agent as watch events), and the whole matrix — every source × destination × port × protocol, self-pairs left out as upstream
 //! does — is probed in parallel with real packets until it equals what [`Model`] computes
 //! (bounded). Each case's expectation must differ from the one before it, so a pass proves the
 //! new policies took effect.
 
 use std::{
+    cell::RefCell,
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddrV4},
     sync::atomic::{AtomicU32, Ordering},
@@ -23,6 +26,7 @@ use crate::{
     agent_pod::allocate_ipv4,
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
+    kube_api::KubeApi,
     names,
     netns::NetNs,
     netpol::{Labels, Model, ModelPod, Proto, Source, Target, labels},
@@ -69,6 +73,15 @@ pub enum LabelSource {
     PodDocument,
 }
 
+/// Where the agent reads the cluster's objects (policies, namespaces, pods) from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectSource {
+    /// YAML documents in its `--policy-dir` (the standalone source).
+    PolicyDir,
+    /// The test API server (`tests::kube_api`), with the agent on `--source kubernetes`.
+    ApiServer,
+}
+
 /// The label source this suite uses.
 pub const LABEL_SOURCE: LabelSource = LabelSource::PodDocument;
 
@@ -111,6 +124,10 @@ pub struct Lab {
     pods: Vec<LabPod>,
     externals: Vec<External>,
     agent: AgentProcess,
+    /// The API server of [`ObjectSource::ApiServer`] (stopped after the agent).
+    api: Option<KubeApi>,
+    /// What the API server was last given, by (kind, namespace, name): only changes are applied.
+    served: RefCell<BTreeMap<(String, String, String), Value>>,
     dirs: AgentDirs,
     _node: NetNs,
     _root: PinRoot,
@@ -169,16 +186,28 @@ fn plumb(node: &NetNs, ns: &NetNs, host: &str, ip: Ipv4Addr) {
 }
 
 impl Lab {
-    /// Starts the agent and the topology, and checks the no-policy baseline (every probe passes:
-    /// the positive control of every case after it).
+    /// Starts the agent on its policy directory and the topology, and checks the no-policy
+    /// baseline (every probe passes: the positive control of every case after it).
     #[must_use]
     pub fn new() -> Self {
+        Self::with_source(ObjectSource::PolicyDir)
+    }
+
+    /// [`Lab::new`] with the objects read from `source`.
+    #[must_use]
+    pub fn with_source(source: ObjectSource) -> Self {
         let root = PinRoot::new();
         let dirs = AgentDirs::new();
         std::fs::create_dir_all(dirs.path("policies")).expect("policy dir");
         let node = NetNs::new();
         node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+        let api = (source == ObjectSource::ApiServer).then(|| KubeApi::start(Some(&node)));
+        let kubeconfig = api.as_ref().map(|a| a.kubeconfig().display().to_string());
+        let args: Vec<&str> = match &kubeconfig {
+            Some(k) => vec!["--source", "kubernetes", "--kubeconfig", k],
+            None => Vec::new(),
+        };
+        let agent = AgentProcess::start(&root, &dirs, Some(&node), &args);
         let tcp_udp: Vec<u16> = vec![80, 81];
         let sctp: Vec<u16> = vec![80];
         let mut pods = Vec::new();
@@ -225,6 +254,8 @@ impl Lab {
             pods,
             externals,
             agent,
+            api,
+            served: RefCell::new(BTreeMap::new()),
             dirs,
             _node: node,
             _root: root,
@@ -338,8 +369,59 @@ impl Lab {
         self.cases += 1;
     }
 
-    /// Replaces the policy directory's contents, atomically (a rename).
+    /// Puts the model's objects and the pods in force: in the policy directory, or on the API
+    /// server.
     fn write(&self, model: &Model) {
+        match &self.api {
+            Some(api) => self.serve(api, model),
+            None => self.write_files(model),
+        }
+    }
+
+    /// Applies to the API server every object that changed since the last case (an ADDED or
+    /// MODIFIED watch event each) and deletes the policies that went (a DELETED event each).
+    fn serve(&self, api: &KubeApi, model: &Model) {
+        let mut want: BTreeMap<(String, String, String), Value> = BTreeMap::new();
+        for (name, labels) in &model.namespaces {
+            let object = json!({"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": name, "labels": labels}});
+            want.insert(("Namespace".into(), String::new(), name.clone()), object);
+        }
+        for policy in &model.policies {
+            let mut object = serde_json::to_value(policy).expect("the policy serialises");
+            object["apiVersion"] = "networking.k8s.io/v1".into();
+            object["kind"] = "NetworkPolicy".into();
+            let namespace = policy.metadata.namespace.clone().unwrap_or_default();
+            let name = policy.metadata.name.clone().unwrap_or_default();
+            want.insert(("NetworkPolicy".into(), namespace, name), object);
+        }
+        for p in &self.pods {
+            let key = ("Pod".into(), p.model.namespace.clone(), p.name.clone());
+            want.insert(key, pod_object(p));
+        }
+        let mut served = self.served.borrow_mut();
+        let gone: Vec<(String, String, String)> = served
+            .keys()
+            .filter(|k| !want.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            assert!(
+                api.delete(&key.0, &key.1, &key.2),
+                "{key:?} was on the API server"
+            );
+            served.remove(&key);
+        }
+        for (key, object) in want {
+            if served.get(&key) != Some(&object) {
+                api.apply(object.clone());
+                served.insert(key, object);
+            }
+        }
+    }
+
+    /// Replaces the policy directory's contents, atomically (a rename).
+    fn write_files(&self, model: &Model) {
         let file = self.dirs.path("policies").join("netpol.yaml");
         let tmp = self.dirs.path("policies").join("netpol.yaml.tmp");
         let mut text = model.manifest();
@@ -503,6 +585,27 @@ fn register(
             Some(&body),
         )
         .expect("register the pod's endpoint");
+}
+
+/// A pod's Pod object as the API server serves it: its labels, its named container ports and
+/// its address.
+fn pod_object(p: &LabPod) -> Value {
+    let ports: Vec<Value> = NAMED_PORTS
+        .iter()
+        .map(|(name, proto, port)| {
+            let protocol = match proto {
+                Proto::Tcp => "TCP",
+                Proto::Udp => "UDP",
+                Proto::Sctp => "SCTP",
+            };
+            json!({"name": name, "containerPort": port, "protocol": protocol})
+        })
+        .collect();
+    let ip = p.ip.to_string();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": p.name, "namespace": p.model.namespace, "labels": p.model.labels},
+           "spec": {"containers": [{"name": "serve", "image": "pause", "ports": ports}]},
+           "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
 }
 
 /// The `kind: Pod` documents the policy directory carries: every pod's labels and its named

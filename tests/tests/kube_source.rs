@@ -414,3 +414,97 @@ fn a_pod_label_change_through_the_api_server_flips_real_traffic() {
         "other's Pod back to app=other",
     );
 }
+
+/// `web_policy` letting `allowed` in on `port` (a port out of range is refused by the agent).
+fn web_policy_on(name: &str, allowed: &str, port: u32) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": allowed}}}],
+                                 "ports": [{"protocol": "TCP", "port": port}]}]}})
+}
+
+/// The refused objects `GET /v1/status` lists.
+fn policy_errors(agent: &AgentProcess) -> Vec<String> {
+    let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
+    status["state"]["policy_errors"]
+        .as_array()
+        .expect("policy_errors")
+        .iter()
+        .map(|e| e.as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn an_invalid_policy_is_reported_by_name_and_the_rest_applies() {
+    if !require_root("an_invalid_policy_is_reported_by_name_and_the_rest_applies") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let api = KubeApi::start(Some(&node));
+    api.apply(namespace("default"));
+    api.apply(node_object());
+    api.apply(web_policy("web", "client"));
+    // Would let `other` in, but its port is out of range: refused, named, left out.
+    api.apply(web_policy_on("bad", "other", 70_000));
+    let agent = start_agent(&root, &dirs, &node, &api);
+    let web = pod(&node, &agent, "web", "web");
+    let client = pod(&node, &agent, "client", "client");
+    let other = pod(&node, &agent, "other", "other");
+    api.apply(pod_object("web", &web.ip, "web"));
+    api.apply(pod_object("client", &client.ip, "client"));
+    api.apply(pod_object("other", &other.ip, "other"));
+    let _listener = web
+        .ns
+        .run(|| TcpListener::bind("0.0.0.0:8080").expect("listen in web"));
+    expect(
+        &web,
+        &client,
+        &other,
+        (true, false),
+        "the valid policy only",
+    );
+    let named = |errors: &[String]| {
+        errors
+            .iter()
+            .any(|e| e.starts_with("NetworkPolicy default/bad") && e.contains("70000"))
+    };
+    let errors = policy_errors(&agent);
+    assert!(named(&errors), "the refused policy is named: {errors:?}");
+    // Fixed on the server (one watch event): it applies and its report goes (the positive
+    // control: the same policy, valid, does let `other` in).
+    api.apply(web_policy_on("bad", "other", 8080));
+    expect(
+        &web,
+        &client,
+        &other,
+        (true, true),
+        "the fixed policy applies",
+    );
+    wait_for(
+        "the fixed policy's report to go",
+        Duration::from_secs(10),
+        || !named(&policy_errors(&agent)),
+    );
+    // Broken again by a watch event: left out again, named again, the rest still applies.
+    api.apply(web_policy_on("bad", "other", 0));
+    expect(
+        &web,
+        &client,
+        &other,
+        (true, false),
+        "the broken policy is left out",
+    );
+    wait_for(
+        "the broken policy's report",
+        Duration::from_secs(10),
+        || {
+            policy_errors(&agent)
+                .iter()
+                .any(|e| e.starts_with("NetworkPolicy default/bad") && e.contains("port 0"))
+        },
+    );
+}

@@ -21,6 +21,7 @@
 //! failure leaves the calculation as it was. No kernel I/O here: `flush` writes desired state.
 
 mod classes;
+mod deltas;
 pub(crate) mod fasthash;
 mod groups;
 mod layered;
@@ -233,6 +234,12 @@ impl Calculation {
             dirty_endpoints: BTreeSet::new(),
             gone_links: BTreeSet::new(),
         }
+    }
+
+    /// True when the source has a Namespace object `namespace` (its labels are known).
+    #[must_use]
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.contains_key(namespace)
     }
 
     fn namespace_labels(&self, namespace: &str) -> &BTreeMap<String, String> {

@@ -49,6 +49,37 @@ impl Calculation {
         Ok(())
     }
 
+    /// Adds or replaces (`Some`) or removes (`None`) the remote pod `key` alone (a watching
+    /// source's delta). True when anything changed.
+    pub fn set_remote_pod(
+        &mut self,
+        key: &str,
+        pod: Option<&RemotePod>,
+    ) -> Result<bool, IdentityError> {
+        match pod {
+            None => {
+                if !self.remote_pods.contains_key(key) {
+                    return Ok(false);
+                }
+                self.leave_remote(key);
+            }
+            Some(pod) => {
+                if self.remote_pods.get(key).is_some_and(|(old, _)| old == pod) {
+                    return Ok(false);
+                }
+                let identity = self.identities.allocate(&LabelSet::for_pod(
+                    &pod.labels,
+                    &pod.namespace,
+                    self.namespace_labels(&pod.namespace),
+                ))?;
+                self.identities.persist_allocated()?;
+                self.join_remote(pod, identity);
+            }
+        }
+        self.named_inputs_changed();
+        Ok(true)
+    }
+
     fn join_remote(&mut self, pod: &RemotePod, identity: u32) {
         let source = Source::Remote(pod.key.clone());
         if let Some((old, class)) = self.remote_pods.get(&pod.key) {

@@ -10,6 +10,7 @@
 
 pub mod compile;
 pub mod convert;
+pub mod delta;
 pub mod last_good;
 pub mod load;
 pub mod model;

@@ -75,22 +75,39 @@ pub fn remote<'a>(
     let mut pods = set
         .pods
         .values()
-        .filter(|p| {
-            !p.host_network
-                && !p.ips.is_empty()
-                && !local.contains(&(p.namespace.as_str(), p.name.as_str()))
-                && (node.is_none() || p.node.as_deref() != node)
-        })
-        .map(|p| RemotePod {
-            key: format!("{}/{}", p.namespace, p.name),
-            namespace: p.namespace.clone(),
-            labels: p.labels.clone(),
-            ips: p.ips.clone(),
-            named_ports: p.named_ports.clone(),
+        .filter_map(|p| {
+            remote_pod(
+                p,
+                local.contains(&(p.namespace.as_str(), p.name.as_str())),
+                node,
+            )
         })
         .collect::<Vec<_>>();
     pods.sort_by(|a, b| a.key.cmp(&b.key));
     pods
+}
+
+/// The key a remote pod has: `namespace/name`.
+#[must_use]
+pub fn remote_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// Pod `p` as a remote pod, unless it is a local endpoint (`local`), on `node` (this node's name,
+/// when known), on the host network or without an address (the rule of [`remote`], for one pod).
+#[must_use]
+pub fn remote_pod(p: &Pod, local: bool, node: Option<&str>) -> Option<RemotePod> {
+    let remote = !p.host_network
+        && !p.ips.is_empty()
+        && !local
+        && (node.is_none() || p.node.as_deref() != node);
+    remote.then(|| RemotePod {
+        key: remote_key(&p.namespace, &p.name),
+        namespace: p.namespace.clone(),
+        labels: p.labels.clone(),
+        ips: p.ips.clone(),
+        named_ports: p.named_ports.clone(),
+    })
 }
 
 #[cfg(test)]

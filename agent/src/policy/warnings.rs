@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use super::{
     load::ObjectRef,
-    model::{NamedPortRef, PolicySet},
+    model::{NamedPortRef, Policy, PolicySet},
 };
 use crate::policy::convert::DEFAULT_NAMESPACE;
 
@@ -34,31 +34,65 @@ fn protocol_name(protocol: u8) -> String {
     }
 }
 
+/// The caveats of one NetworkPolicy: its namespace has no Namespace object (`namespace_known`
+/// false), or it names a port no Pod declares (`declared`).
+pub fn of_policy(
+    policy: &Policy,
+    namespace_known: bool,
+    declared: impl Fn(&NamedPortRef) -> bool,
+) -> Vec<Warning> {
+    let (ns, name) = (&policy.namespace, &policy.name);
+    let mut out = Vec::new();
+    if !namespace_known && ns != DEFAULT_NAMESPACE {
+        out.push(Warning {
+            object: ObjectRef::Policy(ns.clone(), name.clone()),
+            reason: format!(
+                "NetworkPolicy {ns}/{name} is in namespace {ns:?}, which has no Namespace object: it applies, to a namespace without labels (a namespaceSelector matches it only when empty); add a kind: Namespace document for {ns:?}"
+            ),
+        });
+    }
+    let named: BTreeSet<&NamedPortRef> = policy
+        .ingress
+        .iter()
+        .chain(&policy.egress)
+        .flat_map(|r| &r.named_ports)
+        .filter(|n| !declared(n))
+        .collect();
+    for port in named {
+        out.push(Warning {
+            object: ObjectRef::Policy(ns.clone(), name.clone()),
+            reason: format!(
+                "NetworkPolicy {ns}/{name} names port {:?} ({}), which no Pod declares: that port clause matches no traffic until a pod has a container port of that name; check the name",
+                port.name,
+                protocol_name(port.protocol)
+            ),
+        });
+    }
+    out
+}
+
+/// The caveat of one Pod: its namespace has no Namespace object.
+#[must_use]
+pub fn of_pod(ns: &str, name: &str, namespace_known: bool) -> Option<Warning> {
+    (!namespace_known && ns != DEFAULT_NAMESPACE).then(|| Warning {
+        object: ObjectRef::Pod(ns.to_owned(), name.to_owned()),
+        reason: format!(
+            "Pod {ns}/{name} is in namespace {ns:?}, which has no Namespace object: its identity has no namespace labels; add a kind: Namespace document for {ns:?}"
+        ),
+    })
+}
+
+/// How a warning's text names its object (`NetworkPolicy ns/name `, `Pod ns/name `): a cluster
+/// source replaces an object's warnings by this prefix when the object changes.
+#[must_use]
+pub fn prefix(kind: &str, ns: &str, name: &str) -> String {
+    format!("{kind} {ns}/{name} ")
+}
+
 /// The warnings of `set`, sorted by object.
 #[must_use]
 pub fn check(set: &PolicySet) -> Vec<Warning> {
-    let missing = |ns: &str| ns != DEFAULT_NAMESPACE && !set.namespaces.contains_key(ns);
-    let mut out = Vec::new();
-    for (ns, name) in set.policies.keys() {
-        if missing(ns) {
-            out.push(Warning {
-                object: ObjectRef::Policy(ns.clone(), name.clone()),
-                reason: format!(
-                    "NetworkPolicy {ns}/{name} is in namespace {ns:?}, which has no Namespace object: it applies, to a namespace without labels (a namespaceSelector matches it only when empty); add a kind: Namespace document for {ns:?}"
-                ),
-            });
-        }
-    }
-    for (ns, name) in set.pods.keys() {
-        if missing(ns) {
-            out.push(Warning {
-                object: ObjectRef::Pod(ns.clone(), name.clone()),
-                reason: format!(
-                    "Pod {ns}/{name} is in namespace {ns:?}, which has no Namespace object: its identity has no namespace labels; add a kind: Namespace document for {ns:?}"
-                ),
-            });
-        }
-    }
+    let known = |ns: &str| set.namespaces.contains_key(ns);
     let declared: BTreeSet<NamedPortRef> = set
         .pods
         .values()
@@ -68,25 +102,16 @@ pub fn check(set: &PolicySet) -> Vec<Warning> {
             name: p.name.clone(),
         })
         .collect();
-    for ((ns, name), policy) in &set.policies {
-        let named: BTreeSet<&NamedPortRef> = policy
-            .ingress
-            .iter()
-            .chain(&policy.egress)
-            .flat_map(|r| &r.named_ports)
-            .filter(|n| !declared.contains(*n))
-            .collect();
-        for port in named {
-            out.push(Warning {
-                object: ObjectRef::Policy(ns.clone(), name.clone()),
-                reason: format!(
-                    "NetworkPolicy {ns}/{name} names port {:?} ({}), which no Pod declares: that port clause matches no traffic until a pod has a container port of that name; check the name",
-                    port.name,
-                    protocol_name(port.protocol)
-                ),
-            });
-        }
-    }
+    let mut out: Vec<Warning> = set
+        .policies
+        .values()
+        .flat_map(|p| of_policy(p, known(&p.namespace), |n| declared.contains(n)))
+        .collect();
+    out.extend(
+        set.pods
+            .keys()
+            .filter_map(|(ns, name)| of_pod(ns, name, known(ns))),
+    );
     out.sort_by(|a, b| a.object.cmp(&b.object));
     out
 }

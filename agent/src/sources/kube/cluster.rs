@@ -1,5 +1,6 @@
 //! The cluster as the watchers delivered it: one store per kind of converted objects, the
-//! conversion errors by object, and the whole `PolicySet` the loop takes.
+//! conversion errors by object, the whole `PolicySet` the loop takes first and the per-object
+//! deltas it takes afterwards.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -14,8 +15,9 @@ use super::{
 };
 use crate::policy::{
     convert,
+    delta::{Delta, NamespaceObject, ObjectChange},
     load::PolicyFileError,
-    model::{Labels, NodeInfo, Pod as PodInfo, Policy, PolicySet},
+    model::{NodeInfo, Pod as PodInfo, Policy, PolicySet},
 };
 
 /// A converted object (by `policy::convert`, as the standalone directory's), or why it could
@@ -24,8 +26,8 @@ use crate::policy::{
 pub enum Object {
     /// A NetworkPolicy.
     Policy(Result<Policy, String>),
-    /// A Namespace's labels.
-    Namespace(Result<Labels, String>),
+    /// A Namespace's labels and weir annotations.
+    Namespace(Result<NamespaceObject, String>),
     /// A Pod.
     Pod(Result<PodInfo, String>),
     /// A Node.
@@ -41,7 +43,10 @@ pub fn policy(np: &NetworkPolicy) -> Object {
 pub fn namespace(ns: &Namespace) -> Object {
     Object::Namespace(
         convert::namespace(ns)
-            .map(|(_, labels)| labels)
+            .map(|(_, labels)| NamespaceObject {
+                labels,
+                annotations: convert::weir_annotations(&ns.metadata),
+            })
             .map_err(|e| e.to_string()),
     )
 }
@@ -63,22 +68,77 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Takes one watcher change; true when the set the loop holds must change.
-    pub fn take(&mut self, change: Change) -> bool {
+    /// Takes one watcher change; answers the objects it changed (none while a list is under
+    /// way, nor for a relist of unchanged objects).
+    pub fn take(&mut self, change: Change) -> Vec<Key> {
         let store = self.objects.entry(change.kind()).or_default();
         match change {
             Change::Init(_) => {
                 store.init();
-                false
+                Vec::new()
             }
             Change::InitApply(_, key, object) => {
                 store.init_apply(key, object);
-                false
+                Vec::new()
             }
             Change::InitDone(_) => store.init_done(),
-            Change::Apply(_, key, object) => store.apply(key, object),
-            Change::Delete(_, key) => store.delete(&key),
-            Change::Error(..) => false,
+            Change::Apply(_, key, object) => {
+                if store.apply(key.clone(), object) {
+                    vec![key]
+                } else {
+                    Vec::new()
+                }
+            }
+            Change::Delete(_, key) => {
+                if store.delete(&key) {
+                    vec![key]
+                } else {
+                    Vec::new()
+                }
+            }
+            Change::Error(..) => Vec::new(),
+        }
+    }
+
+    /// Object `key` of `kind` as it is now, as a delta for the loop: its converted form, or its
+    /// absence (deleted, or refused — with the reason).
+    #[must_use]
+    pub fn delta(&self, kind: Kind, key: &Key) -> Delta {
+        let object = self.objects.get(&kind).and_then(|s| s.live().get(key));
+        let change = match kind {
+            Kind::Pods => ObjectChange::Pod(
+                key.clone(),
+                match object {
+                    Some(Object::Pod(Ok(p))) => Some(p.clone()),
+                    _ => None,
+                },
+            ),
+            Kind::Namespaces => ObjectChange::Namespace(
+                key.1.clone(),
+                match object {
+                    Some(Object::Namespace(Ok(ns))) => Some(ns.clone()),
+                    _ => None,
+                },
+            ),
+            Kind::NetworkPolicies => ObjectChange::Policy(
+                key.clone(),
+                match object {
+                    Some(Object::Policy(Ok(p))) => Some(p.clone()),
+                    _ => None,
+                },
+            ),
+            Kind::Nodes => ObjectChange::Node(
+                key.1.clone(),
+                match object {
+                    Some(Object::Node(Ok(n))) => Some(n.clone()),
+                    _ => None,
+                },
+            ),
+        };
+        Delta {
+            object: object_name(kind, key),
+            change,
+            refused: object.and_then(Object::error).map(str::to_owned),
         }
     }
 
@@ -117,8 +177,12 @@ impl Cluster {
                     Object::Policy(Ok(p)) => {
                         set.policies.insert(key.clone(), p.clone());
                     }
-                    Object::Namespace(Ok(labels)) => {
-                        set.namespaces.insert(key.1.clone(), labels.clone());
+                    Object::Namespace(Ok(ns)) => {
+                        set.namespaces.insert(key.1.clone(), ns.labels.clone());
+                        if !ns.annotations.is_empty() {
+                            set.namespace_annotations
+                                .insert(key.1.clone(), ns.annotations.clone());
+                        }
                     }
                     Object::Pod(Ok(p)) => {
                         set.pods.insert(key.clone(), p.clone());

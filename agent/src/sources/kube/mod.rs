@@ -1,9 +1,11 @@
 //! The Kubernetes source (`--source kubernetes`): kube-rs watchers on Pods, Namespaces,
-//! NetworkPolicies and Nodes feed one task that keeps their converted objects (`cluster`) and
-//! sends the loop the whole `PolicySet` (`Command::Policies`) — the first time once every
-//! watcher delivered its initial list (the loop writes nothing to the kernel before: the node is
-//! not in sync), then after each change, debounced by [`DEBOUNCE`]. A relist that finds nothing
-//! new sends nothing. Conversion errors are logged naming the object, and the rest is applied.
+//! NetworkPolicies and Nodes feed one task that keeps their converted objects (`cluster`). Once
+//! every watcher delivered its initial list it sends the loop the whole `PolicySet`
+//! (`Command::Policies`; the loop writes nothing to the kernel before: the node is not in sync),
+//! and from then on one delta per object changed (`Command::ClusterDeltas`), with no debounce:
+//! whatever queued while the loop was busy forms one batch. A relist (after 410 Gone) sends only
+//! the objects it found changed, come or gone — nothing when nothing changed. Conversion errors
+//! are logged naming the object, which is left out; the rest is applied.
 //!
 //! When the API server is unreachable the dataplane keeps its last state (nothing is sent) and
 //! the loop is told the source is stale (`Command::SourceStale`: `/readyz` and `weir status`
@@ -18,24 +20,26 @@ mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::Duration,
+};
 
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
     networking::v1::NetworkPolicy,
 };
 use kube::Api;
-use tokio::{sync::mpsc, time::Instant};
+use tokio::sync::mpsc;
 
 pub use client::client;
 pub use watch::Kind;
 
-use crate::applier::{Command, LoopHandle};
+use crate::applier::{Command, LoopError, LoopHandle};
 use cluster::Cluster;
+use store::Key;
 use watch::Change;
-
-/// How long changes gather before the set is sent (one set for a burst of events).
-pub const DEBOUNCE: Duration = Duration::from_millis(5);
 
 /// What the source reads from the API server, for the DaemonSet's ClusterRole (`deploy/weir.yaml`
 /// is checked against it): (API group, resource) — `""` is the core group.
@@ -114,8 +118,6 @@ struct Source {
     failing: BTreeMap<Kind, String>,
     /// What the loop was last told about staleness.
     told_stale: bool,
-    /// When the gathered changes are due to be sent.
-    due: Option<Instant>,
     /// The first set was sent (in sync).
     sent: bool,
 }
@@ -129,24 +131,16 @@ impl Source {
     ) {
         let mut probe = tokio::time::interval(PROBE_EVERY);
         loop {
-            let due = self.due;
             tokio::select! {
                 change = rx.recv() => {
                     let Some(change) = change else { return };
-                    self.take(change);
+                    let mut touched = BTreeSet::new();
+                    self.take(change, &mut touched);
                     // Everything queued joins this batch.
                     while let Ok(change) = rx.try_recv() {
-                        self.take(change);
+                        self.take(change, &mut touched);
                     }
-                }
-                () = sleep_until(due), if due.is_some() => {
-                    self.due = None;
-                    let (set, errors) = self.cluster.set();
-                    if !self.sent {
-                        tracing::info!(objects = ?self.cluster.counts(), "every watcher delivered its initial list; in sync");
-                    }
-                    self.sent = true;
-                    if dataplane_loop.send(Command::Policies { set, errors }).is_err() {
+                    if self.send(dataplane_loop, touched).is_err() {
                         return;
                     }
                 }
@@ -179,7 +173,34 @@ impl Source {
         }
     }
 
-    fn take(&mut self, change: Change) {
+    /// Tells the loop what a batch of changes did: nothing before every initial list is in, then
+    /// the whole set once, then one delta per object changed (the object as it is now: an object
+    /// changed twice in a batch is sent once).
+    fn send(
+        &mut self,
+        dataplane_loop: &LoopHandle,
+        touched: BTreeSet<(Kind, Key)>,
+    ) -> Result<(), LoopError> {
+        if !self.cluster.synced() {
+            return Ok(());
+        }
+        if !self.sent {
+            tracing::info!(objects = ?self.cluster.counts(), "every watcher delivered its initial list; in sync");
+            self.sent = true;
+            let (set, errors) = self.cluster.set();
+            return dataplane_loop.send(Command::Policies { set, errors });
+        }
+        if touched.is_empty() {
+            return Ok(());
+        }
+        let deltas = touched
+            .iter()
+            .map(|(kind, key)| self.cluster.delta(*kind, key))
+            .collect();
+        dataplane_loop.send(Command::ClusterDeltas(deltas))
+    }
+
+    fn take(&mut self, change: Change, touched: &mut BTreeSet<(Kind, Key)>) {
         let kind = change.kind();
         match &change {
             Change::Error(_, e) => {
@@ -195,19 +216,6 @@ impl Source {
             _ => {}
         }
         self.failing.remove(&kind);
-        let changed = self.cluster.take(change);
-        if !self.cluster.synced() {
-            return;
-        }
-        if !self.sent || changed {
-            self.due.get_or_insert_with(|| Instant::now() + DEBOUNCE);
-        }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+        touched.extend(self.cluster.take(change).into_iter().map(|key| (kind, key)));
     }
 }

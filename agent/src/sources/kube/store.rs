@@ -39,15 +39,24 @@ impl<T: PartialEq> KindStore<T> {
             .insert(key, value);
     }
 
-    /// The list is complete: it replaces what was known. True when anything changed.
-    pub fn init_done(&mut self) -> bool {
+    /// The list is complete: it replaces what was known. Answers the keys of the objects that
+    /// changed, came or went (none for a relist of unchanged objects).
+    pub fn init_done(&mut self) -> Vec<Key> {
         self.synced = true;
         let listed = self.relist.take().unwrap_or_default();
-        if listed == self.live {
-            return false;
-        }
+        let mut changed: Vec<Key> = listed
+            .iter()
+            .filter(|(key, value)| self.live.get(*key) != Some(*value))
+            .map(|(key, _)| key.clone())
+            .collect();
+        changed.extend(
+            self.live
+                .keys()
+                .filter(|key| !listed.contains_key(*key))
+                .cloned(),
+        );
         self.live = listed;
-        true
+        changed
     }
 
     /// An object was added or modified. True when its converted form changed.
@@ -92,21 +101,34 @@ mod tests {
         s.init_apply(key("a"), 1);
         s.init_apply(key("b"), 2);
         assert!(!s.synced());
-        assert!(s.init_done(), "the first list is a change");
+        assert_eq!(
+            s.init_done(),
+            [key("a"), key("b")],
+            "the first list is a change"
+        );
         assert!(s.synced());
         assert!(!s.apply(key("a"), 1), "an unchanged object");
         assert!(s.apply(key("a"), 3));
         s.init();
         s.init_apply(key("a"), 3);
         s.init_apply(key("b"), 2);
-        assert!(
-            !s.init_done(),
+        assert_eq!(
+            s.init_done(),
+            Vec::<Key>::new(),
             "a relist of the same objects changes nothing"
         );
         s.init();
-        s.init_apply(key("a"), 3);
-        assert!(s.init_done(), "b was deleted while the watch was broken");
-        assert_eq!(s.live().keys().cloned().collect::<Vec<_>>(), [key("a")]);
+        s.init_apply(key("a"), 4);
+        s.init_apply(key("c"), 5);
+        assert_eq!(
+            s.init_done(),
+            [key("a"), key("c"), key("b")],
+            "a changed, c came and b was deleted while the watch was broken"
+        );
+        assert_eq!(
+            s.live().keys().cloned().collect::<Vec<_>>(),
+            [key("a"), key("c")]
+        );
         assert!(s.delete(&key("a")));
         assert!(!s.delete(&key("a")));
     }

@@ -203,14 +203,28 @@ fn the_store_sends_nothing_new_for_a_relist_of_unchanged_objects() {
     cluster.take(Change::Init(k));
     cluster.take(Change::InitApply(k, key("a"), cluster::policy(&np("a"))));
     assert!(
-        !cluster.take(Change::InitDone(k)),
+        cluster.take(Change::InitDone(k)).is_empty(),
         "an unchanged relist is no change"
     );
-    assert!(cluster.take(Change::Apply(k, key("b"), cluster::policy(&np("b")))));
+    assert_eq!(
+        cluster.take(Change::Apply(k, key("b"), cluster::policy(&np("b")))),
+        [key("b")]
+    );
     // A policy the conversion refuses is named and left out; the rest stays.
     let mut bad = np("c");
     bad.spec.as_mut().expect("spec").policy_types = Some(vec!["Sideways".to_owned()]);
-    assert!(cluster.take(Change::Apply(k, key("c"), cluster::policy(&bad))));
+    assert_eq!(
+        cluster.take(Change::Apply(k, key("c"), cluster::policy(&bad))),
+        [key("c")]
+    );
+    let delta = cluster.delta(k, &key("c"));
+    assert_eq!(delta.object, "NetworkPolicy default/c");
+    assert_eq!(
+        delta.change,
+        crate::policy::delta::ObjectChange::Policy(key("c"), None),
+        "a refused object is absent"
+    );
+    assert!(delta.refused.is_some(), "and named with its reason");
     let (set, errors) = cluster.set();
     assert_eq!(set.policies.len(), 2);
     assert_eq!(errors.len(), 1);
