@@ -147,6 +147,8 @@ pub enum Command {
         Option<Paths>,
         oneshot::Sender<TraceResult>,
     ),
+    /// A change of the cluster's nodes (their records and blocks), from the nodes source.
+    Node(crate::nodes::NodeDelta),
     /// End the loop.
     Stop,
 }
@@ -315,6 +317,7 @@ struct Changed {
     ifnames: BTreeSet<String>,
     links: bool,
     rules: bool,
+    nodes: bool,
 }
 
 struct DataplaneLoop {
@@ -460,6 +463,10 @@ impl DataplaneLoop {
                 // A caller that went away needs no answer.
                 let _unanswered = reply.send(result);
             }
+            Command::Node(delta) => {
+                self.node.on_node_delta(delta);
+                self.changed.nodes = true;
+            }
             Command::Stop => return true,
         }
         false
@@ -541,6 +548,7 @@ impl DataplaneLoop {
         self.node.generation() > self.applied.generation
             || self.applied.error.is_some()
             || self.node.dataplane.is_dirty()
+            || self.node.routes_dirty()
     }
 
     fn apply_if_due(&mut self) {
@@ -556,11 +564,21 @@ impl DataplaneLoop {
         }
         let generation = self.node.generation();
         let in_sync = self.node.in_sync();
-        let result = if in_sync {
-            self.node.dataplane.apply()
+        let mut result = if in_sync {
+            self.node.dataplane.apply().map_err(|e| e.to_string())
         } else {
-            self.node.dataplane.apply_before_in_sync()
+            self.node
+                .dataplane
+                .apply_before_in_sync()
+                .map_err(|e| e.to_string())
         };
+        // Routes to other nodes' blocks: after the maps, once in sync (their own source gates them too).
+        if in_sync && let Err(e) = self.node.apply_routes() {
+            result = Err(match result {
+                Ok(()) => e.to_string(),
+                Err(maps) => format!("{maps}; {e}"),
+            });
+        }
         self.last_apply = Instant::now();
         self.changed.any = true;
         let a = &mut self.applied;
@@ -579,7 +597,7 @@ impl DataplaneLoop {
             Err(e) => {
                 tracing::warn!(error = %e, failures = a.failures + 1, "dataplane apply failed; retrying");
                 a.failures += 1;
-                a.error = Some(e.to_string());
+                a.error = Some(e);
                 a.ready = false;
                 self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
                 self.retry_at = Some(self.last_apply + self.backoff);
@@ -669,6 +687,11 @@ impl DataplaneLoop {
                 Arc::clone(&previous.rules)
             },
             stats: self.node.dataplane.stats(),
+            nodes: if changed.nodes {
+                Arc::new(self.node.node_status())
+            } else {
+                Arc::clone(&previous.nodes)
+            },
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

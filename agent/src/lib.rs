@@ -23,6 +23,7 @@ pub mod logging;
 pub mod metrics;
 pub mod monitor;
 pub mod node;
+pub mod nodes;
 pub mod node_setup;
 pub mod observe;
 pub mod paths;

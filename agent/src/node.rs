@@ -11,7 +11,12 @@ use serde::Serialize;
 use crate::{
     calc::Calculation,
     dataplane::plane::Dataplane,
+    dataplane::routes::RouteError,
     identity::{Identities, IdentityError},
+    nodes::{
+        NodeDelta,
+        routing::{NodeRoutes, NodeStatus},
+    },
     paths::Paths,
     policy::{
         compile::RuleRef,
@@ -52,6 +57,8 @@ pub struct Node {
     /// list: its first whole set makes it true (the policy files are read before `open`).
     policies_synced: bool,
     generation: u64,
+    /// Routes to other nodes' blocks (with node records: an `etcd:` datastore).
+    routes: Option<NodeRoutes>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node.
@@ -122,6 +129,7 @@ impl Node {
             links_synced: false,
             policies_synced: true,
             generation: 1,
+            routes: None,
         };
         node.flush();
         Ok(node)
@@ -169,6 +177,39 @@ impl Node {
         self.policies_synced = true;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// Routes this node's way to other nodes' blocks through `routes` (from now on, node deltas reach it).
+    pub fn set_routing(&mut self, routes: NodeRoutes) {
+        self.routes = Some(routes);
+    }
+
+    /// A change of the cluster's nodes: the desired routes follow (no kernel I/O).
+    pub fn on_node_delta(&mut self, delta: NodeDelta) {
+        match &mut self.routes {
+            Some(routes) => routes.on_delta(delta),
+            None => tracing::debug!(?delta, "a node delta without routing; ignored"),
+        }
+    }
+
+    /// True when the routes have work to do.
+    #[must_use]
+    pub fn routes_dirty(&self) -> bool {
+        self.routes.as_ref().is_some_and(NodeRoutes::is_dirty)
+    }
+
+    /// Reconciles the routes (the loop calls this after the maps, on its thread).
+    pub fn apply_routes(&mut self) -> Result<(), RouteError> {
+        self.routes.as_mut().map_or(Ok(()), NodeRoutes::apply)
+    }
+
+    /// The cluster's nodes as the status shows them.
+    #[must_use]
+    pub fn node_status(&self) -> Vec<NodeStatus> {
+        self.routes
+            .as_ref()
+            .map(NodeRoutes::status)
+            .unwrap_or_default()
     }
 
     /// The policies come from a source that has not listed them yet (`--source kubernetes`):

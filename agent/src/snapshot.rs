@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub rules: Arc<BTreeMap<u32, RuleRef>>,
     /// Driver counters.
     pub stats: DataplaneStats,
+    /// The cluster's nodes with their blocks and routes (empty without node records).
+    pub nodes: Arc<Vec<crate::nodes::routing::NodeStatus>>,
 }
 
 impl Snapshot {
@@ -43,6 +45,7 @@ impl Snapshot {
             links: Arc::new(links.clone()),
             rules: Arc::new(rules(node)),
             stats: node.dataplane.stats(),
+            nodes: Arc::new(node.node_status()),
         }
     }
 

@@ -140,6 +140,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .ct
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
+            nodes: (*snapshot.nodes).clone(),
         },
     }))
 }

@@ -120,6 +120,24 @@ pub fn status(args: StatusArgs) -> Result<()> {
                     if pool.disabled { " (disabled)" } else { "" }
                 );
             }
+            if !detail.nodes.is_empty() {
+                println!(
+                    "{:<24} {:<8} {:<7} {:<28} BLOCKS",
+                    "NODE", "HEALTH", "ROUTES", "ADDRESSES"
+                );
+            }
+            for n in &detail.nodes {
+                let addresses: Vec<String> = n.addresses.iter().map(ToString::to_string).collect();
+                let blocks: Vec<String> = n.blocks.iter().map(ToString::to_string).collect();
+                println!(
+                    "{:<24} {:<8} {:<7} {:<28} {}",
+                    n.name,
+                    n.health,
+                    n.routes,
+                    addresses.join(","),
+                    blocks.join(",")
+                );
+            }
             Ok(())
         }
     }

@@ -31,11 +31,13 @@ pub enum Kind {
     Identity,
     /// The index from a label set to its identity (`IdentityKey`, named by a hash of the labels).
     IdentityKey,
+    /// A node record (`NodeRecord`, named by the node): addresses, labels, heartbeat.
+    Node,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Pool,
         Kind::Config,
         Kind::Reservation,
@@ -44,6 +46,7 @@ impl Kind {
         Kind::Handle,
         Kind::Identity,
         Kind::IdentityKey,
+        Kind::Node,
     ];
 
     /// The kind's path segment in key-value stores.
@@ -57,6 +60,7 @@ impl Kind {
             Self::Handle => "handles",
             Self::Identity => "identities",
             Self::IdentityKey => "identitykeys",
+            Self::Node => "nodes",
         }
     }
 }
