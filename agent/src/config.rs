@@ -146,7 +146,11 @@ pub struct AgentArgs {
     /// This node's addresses in its node record (the next hop other nodes route its blocks
     /// through), comma-separated. Default: the source address of this node's route to the first
     /// etcd endpoint.
-    #[arg(long = "node-address", env = "WEIR_NODE_ADDRESSES", value_delimiter = ',')]
+    #[arg(
+        long = "node-address",
+        env = "WEIR_NODE_ADDRESSES",
+        value_delimiter = ','
+    )]
     pub node_addresses: Vec<std::net::IpAddr>,
     /// Seconds a node record stays live without a heartbeat; the agent renews its own every third
     /// of it, and other nodes sweep the routes to a node whose heartbeat is older.

@@ -85,7 +85,14 @@ impl Cluster {
         let infra = NetNs::new();
         let bridge = names::unique("br");
         infra.exec(&["ip", "link", "add", &bridge, "type", "bridge"]);
-        infra.exec(&["ip", "addr", "add", &format!("{ETCD_IP}/24"), "dev", &bridge]);
+        infra.exec(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{ETCD_IP}/24"),
+            "dev",
+            &bridge,
+        ]);
         infra.exec(&["ip", "link", "set", &bridge, "up"]);
         let etcd = NetnsEtcd::start(&infra);
         Self {
@@ -111,7 +118,17 @@ impl Cluster {
         let ns = NetNs::new();
         let (outer, inner) = (names::unique("u"), names::unique("n"));
         self.infra.exec(&[
-            "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", ns.name(),
+            "ip",
+            "link",
+            "add",
+            &outer,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &inner,
+            "netns",
+            ns.name(),
         ]);
         self.infra
             .exec(&["ip", "link", "set", &outer, "master", &self.bridge]);

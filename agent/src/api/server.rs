@@ -70,6 +70,7 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/endpoints", get(list_endpoints))
+        .route("/v1/nodes", get(list_nodes))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
@@ -243,6 +244,13 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(serde_json::json!({"flushed": n})))
+}
+
+/// `GET /v1/nodes`: the cluster's nodes as the loop knows them (no datastore read).
+async fn list_nodes(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::nodes::routing::NodeStatus>> {
+    Ok(Json((*api.dataplane.snapshot().nodes).clone()))
 }
 
 async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {

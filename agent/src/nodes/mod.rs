@@ -90,7 +90,10 @@ mod tests {
         );
         assert!(diff(&new, &new).is_empty(), "no change, no delta");
         assert_eq!(
-            diff(&BTreeMap::new(), &BTreeMap::from([("a".to_owned(), a.clone())])),
+            diff(
+                &BTreeMap::new(),
+                &BTreeMap::from([("a".to_owned(), a.clone())])
+            ),
             vec![NodeDelta::Upsert(a)]
         );
     }

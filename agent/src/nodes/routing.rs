@@ -179,20 +179,35 @@ mod tests {
         let kernel = FakeKernel::default();
         let mut routes = NodeRoutes::new("a", RouteDriver::new(Box::new(kernel.clone())));
         // A leftover of a node that no longer exists: swept once in sync, never before.
-        kernel
-            .routes()
-            .routes
-            .insert(net("10.9.0.0/26"), NextHop::Via("192.0.2.9".parse().expect("ip")));
-        routes.on_delta(NodeDelta::Upsert(node("a", "192.0.2.1", &["10.244.0.0/26"])));
+        kernel.routes().routes.insert(
+            net("10.9.0.0/26"),
+            NextHop::Via("192.0.2.9".parse().expect("ip")),
+        );
+        routes.on_delta(NodeDelta::Upsert(node(
+            "a",
+            "192.0.2.1",
+            &["10.244.0.0/26"],
+        )));
         routes.on_delta(NodeDelta::Upsert(node(
             "b",
             "192.0.2.2",
             &["10.244.0.64/26", "fd00::/122"],
         )));
-        routes.on_delta(NodeDelta::Upsert(node("c", "192.0.2.3", &["10.244.0.128/26"])));
-        assert!(!routes.is_dirty(), "nothing is reconciled before the first listing");
+        routes.on_delta(NodeDelta::Upsert(node(
+            "c",
+            "192.0.2.3",
+            &["10.244.0.128/26"],
+        )));
+        assert!(
+            !routes.is_dirty(),
+            "nothing is reconciled before the first listing"
+        );
         routes.apply().expect("apply");
-        assert_eq!(kernel.routes().routes.len(), 1, "the leftover is not swept yet");
+        assert_eq!(
+            kernel.routes().routes.len(),
+            1,
+            "the leftover is not swept yet"
+        );
         routes.on_delta(NodeDelta::Synced);
         assert!(routes.is_dirty());
         routes.apply().expect("apply");
@@ -223,7 +238,11 @@ mod tests {
         assert!(kernel.routes().routes.is_empty());
 
         // A restarted agent over the same table and nodes writes nothing.
-        routes.on_delta(NodeDelta::Upsert(node("d", "192.0.2.4", &["10.244.1.0/26"])));
+        routes.on_delta(NodeDelta::Upsert(node(
+            "d",
+            "192.0.2.4",
+            &["10.244.1.0/26"],
+        )));
         routes.apply().expect("apply");
         let mut restarted = NodeRoutes::new("a", RouteDriver::new(Box::new(kernel.clone())));
         for n in [

@@ -30,6 +30,9 @@ pub enum RoutingSetupError {
         #[source]
         source: std::io::Error,
     },
+    /// Opening the route table panicked.
+    #[error("opening the route table's netlink socket panicked; see the log above")]
+    OpenPanicked,
     /// The route table could not be opened.
     #[error(transparent)]
     Routes(#[from] RouteError),
@@ -53,7 +56,11 @@ pub fn routing(
     } else {
         config.node_addresses.clone()
     };
-    let driver = RouteDriver::new(Box::new(NetlinkRoutes::open()?));
+    // The route table's own runtime cannot start inside the agent's: open it on a thread of its own (same
+    // network namespace); the loop's thread, outside any runtime, uses it from then on.
+    let routes = std::thread::scope(|scope| scope.spawn(NetlinkRoutes::open).join())
+        .map_err(|_| RoutingSetupError::OpenPanicked)??;
+    let driver = RouteDriver::new(Box::new(routes));
     node.set_routing(NodeRoutes::new(&config.node, driver));
     tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, "node routing on");
     Ok(Some(NodeRecord {
@@ -117,7 +124,10 @@ mod tests {
             first_etcd_endpoint("etcd:http://10.0.0.1:2379,http://10.0.0.2:2379"),
             "10.0.0.1:2379"
         );
-        assert_eq!(first_etcd_endpoint("etcd:https://etcd.example/"), "etcd.example:2379");
+        assert_eq!(
+            first_etcd_endpoint("etcd:https://etcd.example/"),
+            "etcd.example:2379"
+        );
         assert_eq!(first_etcd_endpoint("etcd:[fd00::1]:2379"), "[fd00::1]:2379");
     }
 }

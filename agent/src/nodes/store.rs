@@ -25,8 +25,10 @@ pub enum NodeStoreError {
 /// Node records and block affinities.
 pub trait NodeStore: Send + Sync + 'static {
     /// Writes this node's record (its heartbeat).
-    fn heartbeat(&self, record: &NodeRecord)
-    -> impl Future<Output = Result<(), NodeStoreError>> + Send;
+    fn heartbeat(
+        &self,
+        record: &NodeRecord,
+    ) -> impl Future<Output = Result<(), NodeStoreError>> + Send;
     /// Every node with a record, with its blocks and its liveness at `now` (Unix seconds).
     fn nodes(
         &self,
@@ -51,13 +53,13 @@ impl<S: Store + Clone> NodeStore for Ipam<S> {
                 what: "list the node records",
                 source,
             })?;
-        let mut blocks = self
-            .blocks_by_host()
-            .await
-            .map_err(|source| NodeStoreError::Datastore {
-                what: "list the block affinities",
-                source,
-            })?;
+        let mut blocks =
+            self.blocks_by_host()
+                .await
+                .map_err(|source| NodeStoreError::Datastore {
+                    what: "list the block affinities",
+                    source,
+                })?;
         Ok(records
             .into_iter()
             .map(|(name, r)| {

@@ -59,10 +59,7 @@ pub async fn run<S: NodeStore>(dataplane: LoopHandle, store: S, mut record: Node
                     renew_at = tokio::time::Instant::now() + every;
                 }
                 let first = !synced;
-                for delta in deltas
-                    .into_iter()
-                    .chain(first.then_some(NodeDelta::Synced))
-                {
+                for delta in deltas.into_iter().chain(first.then_some(NodeDelta::Synced)) {
                     if dataplane.send(Command::Node(delta)).is_err() {
                         return;
                     }
@@ -98,17 +95,25 @@ mod tests {
         let store = Ipam::new(MemoryStore::new());
         let (mut a, mut b) = (record("a", "192.0.2.1"), record("b", "192.0.2.2"));
         let (mut known_a, mut known_b) = (BTreeMap::new(), BTreeMap::new());
-        let first = round(&store, &mut a, true, &mut known_a).await.expect("round");
+        let first = round(&store, &mut a, true, &mut known_a)
+            .await
+            .expect("round");
         assert!(matches!(first.as_slice(), [NodeDelta::Upsert(n)] if n.name == "a" && n.alive));
-        round(&store, &mut b, true, &mut known_b).await.expect("round");
-        let next = round(&store, &mut a, true, &mut known_a).await.expect("round");
+        round(&store, &mut b, true, &mut known_b)
+            .await
+            .expect("round");
+        let next = round(&store, &mut a, true, &mut known_a)
+            .await
+            .expect("round");
         assert!(
             next.iter()
                 .any(|d| matches!(d, NodeDelta::Upsert(n) if n.name == "b")),
             "{next:?}"
         );
         store.delete_node("b").await.expect("delete");
-        let gone = round(&store, &mut a, true, &mut known_a).await.expect("round");
+        let gone = round(&store, &mut a, true, &mut known_a)
+            .await
+            .expect("round");
         assert!(gone.contains(&NodeDelta::Gone("b".into())), "{gone:?}");
         assert_eq!(interval(Duration::from_secs(42)), Duration::from_secs(14));
         assert_eq!(interval(Duration::from_secs(3)), Duration::from_secs(1));

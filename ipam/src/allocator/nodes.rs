@@ -32,10 +32,9 @@ impl<S: Store + Clone> Ipam<S> {
     pub async fn put_node(&self, record: &NodeRecord) -> Result<(), IpamError> {
         let value = encode(record);
         self.store
-            .read_modify_write(
-                vec![Key::new(Kind::Node, record.name.clone())],
-                move |_| (vec![Write::Put(value.clone())], ()),
-            )
+            .read_modify_write(vec![Key::new(Kind::Node, record.name.clone())], move |_| {
+                (vec![Write::Put(value.clone())], ())
+            })
             .await?;
         Ok(())
     }
@@ -75,10 +74,7 @@ impl<S: Store + Clone> Ipam<S> {
     /// Every host's blocks: its confirmed, not deleted affinities.
     pub async fn blocks_by_host(&self) -> Result<BTreeMap<String, Vec<IpNetwork>>, IpamError> {
         let mut hosts: BTreeMap<String, Vec<IpNetwork>> = BTreeMap::new();
-        for (a, _) in self
-            .list_objs::<BlockAffinity>(Kind::Affinity, "")
-            .await?
-        {
+        for (a, _) in self.list_objs::<BlockAffinity>(Kind::Affinity, "").await? {
             if !a.deleted && a.state == AffinityState::Confirmed {
                 hosts.entry(a.host).or_default().push(a.cidr);
             }
@@ -190,7 +186,13 @@ mod tests {
         let released = ipam.release_node("n1", true, 105).await.expect("forced");
         assert_eq!((released.blocks.len(), released.addresses), (1, 3));
         assert!(released.record_deleted);
-        assert!(!ipam.blocks_by_host().await.expect("blocks").contains_key("n1"));
+        assert!(
+            !ipam
+                .blocks_by_host()
+                .await
+                .expect("blocks")
+                .contains_key("n1")
+        );
         assert!(ipam.node("n1").await.expect("get").is_none());
         // An expired node needs no force.
         let expired = ipam.release_node("n2", false, 200).await.expect("expired");

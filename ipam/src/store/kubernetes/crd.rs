@@ -10,7 +10,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    model::{self, Block, Handle, Identity, IdentityKey, IpPool, IpamConfig, NodeRecord, Reservation},
+    model::{
+        self, Block, Handle, Identity, IdentityKey, IpPool, IpamConfig, NodeRecord, Reservation,
+    },
     store::Kind,
 };
 
