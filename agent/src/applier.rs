@@ -149,6 +149,8 @@ pub enum Command {
     ),
     /// A change of the cluster's nodes (their records and blocks), from the nodes source.
     Node(crate::nodes::NodeDelta),
+    /// The pods of other nodes from their endpoint records (the whole set), from the nodes source.
+    ClusterPods(Vec<crate::policy::pods::RemotePod>),
     /// End the loop.
     Stop,
 }
@@ -462,6 +464,11 @@ impl DataplaneLoop {
                 }
                 // A caller that went away needs no answer.
                 let _unanswered = reply.send(result);
+            }
+            Command::ClusterPods(pods) => {
+                if let Err(e) = self.node.set_cluster_pods(pods) {
+                    tracing::error!(error = %e, "cannot take the other nodes' pods");
+                }
             }
             Command::Node(delta) => {
                 self.node.on_node_delta(delta);

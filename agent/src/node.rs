@@ -22,7 +22,7 @@ use crate::{
         compile::RuleRef,
         load::PolicyFileError,
         model::{Pod, PolicySet},
-        pods,
+        pods::{self, RemotePod},
     },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
@@ -59,6 +59,8 @@ pub struct Node {
     generation: u64,
     /// Routes to other nodes' blocks (with node records: an `etcd:` datastore).
     routes: Option<NodeRoutes>,
+    /// Other nodes' pods from their endpoint records.
+    cluster_pods: Vec<RemotePod>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node.
@@ -130,6 +132,7 @@ impl Node {
             policies_synced: true,
             generation: 1,
             routes: None,
+            cluster_pods: Vec::new(),
         };
         node.flush();
         Ok(node)
@@ -163,11 +166,8 @@ impl Node {
             self.calc
                 .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
         }
-        self.calc.set_remote_pods(&pods::remote(
-            &policies,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        let remote = self.remote_pods(&policies);
+        self.calc.set_remote_pods(&remote)?;
         self.cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -175,6 +175,38 @@ impl Node {
         };
         self.policy_errors = errors;
         self.policies_synced = true;
+        self.flush();
+        Ok(self.changed())
+    }
+
+    /// The remote pods: the source's (`set`), and the other nodes' endpoint records (a pod both name is the
+    /// source's), never a local endpoint's.
+    fn remote_pods(&self, set: &PolicySet) -> Vec<RemotePod> {
+        let mut pods = pods::remote(set, self.registry.endpoints(), self.node_name.as_deref());
+        let mut skip: BTreeSet<String> = self
+            .registry
+            .endpoints()
+            .map(|e| format!("{}/{}", e.namespace, e.pod))
+            .collect();
+        skip.extend(pods.iter().map(|p| p.key.clone()));
+        pods.extend(
+            self.cluster_pods
+                .iter()
+                .filter(|p| !skip.contains(&p.key))
+                .cloned(),
+        );
+        pods.sort_by(|a, b| a.key.cmp(&b.key));
+        pods
+    }
+
+    /// The other nodes' pods, from their endpoint records (the whole set): they become remote pods.
+    pub fn set_cluster_pods(&mut self, pods: Vec<RemotePod>) -> Result<u64, NodeError> {
+        if pods == self.cluster_pods {
+            return Ok(self.generation);
+        }
+        self.cluster_pods = pods;
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
         self.flush();
         Ok(self.changed())
     }
@@ -221,11 +253,8 @@ impl Node {
     /// This node's name (its pods in the source are local, never remote).
     pub fn set_node_name(&mut self, name: &str) -> Result<u64, NodeError> {
         self.node_name = Some(name.to_owned());
-        self.calc.set_remote_pods(&pods::remote(
-            &self.cluster,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
         self.flush();
         Ok(self.changed())
     }
@@ -366,11 +395,8 @@ impl Node {
         self.calc
             .set_endpoint_ports(&stored.key(), pods::named_ports_of(&stored, &self.cluster));
         // A pod that just became local is no longer remote.
-        self.calc.set_remote_pods(&pods::remote(
-            &self.cluster,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
         self.flush();
         Ok((stored, identity, self.changed()))
     }
@@ -381,11 +407,8 @@ impl Node {
         if removed.is_some() {
             self.calc.remove_endpoint(key);
             self.calc.set_endpoint_ports(key, Vec::new());
-            self.calc.set_remote_pods(&pods::remote(
-                &self.cluster,
-                self.registry.endpoints(),
-                self.node_name.as_deref(),
-            ))?;
+            let remote = self.remote_pods(&self.cluster);
+            self.calc.set_remote_pods(&remote)?;
             self.flush();
         }
         Ok((removed, self.changed()))

@@ -25,7 +25,10 @@ use tests::{
     etcd_netns::PORT,
     multinode::{Cluster, Node},
     netns::NetNs,
+    netpol::{Model, ModelPod, Proto, Source, labels, match_labels},
+    netpol_policies::{from_both, from_namespaces, from_pods, policy, port},
     netpol_probe::Servers,
+    pod_doc::{write_atomically, write_pod},
     privileged::require_root,
 };
 
@@ -208,7 +211,16 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     for i in 0..3 {
         let node = cluster.add_node();
         for p in 0..PODS {
-            node.add_pod(&format!("wt-ns{}", p % 2), &format!("pod-{i}-{p}"));
+            let (namespace, name) = pod_name(i, p);
+            // Its labels reach its own node only: the others learn them from its endpoint record.
+            write_pod(
+                &node.cni.dirs.path("policies"),
+                &namespace,
+                &name,
+                &[("app", APPS[(i + p) % APPS.len()])],
+                &[],
+            );
+            node.add_pod(&namespace, &name);
         }
         for (pod, _) in &node.pods {
             servers.push(Servers::start(&pod.ns, &[PORT_TCP], &[]));
@@ -221,6 +233,47 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
         3 * 2 * PODS * PODS,
         "every cross-node pair was tried"
     );
+
+    // The policy matrix: pods of other nodes are judged by their identities (from their endpoint records).
+    let mut pod_labels: Vec<Vec<&str>> = (0..3)
+        .map(|i| (0..PODS).map(|p| APPS[(i + p) % APPS.len()]).collect())
+        .collect();
+    write_policies(&cluster);
+    let model = model();
+    assert!(
+        matrix_holds(&cluster, &model, &pod_labels),
+        "the policy matrix does not hold across nodes"
+    );
+    // A label change on node 0's pod changes what the other nodes' pods may reach.
+    let (namespace, name) = pod_name(0, 0);
+    let relabelled = if pod_labels[0][0] == "db" {
+        "api"
+    } else {
+        "db"
+    };
+    write_pod(
+        &cluster.node(0).cni.dirs.path("policies"),
+        &namespace,
+        &name,
+        &[("app", relabelled)],
+        &[],
+    );
+    pod_labels[0][0] = relabelled;
+    assert!(
+        matrix_holds(&cluster, &model, &pod_labels),
+        "the policy matrix does not follow a label change on node 0"
+    );
+    // The rest runs without policies.
+    for node in cluster.live() {
+        write_atomically(&node.cni.dirs.path("policies"), "policies.yaml", "");
+    }
+    wait_until("every pair connects again", CONVERGE, || {
+        if matrix_holds_once(&cluster, &Model::default(), &pod_labels).is_empty() {
+            Ok(())
+        } else {
+            Err("some pairs are still denied".into())
+        }
+    });
 
     // An established connection from a pod on node 1 to a pod on node 0, across node 0's agent's kill -9.
     let target = tests::cni::Pod::ipv4(&cluster.node(0).pods[0].1);
@@ -331,8 +384,170 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     all_cross_node_pairs_connect(&cluster);
 }
 
+const APPS: [&str; 3] = ["web", "db", "api"];
+
+fn pod_name(node: usize, pod: usize) -> (String, String) {
+    (format!("wt-ns{}", pod % 2), format!("pod-{node}-{pod}"))
+}
+
+fn namespaces() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+    vec![
+        ("wt-ns0", vec![("team", "a")]),
+        ("wt-ns1", vec![("team", "b")]),
+    ]
+}
+
+/// Five policies with selectors across namespaces (and so across nodes: every namespace has pods on
+/// every node).
+fn policies() -> Vec<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    let app = |a: &str| match_labels(&[("app", a)]);
+    let team = |t: &str| match_labels(&[("team", t)]);
+    vec![
+        // db in wt-ns0 takes api of its own namespace only.
+        policy("wt-ns0", "db-from-api", app("db"))
+            .ingress(vec![from_pods(app("api"))], vec![port(Proto::Tcp, 8080)])
+            .build(),
+        // web in wt-ns1 takes anything from team a's namespaces.
+        policy("wt-ns1", "web-from-team-a", app("web"))
+            .ingress(vec![from_namespaces(team("a"))], vec![])
+            .build(),
+        // db in wt-ns1 takes api of team a only.
+        policy("wt-ns1", "db-from-a-api", app("db"))
+            .ingress(vec![from_both(team("a"), app("api"))], vec![])
+            .build(),
+        // api in wt-ns0 may only reach db and web pods (any namespace of team b, or its own).
+        policy("wt-ns0", "api-egress", app("api"))
+            .types(&["Egress"])
+            .egress(vec![from_pods(app("db"))], vec![])
+            .egress(vec![from_both(team("b"), app("web"))], vec![])
+            .build(),
+        // web in wt-ns0 takes web pods of any namespace.
+        policy("wt-ns0", "web-from-web", app("web"))
+            .ingress(vec![from_both(match_labels(&[]), app("web"))], vec![])
+            .build(),
+    ]
+}
+
+fn model() -> Model {
+    Model {
+        namespaces: namespaces()
+            .into_iter()
+            .map(|(n, l)| (n.to_owned(), labels(&l)))
+            .collect(),
+        policies: policies(),
+        named_ports: Default::default(),
+    }
+}
+
+/// The same namespaces and policies on every node (each node's own directory).
+fn write_policies(cluster: &Cluster) {
+    let text = model().manifest();
+    for node in cluster.live() {
+        write_atomically(&node.cni.dirs.path("policies"), "policies.yaml", &text);
+    }
+}
+
+/// Every ordered pair of pods whose TCP result differs from the model: (from, to, expected).
+fn matrix_holds_once(
+    cluster: &Cluster,
+    model: &Model,
+    pod_labels: &[Vec<&str>],
+) -> Vec<(String, String, bool)> {
+    let pods: Vec<(String, ModelPod, &NetNs, String)> = cluster
+        .live()
+        .enumerate()
+        .flat_map(|(i, node)| {
+            node.pods.iter().enumerate().map(move |(p, (pod, result))| {
+                let (namespace, name) = pod_name(i, p);
+                let app = pod_labels
+                    .get(i)
+                    .and_then(|l| l.get(p))
+                    .copied()
+                    .unwrap_or("none");
+                (
+                    name,
+                    ModelPod {
+                        namespace,
+                        labels: labels(&[("app", app)]),
+                    },
+                    &pod.ns,
+                    tests::cni::Pod::ipv4(result),
+                )
+            })
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = pods
+            .iter()
+            .map(|(from, from_model, ns, _)| {
+                let pods = &pods;
+                scope.spawn(move || {
+                    let mut wrong = Vec::new();
+                    for (to, to_model, _, ip) in pods.iter().filter(|(to, ..)| to != from) {
+                        let want = model.allows(Source::Pod(from_model), to_model, PORT_TCP);
+                        let addr: SocketAddr = format!("{ip}:{PORT_TCP}").parse().expect("addr");
+                        let got = ns.run(|| {
+                            TcpStream::connect_timeout(&addr, Duration::from_millis(400)).is_ok()
+                        });
+                        if got != want {
+                            wrong.push((from.clone(), to.clone(), want));
+                        }
+                    }
+                    wrong
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("probe thread"))
+            .collect()
+    })
+}
+
+/// The matrix holds within the convergence bound (policies hot-reload, endpoint records every second).
+fn matrix_holds(cluster: &Cluster, model: &Model, pod_labels: &[Vec<&str>]) -> bool {
+    let deadline = Instant::now() + CONVERGE;
+    let mut allowed_and_denied = (false, false);
+    loop {
+        let wrong = matrix_holds_once(cluster, model, pod_labels);
+        if wrong.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("pairs that differ from the model (from, to, expected): {wrong:?}");
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The matrix must have both outcomes, or it proves nothing.
+    let pods: Vec<ModelPod> = (0..3)
+        .flat_map(|i| {
+            (0..PODS).map(move |p| ModelPod {
+                namespace: pod_name(i, p).0,
+                labels: labels(&[("app", pod_labels[i][p])]),
+            })
+        })
+        .collect();
+    for a in &pods {
+        for b in &pods {
+            if model.allows(Source::Pod(a), b, PORT_TCP) {
+                allowed_and_denied.0 = true;
+            } else {
+                allowed_and_denied.1 = true;
+            }
+        }
+    }
+    assert!(
+        allowed_and_denied == (true, true),
+        "the model allows or denies everything"
+    );
+    true
+}
+
 /// Map ids and program ids of a node's agent, from its pins (bpftool).
-fn ids(node: &Node) -> (Vec<(String, u64)>, Vec<(String, u64)>) {
+type Ids = Vec<(String, u64)>;
+
+fn ids(node: &Node) -> (Ids, Ids) {
     let agent = node.cni.agent.as_ref().expect("running");
     let mut maps = agent.map_ids();
     maps.sort();

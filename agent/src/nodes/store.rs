@@ -4,7 +4,11 @@
 
 use std::{collections::BTreeMap, future::Future};
 
-use ipam::{Ipam, IpamError, model::NodeRecord, store::Store};
+use ipam::{
+    Ipam, IpamError,
+    model::{EndpointRecord, NodeRecord},
+    store::Store,
+};
 
 use super::ClusterNode;
 
@@ -34,6 +38,15 @@ pub trait NodeStore: Send + Sync + 'static {
         &self,
         now: u64,
     ) -> impl Future<Output = Result<BTreeMap<String, ClusterNode>, NodeStoreError>> + Send;
+    /// Makes `node`'s endpoint records exactly `records`.
+    fn publish_endpoints(
+        &self,
+        node: &str,
+        records: &[EndpointRecord],
+    ) -> impl Future<Output = Result<(), NodeStoreError>> + Send;
+    /// Every node's endpoint records.
+    fn endpoints(&self)
+    -> impl Future<Output = Result<Vec<EndpointRecord>, NodeStoreError>> + Send;
 }
 
 impl<S: Store + Clone> NodeStore for Ipam<S> {
@@ -42,6 +55,29 @@ impl<S: Store + Clone> NodeStore for Ipam<S> {
             .await
             .map_err(|source| NodeStoreError::Datastore {
                 what: "write this node's record",
+                source,
+            })
+    }
+
+    async fn publish_endpoints(
+        &self,
+        node: &str,
+        records: &[EndpointRecord],
+    ) -> Result<(), NodeStoreError> {
+        self.sync_endpoints(node, records)
+            .await
+            .map(|_| ())
+            .map_err(|source| NodeStoreError::Datastore {
+                what: "publish this node's endpoint records",
+                source,
+            })
+    }
+
+    async fn endpoints(&self) -> Result<Vec<EndpointRecord>, NodeStoreError> {
+        self.endpoint_records()
+            .await
+            .map_err(|source| NodeStoreError::Datastore {
+                what: "list the endpoint records",
                 source,
             })
     }

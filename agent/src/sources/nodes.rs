@@ -2,14 +2,20 @@
 //! node record and block affinity every [`LIST_EVERY`], and sends the loop what changed ([`NodeDelta`]s), then
 //! [`NodeDelta::Synced`] after the first full listing. A datastore that does not answer changes nothing: the
 //! routes in place stay (fail static) and the next round retries.
+//!
+//! Endpoints too: this node's endpoints (from the loop's snapshot, with their effective labels) are
+//! published as endpoint records when they change, and every other live node's records reach the loop as
+//! remote pods ([`Command::ClusterPods`]), so this node's maps know their addresses by identity.
 
 use std::{collections::BTreeMap, time::Duration};
 
-use ipam::model::NodeRecord;
+use ipam::model::{EndpointRecord, NodeRecord};
 
 use crate::{
     applier::{Command, LoopHandle},
     nodes::{ClusterNode, NodeDelta, diff, store::NodeStore},
+    policy::pods::RemotePod,
+    snapshot::Snapshot,
 };
 
 fn now() -> u64 {
@@ -45,12 +51,57 @@ pub async fn round<S: NodeStore>(
     Ok(deltas)
 }
 
+/// This node's endpoint records, from the loop's snapshot (effective labels: a Pod document's win).
+#[must_use]
+pub fn local_records(node: &str, snapshot: &Snapshot) -> Vec<EndpointRecord> {
+    let mut records: Vec<EndpointRecord> = snapshot
+        .endpoints
+        .values()
+        .filter(|v| !v.endpoint.ips.is_empty())
+        .map(|v| EndpointRecord {
+            node: node.to_owned(),
+            namespace: v.endpoint.namespace.clone(),
+            pod: v.endpoint.pod.clone(),
+            labels: v.endpoint.labels.clone(),
+            ips: v.endpoint.ips.clone(),
+        })
+        .collect();
+    records.sort_by_key(EndpointRecord::key_name);
+    records.dedup_by(|a, b| a.key_name() == b.key_name());
+    records
+}
+
+/// The pods of other, live nodes, sorted by key (`namespace/name`).
+#[must_use]
+pub fn remote_pods(
+    node: &str,
+    records: Vec<EndpointRecord>,
+    nodes: &BTreeMap<String, ClusterNode>,
+) -> Vec<RemotePod> {
+    let mut pods: Vec<RemotePod> = records
+        .into_iter()
+        .filter(|r| r.node != node && nodes.get(&r.node).is_some_and(|n| n.alive))
+        .map(|r| RemotePod {
+            key: format!("{}/{}", r.namespace, r.pod),
+            namespace: r.namespace,
+            labels: r.labels,
+            ips: r.ips,
+            named_ports: Vec::new(),
+        })
+        .collect();
+    pods.sort_by(|a, b| a.key.cmp(&b.key));
+    pods
+}
+
 /// Runs until the loop is gone.
 pub async fn run<S: NodeStore>(dataplane: LoopHandle, store: S, mut record: NodeRecord) {
     let every = interval(Duration::from_secs(record.expiry));
     let mut known = BTreeMap::new();
     let mut synced = false;
     let mut renew_at = tokio::time::Instant::now();
+    let snapshots = dataplane.subscribe();
+    let mut published: Option<Vec<EndpointRecord>> = None;
+    let mut sent_pods: Option<Vec<RemotePod>> = None;
     loop {
         let renew = tokio::time::Instant::now() >= renew_at;
         match round(&store, &mut record, renew, &mut known).await {
@@ -68,11 +119,63 @@ pub async fn run<S: NodeStore>(dataplane: LoopHandle, store: S, mut record: Node
                     tracing::info!(nodes = known.len(), "node records listed");
                 }
                 synced = true;
+                let local = local_records(&record.name, &snapshots.borrow());
+                if let Err(e) = endpoints_round(
+                    &store,
+                    &dataplane,
+                    &record.name,
+                    local,
+                    &known,
+                    &mut published,
+                    &mut sent_pods,
+                )
+                .await
+                {
+                    if matches!(e, EndpointsRoundError::LoopGone) {
+                        return;
+                    }
+                    tracing::warn!(error = %e, "endpoint records: round failed; retrying");
+                }
             }
             Err(e) => tracing::warn!(error = %e, "node records: round failed; retrying"),
         }
         tokio::time::sleep(LIST_EVERY.min(every)).await;
     }
+}
+
+/// Why an endpoint round did not finish.
+#[derive(Debug, thiserror::Error)]
+enum EndpointsRoundError {
+    /// The datastore failed.
+    #[error(transparent)]
+    Store(#[from] crate::nodes::store::NodeStoreError),
+    /// The loop is gone.
+    #[error("the dataplane loop is gone")]
+    LoopGone,
+}
+
+/// Publishes this node's records when they changed, and sends the other nodes' pods when they changed.
+async fn endpoints_round<S: NodeStore>(
+    store: &S,
+    dataplane: &LoopHandle,
+    node: &str,
+    local: Vec<EndpointRecord>,
+    nodes: &BTreeMap<String, ClusterNode>,
+    published: &mut Option<Vec<EndpointRecord>>,
+    sent: &mut Option<Vec<RemotePod>>,
+) -> Result<(), EndpointsRoundError> {
+    if published.as_ref() != Some(&local) {
+        store.publish_endpoints(node, &local).await?;
+        *published = Some(local);
+    }
+    let pods = remote_pods(node, store.endpoints().await?, nodes);
+    if sent.as_ref() != Some(&pods) {
+        dataplane
+            .send(Command::ClusterPods(pods.clone()))
+            .map_err(|_| EndpointsRoundError::LoopGone)?;
+        *sent = Some(pods);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

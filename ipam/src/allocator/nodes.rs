@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{Ipam, encode};
 use crate::{
     IpamError,
-    model::{AffinityState, BlockAffinity, NodeRecord, ReleaseCheck},
+    model::{AffinityState, BlockAffinity, EndpointRecord, NodeRecord, ReleaseCheck},
     store::{Key, Kind, Store, Write},
 };
 
@@ -71,6 +71,67 @@ impl<S: Store + Clone> Ipam<S> {
             .await?)
     }
 
+    /// Makes `node`'s endpoint records exactly `records` (each of which must name `node`): writes the missing
+    /// and changed ones, deletes the rest. Returns how many records it wrote or deleted.
+    pub async fn sync_endpoints(
+        &self,
+        node: &str,
+        records: &[EndpointRecord],
+    ) -> Result<usize, IpamError> {
+        let present: BTreeMap<String, EndpointRecord> = self
+            .list_objs::<EndpointRecord>(Kind::Endpoint, &format!("{node}/"))
+            .await?
+            .into_iter()
+            .filter(|(r, _)| r.node == node)
+            .map(|(r, _)| (r.key_name(), r))
+            .collect();
+        let mut changes = 0;
+        for r in records.iter().filter(|r| r.node == node) {
+            if present.get(&r.key_name()) == Some(r) {
+                continue;
+            }
+            let value = encode(r);
+            self.store
+                .read_modify_write(vec![Key::new(Kind::Endpoint, r.key_name())], move |_| {
+                    (vec![Write::Put(value.clone())], ())
+                })
+                .await?;
+            changes += 1;
+        }
+        for name in present.keys() {
+            if records
+                .iter()
+                .any(|r| r.node == node && &r.key_name() == name)
+            {
+                continue;
+            }
+            self.store
+                .read_modify_write(vec![Key::new(Kind::Endpoint, name.clone())], |cur| {
+                    (
+                        vec![if cur[0].is_some() {
+                            Write::Delete
+                        } else {
+                            Write::Keep
+                        }],
+                        (),
+                    )
+                })
+                .await?;
+            changes += 1;
+        }
+        Ok(changes)
+    }
+
+    /// Every endpoint record of every node.
+    pub async fn endpoint_records(&self) -> Result<Vec<EndpointRecord>, IpamError> {
+        Ok(self
+            .list_objs::<EndpointRecord>(Kind::Endpoint, "")
+            .await?
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect())
+    }
+
     /// Every host's blocks: its confirmed, not deleted affinities.
     pub async fn blocks_by_host(&self) -> Result<BTreeMap<String, Vec<IpNetwork>>, IpamError> {
         let mut hosts: BTreeMap<String, Vec<IpNetwork>> = BTreeMap::new();
@@ -124,6 +185,7 @@ impl<S: Store + Clone> Ipam<S> {
             }
         }
         self.release_host_affinities(name, false).await?;
+        self.sync_endpoints(name, &[]).await?;
         report.blocks = affinities.into_iter().map(|a| a.cidr).collect();
         report.record_deleted = self.delete_node(name).await?;
         Ok(report)
@@ -194,8 +256,35 @@ mod tests {
                 .contains_key("n1")
         );
         assert!(ipam.node("n1").await.expect("get").is_none());
+        // Endpoint records: synced per node, listed for all.
+        let ep = |node: &str, pod: &str| EndpointRecord {
+            node: node.into(),
+            namespace: "ns".into(),
+            pod: pod.into(),
+            labels: BTreeMap::from([("app".to_owned(), pod.to_owned())]),
+            ips: vec!["10.40.0.9".parse().expect("ip")],
+        };
+        let mine = [ep("n2", "a"), ep("n2", "b")];
+        assert_eq!(ipam.sync_endpoints("n2", &mine).await.expect("sync"), 2);
+        assert_eq!(
+            ipam.sync_endpoints("n2", &mine).await.expect("sync"),
+            0,
+            "unchanged: no write"
+        );
+        assert_eq!(
+            ipam.sync_endpoints("n2", &mine[..1]).await.expect("sync"),
+            1
+        );
+        assert_eq!(
+            ipam.endpoint_records().await.expect("list"),
+            vec![ep("n2", "a")]
+        );
         // An expired node needs no force.
         let expired = ipam.release_node("n2", false, 200).await.expect("expired");
         assert!(expired.record_deleted && expired.blocks.is_empty());
+        assert!(
+            ipam.endpoint_records().await.expect("list").is_empty(),
+            "its endpoints went with it"
+        );
     }
 }

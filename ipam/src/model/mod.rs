@@ -3,6 +3,7 @@
 pub mod affinity;
 pub mod block;
 pub mod config;
+pub mod endpoint;
 pub mod handle;
 pub mod identity;
 pub mod node;
@@ -13,6 +14,7 @@ pub mod selector;
 pub use affinity::{AffinityState, BlockAffinity};
 pub use block::{AllocationAttr, Block, BlockError, ReleaseCheck};
 pub use config::IpamConfig;
+pub use endpoint::EndpointRecord;
 pub use handle::Handle;
 pub use identity::{Identity, IdentityKey};
 pub use node::NodeRecord;

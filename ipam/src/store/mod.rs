@@ -33,11 +33,13 @@ pub enum Kind {
     IdentityKey,
     /// A node record (`NodeRecord`, named by the node): addresses, labels, heartbeat.
     Node,
+    /// An endpoint record (`EndpointRecord`, named `<node>/<namespace>/<pod>`): a pod's addresses and labels.
+    Endpoint,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Pool,
         Kind::Config,
         Kind::Reservation,
@@ -47,6 +49,7 @@ impl Kind {
         Kind::Identity,
         Kind::IdentityKey,
         Kind::Node,
+        Kind::Endpoint,
     ];
 
     /// The kind's path segment in key-value stores.
@@ -61,6 +64,7 @@ impl Kind {
             Self::Identity => "identities",
             Self::IdentityKey => "identitykeys",
             Self::Node => "nodes",
+            Self::Endpoint => "endpoints",
         }
     }
 }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{
-        self, Block, Handle, Identity, IdentityKey, IpPool, IpamConfig, NodeRecord, Reservation,
+        self, Block, EndpointRecord, Handle, Identity, IdentityKey, IpPool, IpamConfig, NodeRecord,
+        Reservation,
     },
     store::Kind,
 };
@@ -156,6 +157,21 @@ pub struct WeirNodeSpec {
     pub node: NodeRecord,
 }
 
+/// Spec of a `WeirEndpoint`: a pod's addresses and labels as its node publishes them.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.weir.dev",
+    version = "v1",
+    kind = "WeirEndpoint",
+    plural = "weirendpoints",
+    doc = "A pod's addresses and labels as its node publishes them. Written only by weir."
+)]
+pub struct WeirEndpointSpec {
+    /// The record.
+    #[serde(flatten)]
+    pub endpoint: EndpointRecord,
+}
+
 /// The resource that stores `kind`.
 pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
     match kind {
@@ -168,6 +184,7 @@ pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
         Kind::Identity => SecurityIdentity::api_resource(),
         Kind::IdentityKey => SecurityIdentityKey::api_resource(),
         Kind::Node => WeirNode::api_resource(),
+        Kind::Endpoint => WeirEndpoint::api_resource(),
     }
 }
 
@@ -183,6 +200,7 @@ pub fn definitions() -> Vec<CustomResourceDefinition> {
         SecurityIdentity::crd(),
         SecurityIdentityKey::crd(),
         WeirNode::crd(),
+        WeirEndpoint::crd(),
     ]
 }
 
