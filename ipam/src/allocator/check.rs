@@ -231,10 +231,10 @@ impl<S: Store + Clone> Ipam<S> {
                 ));
             }
         }
-        // Where nodes keep records (a shared etcd), a block whose node has none belongs to a node that is
-        // gone: its addresses stay allocated until `weir ipam release-node` frees them.
+        // Where nodes keep records (agents on a shared etcd write them), a block whose node has none belongs
+        // to a node that is gone: its addresses stay allocated until `weir ipam release-node` frees them.
         let records = self.nodes().await?;
-        if self.store.backend() == "etcd" || !records.is_empty() {
+        if !records.is_empty() {
             for a in affs.iter().filter(|a| a.state == AffinityState::Confirmed) {
                 if !records.contains_key(&a.host) {
                     r.leaks.push(format!(

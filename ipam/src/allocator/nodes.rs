@@ -240,6 +240,19 @@ mod tests {
         assert_eq!(blocks.get("n1").map(Vec::len), Some(1));
         assert!(!blocks.contains_key("n2"));
 
+        // `check` reports a block only once its node has no record.
+        let node_leaks = |r: crate::allocator::CheckReport| {
+            r.leaks
+                .into_iter()
+                .filter(|l| l.contains("no node record"))
+                .count()
+        };
+        assert_eq!(node_leaks(ipam.check().await.expect("check")), 0);
+        let n1 = ipam.node("n1").await.expect("get").expect("n1");
+        assert!(ipam.delete_node("n1").await.expect("delete"));
+        assert_eq!(node_leaks(ipam.check().await.expect("check")), 1);
+        ipam.put_node(&n1).await.expect("put back");
+
         let refused = ipam.release_node("n1", false, 105).await;
         assert!(
             matches!(refused, Err(IpamError::NodeLive { .. })),
