@@ -150,7 +150,9 @@ pub enum Command {
     /// A change of the cluster's nodes (their records and blocks), from the nodes source.
     Node(crate::nodes::NodeDelta),
     /// The pods of other nodes from their endpoint records (the whole set), from the nodes source.
-    ClusterPods(Vec<crate::policy::pods::RemotePod>),
+    ClusterPods(Vec<crate::nodes::ClusterPod>),
+    /// Every pod address known cluster-wide with its identity and node (`weir status --all-addresses`).
+    Addresses(oneshot::Sender<Vec<crate::nodes::AddressView>>),
     /// End the loop.
     Stop,
 }
@@ -247,6 +249,13 @@ impl LoopHandle {
     ) -> Result<TraceResult, LoopError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Trace(request, protocol, kernel, tx))?;
+        rx.await.map_err(|_| LoopError::Stopped)
+    }
+
+    /// Every pod address known cluster-wide (this node's endpoints and other nodes' pods).
+    pub async fn addresses(&self) -> Result<Vec<crate::nodes::AddressView>, LoopError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Addresses(tx))?;
         rx.await.map_err(|_| LoopError::Stopped)
     }
 
@@ -469,6 +478,10 @@ impl DataplaneLoop {
                 if let Err(e) = self.node.set_cluster_pods(pods) {
                     tracing::error!(error = %e, "cannot take the other nodes' pods");
                 }
+            }
+            Command::Addresses(reply) => {
+                // A caller that went away needs no answer.
+                let _unanswered = reply.send(self.node.addresses());
             }
             Command::Node(delta) => {
                 self.node.on_node_delta(delta);

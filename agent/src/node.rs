@@ -14,7 +14,7 @@ use crate::{
     dataplane::routes::RouteError,
     identity::{Identities, IdentityError},
     nodes::{
-        NodeDelta,
+        AddressView, ClusterPod, NodeDelta,
         routing::{NodeRoutes, NodeStatus},
     },
     paths::Paths,
@@ -60,7 +60,7 @@ pub struct Node {
     /// Routes to other nodes' blocks (with node records: an `etcd:` datastore).
     routes: Option<NodeRoutes>,
     /// Other nodes' pods from their endpoint records.
-    cluster_pods: Vec<RemotePod>,
+    cluster_pods: Vec<ClusterPod>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node.
@@ -192,6 +192,7 @@ impl Node {
         pods.extend(
             self.cluster_pods
                 .iter()
+                .map(|c| &c.pod)
                 .filter(|p| !skip.contains(&p.key))
                 .cloned(),
         );
@@ -200,7 +201,7 @@ impl Node {
     }
 
     /// The other nodes' pods, from their endpoint records (the whole set): they become remote pods.
-    pub fn set_cluster_pods(&mut self, pods: Vec<RemotePod>) -> Result<u64, NodeError> {
+    pub fn set_cluster_pods(&mut self, pods: Vec<ClusterPod>) -> Result<u64, NodeError> {
         if pods == self.cluster_pods {
             return Ok(self.generation);
         }
@@ -209,6 +210,44 @@ impl Node {
         self.calc.set_remote_pods(&remote)?;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// Every pod address known: this node's endpoints and the other nodes' pods, with the identity this
+    /// node's maps give each.
+    #[must_use]
+    pub fn addresses(&self) -> Vec<AddressView> {
+        let here = self.node_name.clone().unwrap_or_default();
+        let mut out: Vec<AddressView> = self
+            .registry
+            .endpoints()
+            .flat_map(|e| {
+                let identity = self.identity(e);
+                let (pod, node) = (format!("{}/{}", e.namespace, e.pod), here.clone());
+                e.ips.iter().map(move |ip| AddressView {
+                    ip: *ip,
+                    identity,
+                    node: node.clone(),
+                    pod: pod.clone(),
+                })
+            })
+            .collect();
+        for c in &self.cluster_pods {
+            for ip in &c.pod.ips {
+                let identity = match ip {
+                    IpAddr::V4(v4) => self.dataplane.ident4.desired(&v4.octets()),
+                    IpAddr::V6(v6) => self.dataplane.ident6.desired(&v6.octets()),
+                }
+                .map(|i| i.identity);
+                out.push(AddressView {
+                    ip: *ip,
+                    identity,
+                    node: c.node.clone(),
+                    pod: c.pod.key.clone(),
+                });
+            }
+        }
+        out.sort_by_key(|a| a.ip);
+        out
     }
 
     /// Routes this node's way to other nodes' blocks through `routes` (from now on, node deltas reach it).

@@ -33,7 +33,7 @@ use tests::{
 };
 
 /// Pods per node (the full size is 30; this keeps the run short).
-const PODS: usize = 3;
+const PODS: usize = 10;
 const PORT_TCP: u16 = 8080;
 /// How long a node's change may take to reach every other node's routes (listing every second).
 const CONVERGE: Duration = Duration::from_secs(15);
@@ -263,6 +263,9 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
         matrix_holds(&cluster, &model, &pod_labels),
         "the policy matrix does not follow a label change on node 0"
     );
+    // Identity agreement: node 1 knows node 0's pods by the identities node 0 gives them
+    // (`weir status --all-addresses`, the operator's view).
+    identities_agree(&cluster);
     // The rest runs without policies.
     for node in cluster.live() {
         write_atomically(&node.cni.dirs.path("policies"), "policies.yaml", "");
@@ -382,6 +385,51 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     servers.push(Servers::start(&node3.pods[0].0.ns, &[PORT_TCP], &[]));
     routes_converge(&cluster);
     all_cross_node_pairs_connect(&cluster);
+}
+
+fn identities_agree(cluster: &Cluster) {
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let own: Vec<Value> = a
+        .cni
+        .agent
+        .as_ref()
+        .expect("running")
+        .api(Method::GET, "/v1/endpoints", None)
+        .expect("endpoints");
+    let own: std::collections::BTreeMap<String, u64> = own
+        .iter()
+        .flat_map(|e| {
+            let id = e["identity"].as_u64().expect("an identity");
+            e["ips"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(move |ip| ip.as_str().map(|ip| (ip.to_owned(), id)))
+        })
+        .collect();
+    assert_eq!(own.len(), PODS, "node 0's own endpoints");
+    let socket = b.cni.socket();
+    let out = b.cni.ns.exec(&[
+        bin::weir().to_str().expect("utf-8 path"),
+        "status",
+        "--all-addresses",
+        "-o",
+        "json",
+        "--api-socket",
+        socket.to_str().expect("utf-8 path"),
+    ]);
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let seen: std::collections::BTreeMap<String, u64> = listed
+        .iter()
+        .filter(|x| x["node"] == a.name.as_str())
+        .filter_map(|a| Some((a["ip"].as_str()?.to_owned(), a["identity"].as_u64()?)))
+        .collect();
+    assert_eq!(seen, own, "node 1's view of node 0's pods: {listed:?}");
+    assert!(
+        listed.iter().any(|x| x["node"] == b.name.as_str()),
+        "node 1 lists its own pods too"
+    );
 }
 
 const APPS: [&str; 3] = ["web", "db", "api"];

@@ -71,6 +71,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/endpoints", get(list_endpoints))
         .route("/v1/nodes", get(list_nodes))
+        .route("/v1/addresses", get(list_addresses))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
@@ -251,6 +252,13 @@ async fn list_nodes(
     State(api): State<Arc<Api>>,
 ) -> ApiResult<Vec<crate::nodes::routing::NodeStatus>> {
     Ok(Json((*api.dataplane.snapshot().nodes).clone()))
+}
+
+/// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.
+async fn list_addresses(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::nodes::AddressView>> {
+    Ok(Json(api.dataplane.addresses().await.map_err(loop_error)?))
 }
 
 async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {

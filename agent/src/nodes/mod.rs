@@ -29,6 +29,28 @@ pub struct ClusterNode {
     pub heartbeat: u64,
 }
 
+/// A pod of another node, from its endpoint record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterPod {
+    /// The node it runs on.
+    pub node: String,
+    /// The pod as the calculation takes it.
+    pub pod: crate::policy::pods::RemotePod,
+}
+
+/// A pod address known cluster-wide, as `weir status --all-addresses` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressView {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its identity in this node's maps (`None`: not written yet).
+    pub identity: Option<u32>,
+    /// The node the pod runs on.
+    pub node: String,
+    /// `namespace/pod`.
+    pub pod: String,
+}
+
 /// One change of the cluster's nodes, as the nodes source sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeDelta {

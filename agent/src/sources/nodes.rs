@@ -13,7 +13,7 @@ use ipam::model::{EndpointRecord, NodeRecord};
 
 use crate::{
     applier::{Command, LoopHandle},
-    nodes::{ClusterNode, NodeDelta, diff, store::NodeStore},
+    nodes::{ClusterNode, ClusterPod, NodeDelta, diff, store::NodeStore},
     policy::pods::RemotePod,
     snapshot::Snapshot,
 };
@@ -77,19 +77,22 @@ pub fn remote_pods(
     node: &str,
     records: Vec<EndpointRecord>,
     nodes: &BTreeMap<String, ClusterNode>,
-) -> Vec<RemotePod> {
-    let mut pods: Vec<RemotePod> = records
+) -> Vec<ClusterPod> {
+    let mut pods: Vec<ClusterPod> = records
         .into_iter()
         .filter(|r| r.node != node && nodes.get(&r.node).is_some_and(|n| n.alive))
-        .map(|r| RemotePod {
-            key: format!("{}/{}", r.namespace, r.pod),
-            namespace: r.namespace,
-            labels: r.labels,
-            ips: r.ips,
-            named_ports: Vec::new(),
+        .map(|r| ClusterPod {
+            node: r.node,
+            pod: RemotePod {
+                key: format!("{}/{}", r.namespace, r.pod),
+                namespace: r.namespace,
+                labels: r.labels,
+                ips: r.ips,
+                named_ports: Vec::new(),
+            },
         })
         .collect();
-    pods.sort_by(|a, b| a.key.cmp(&b.key));
+    pods.sort_by(|a, b| a.pod.key.cmp(&b.pod.key));
     pods
 }
 
@@ -101,7 +104,7 @@ pub async fn run<S: NodeStore>(dataplane: LoopHandle, store: S, mut record: Node
     let mut renew_at = tokio::time::Instant::now();
     let snapshots = dataplane.subscribe();
     let mut published: Option<Vec<EndpointRecord>> = None;
-    let mut sent_pods: Option<Vec<RemotePod>> = None;
+    let mut sent_pods: Option<Vec<ClusterPod>> = None;
     loop {
         let renew = tokio::time::Instant::now() >= renew_at;
         match round(&store, &mut record, renew, &mut known).await {
@@ -162,7 +165,7 @@ async fn endpoints_round<S: NodeStore>(
     local: Vec<EndpointRecord>,
     nodes: &BTreeMap<String, ClusterNode>,
     published: &mut Option<Vec<EndpointRecord>>,
-    sent: &mut Option<Vec<RemotePod>>,
+    sent: &mut Option<Vec<ClusterPod>>,
 ) -> Result<(), EndpointsRoundError> {
     if published.as_ref() != Some(&local) {
         store.publish_endpoints(node, &local).await?;
