@@ -85,6 +85,9 @@ impl Cluster {
         let infra = NetNs::new();
         let bridge = names::unique("br");
         infra.exec(&["ip", "link", "add", &bridge, "type", "bridge"]);
+        // A fixed address: a bridge otherwise takes its lowest port's, which changes when a node leaves,
+        // and nodes whose TCP traffic keeps confirming the old neighbour entry never ask again.
+        infra.exec(&["ip", "link", "set", &bridge, "address", "02:00:0a:63:00:01"]);
         infra.exec(&[
             "ip",
             "addr",

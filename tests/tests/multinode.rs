@@ -35,8 +35,9 @@ use tests::{
 /// Pods per node (the full size is 30; this keeps the run short).
 const PODS: usize = 10;
 const PORT_TCP: u16 = 8080;
-/// How long a node's change may take to reach every other node's routes (listing every second).
-const CONVERGE: Duration = Duration::from_secs(15);
+/// How long a node's change may take to reach every other node's routes (listing every second; etcd on
+/// this shared disk sometimes takes seconds to answer, and a request gives up after 10 s).
+const CONVERGE: Duration = Duration::from_secs(45);
 
 /// The blocks node `node` reports for itself (`GET /v1/nodes`).
 fn own_blocks(node: &Node) -> BTreeSet<String> {

@@ -255,9 +255,7 @@ async fn list_nodes(
 }
 
 /// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.
-async fn list_addresses(
-    State(api): State<Arc<Api>>,
-) -> ApiResult<Vec<crate::nodes::AddressView>> {
+async fn list_addresses(State(api): State<Arc<Api>>) -> ApiResult<Vec<crate::nodes::AddressView>> {
     Ok(Json(api.dataplane.addresses().await.map_err(loop_error)?))
 }
 

@@ -152,9 +152,8 @@ pub fn status(args: StatusArgs) -> Result<()> {
 
 /// `weir status --all-addresses`.
 fn all_addresses(common: &Common) -> Result<()> {
-    let addresses: Vec<agent::nodes::AddressView> = runtime()?.block_on(
-        client(common).get("/v1/addresses", "the address list"),
-    )?;
+    let addresses: Vec<agent::nodes::AddressView> =
+        runtime()?.block_on(client(common).get("/v1/addresses", "the address list"))?;
     match common.output {
         Output::Json => print_json(&addresses),
         Output::Table => {
