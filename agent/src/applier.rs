@@ -51,6 +51,10 @@ pub struct Applied {
     /// A source that is down (the link watcher, while it is restarted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_error: Option<String>,
+    /// The last route apply error while routes to other nodes' blocks are not all written (retried at
+    /// every wake of the loop; it fails no write and no readiness: pods of this node are unaffected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes_error: Option<String>,
 }
 
 /// Consecutive failures after which the agent gives up (the DaemonSet restarts it).
@@ -60,6 +64,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The loop wakes at least this often, queued commands or not.
 const IDLE: Duration = Duration::from_millis(500);
+/// Routes that could not be written are tried again after this long.
+const ROUTES_RETRY: Duration = Duration::from_secs(1);
 /// At most this many commands form one batch (the next batch follows at once).
 const MAX_BATCH: usize = 4096;
 
@@ -294,6 +300,7 @@ pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), Lo
         retry_at: None,
         backoff: Duration::ZERO,
         last_apply: Instant::now() - MIN_INTERVAL,
+        routes_retry_at: None,
     };
     let thread = std::thread::Builder::new()
         .name("weir-dataplane".into())
@@ -346,6 +353,8 @@ struct DataplaneLoop {
     retry_at: Option<Instant>,
     backoff: Duration,
     last_apply: Instant,
+    /// When routes that failed are tried again.
+    routes_retry_at: Option<Instant>,
 }
 
 impl DataplaneLoop {
@@ -400,6 +409,9 @@ impl DataplaneLoop {
         let now = Instant::now();
         let mut at = now + IDLE;
         if let Some(retry) = self.retry_at {
+            at = at.min(retry);
+        }
+        if let Some(retry) = self.routes_retry_at {
             at = at.min(retry);
         }
         for w in &self.waiters {
@@ -568,7 +580,8 @@ impl DataplaneLoop {
         self.node.generation() > self.applied.generation
             || self.applied.error.is_some()
             || self.node.dataplane.is_dirty()
-            || self.node.routes_dirty()
+            || (self.node.routes_dirty()
+                && self.routes_retry_at.is_none_or(|at| Instant::now() >= at))
     }
 
     fn apply_if_due(&mut self) {
@@ -584,20 +597,25 @@ impl DataplaneLoop {
         }
         let generation = self.node.generation();
         let in_sync = self.node.in_sync();
-        let mut result = if in_sync {
-            self.node.dataplane.apply().map_err(|e| e.to_string())
+        let result = if in_sync {
+            self.node.dataplane.apply()
         } else {
-            self.node
-                .dataplane
-                .apply_before_in_sync()
-                .map_err(|e| e.to_string())
+            self.node.dataplane.apply_before_in_sync()
         };
-        // Routes to other nodes' blocks: after the maps, once in sync (their own source gates them too).
-        if in_sync && let Err(e) = self.node.apply_routes() {
-            result = Err(match result {
-                Ok(()) => e.to_string(),
-                Err(maps) => format!("{maps}; {e}"),
-            });
+        // Routes to other nodes' blocks: after the maps, once in sync (their own source gates them too). A
+        // route that cannot be written (an unreachable next hop) is reported and retried, and holds back
+        // nothing of this node's own.
+        if in_sync && self.routes_retry_at.is_none_or(|at| Instant::now() >= at) {
+            let routes = self.node.apply_routes();
+            self.routes_retry_at = routes.is_err().then(|| Instant::now() + ROUTES_RETRY);
+            if let Err(e) = &routes {
+                if self.applied.routes_error.is_none() {
+                    tracing::warn!(error = %e, "routes to other nodes' blocks are not all written; retrying");
+                }
+            } else if self.applied.routes_error.is_some() {
+                tracing::info!("routes to other nodes' blocks are written");
+            }
+            self.applied.routes_error = routes.err().map(|e| e.to_string());
         }
         self.last_apply = Instant::now();
         self.changed.any = true;
@@ -617,7 +635,7 @@ impl DataplaneLoop {
             Err(e) => {
                 tracing::warn!(error = %e, failures = a.failures + 1, "dataplane apply failed; retrying");
                 a.failures += 1;
-                a.error = Some(e);
+                a.error = Some(e.to_string());
                 a.ready = false;
                 self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
                 self.retry_at = Some(self.last_apply + self.backoff);

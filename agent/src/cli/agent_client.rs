@@ -106,6 +106,9 @@ pub fn status(args: StatusArgs) -> Result<()> {
             if let Some(error) = &detail.applied.source_error {
                 println!("source:     {error}");
             }
+            if let Some(error) = &detail.applied.routes_error {
+                println!("routes:     {error}");
+            }
             let ct = &detail.conntrack;
             println!(
                 "conntrack:  ipv4 {}/{} entries, {} created, {} evicted; ipv6 {}/{} entries, {} created, {} evicted",
