@@ -2,11 +2,12 @@
 //! calculation, the managers and the drivers. Sources (the API, the policy files, the link
 //! watcher; the registry is read when the node opens) send typed [`Command`]s over a channel. The
 //! loop takes everything queued as one batch, updates the node, applies when anything is dirty
-//! (throttled; a failure keeps the state dirty and retries with backoff), and publishes a
-//! [`Snapshot`] that every reader uses instead of the node. A write resolves once the generation
-//! carrying it is applied; it fails only when its own generation is not applied within its
-//! timeout. Before the first in-sync only new workload links get the deny-by-default programs.
-//! After [`MAX_FAILURES`] failed applies in a row the agent turns not-ready and asks to exit.
+//! (at once after an idle wait, throttled while commands keep coming; a failure keeps the state
+//! dirty and retries with backoff), and publishes a [`Snapshot`] that every reader uses instead
+//! of the node. A write resolves once the generation carrying it is applied; it fails only when
+//! its own generation is not applied within its timeout. Before the first in-sync only new
+//! workload links get the deny-by-default programs. After [`MAX_FAILURES`] failed applies in a
+//! row the agent turns not-ready and asks to exit.
 //!
 //! The kernel I/O of an apply runs on this thread, never on the async runtime: while it runs,
 //! commands queue (they form the next batch) and readers keep reading the last snapshot.
@@ -23,7 +24,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     api::types::EndpointView,
     node::{Node, NodeError},
-    paths::Paths,
     policy::{load::PolicyFileError, model::PolicySet},
     snapshot::{self, Snapshot},
     sources::linkwatch::LinkEvent,
@@ -127,7 +127,7 @@ pub enum Command {
     /// A link or node-address event from the link watcher.
     Link(LinkEvent),
     /// The link watcher stopped and is being restarted: not ready until it has synced again.
-    LinkWatcherDown(String),
+    LinkWatcherDown(crate::dataplane::kernel::LinkWatcherStopped),
     /// The source's objects (policies, namespaces, pods, nodes): every valid document, with
     /// refused ones in their last good form.
     Policies {
@@ -139,18 +139,16 @@ pub enum Command {
     /// The cluster source (the Kubernetes API server) is unreachable (`Some`: why; the last known
     /// state stays in force and the agent reports not ready) or reachable again (`None`).
     SourceStale(Option<String>),
-    /// The policy files changed but a document is bad: the last good policies stay in force.
-    PoliciesRefused(Vec<PolicyFileError>),
     /// Register (or replace) an endpoint.
     UpsertEndpoint(Endpoint, Done<EndpointView>),
     /// Remove an endpoint (by key); answers the removed one.
     DeleteEndpoint(String, Done<Option<Endpoint>>),
     /// `weir policy trace` on the desired state.
-    /// A trace on the desired state; with the pin root, also through the loaded programs.
+    /// A trace on the desired state; given the kernel, also through the loaded programs.
     Trace(
         TraceRequest,
         u8,
-        Option<Paths>,
+        Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
         oneshot::Sender<TraceResult>,
     ),
     /// A change of the cluster's nodes (their records and blocks), from the nodes source.
@@ -245,13 +243,13 @@ impl LoopHandle {
         })
     }
 
-    /// Traces a packet on the desired state and, given the agent's paths, through the loaded
-    /// programs with `BPF_PROG_TEST_RUN` beside it (`observe::ktrace`).
+    /// Traces a packet on the desired state and, given the kernel, through the loaded programs
+    /// with `BPF_PROG_TEST_RUN` beside it (`observe::ktrace`).
     pub async fn trace(
         &self,
         request: TraceRequest,
         protocol: u8,
-        kernel: Option<Paths>,
+        kernel: Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
     ) -> Result<TraceResult, LoopError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Trace(request, protocol, kernel, tx))?;
@@ -371,9 +369,19 @@ impl DataplaneLoop {
         };
         let mut stop = false;
         while !stop {
-            let wait = self.next_wake();
-            let rx = &mut self.rx;
-            let first = runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+            // Idle: nothing was queued when the loop looked, so a change that arrives now is
+            // applied at once; the throttle only spaces applies while commands keep coming.
+            let (first, idle) = match self.rx.try_recv() {
+                Ok(command) => (Ok(Some(command)), false),
+                Err(mpsc::error::TryRecvError::Disconnected) => (Ok(None), false),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    let wait = self.next_wake();
+                    let rx = &mut self.rx;
+                    let first =
+                        runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+                    (first, true)
+                }
+            };
             let mut batch = 0;
             match first {
                 Ok(Some(command)) => {
@@ -394,11 +402,13 @@ impl DataplaneLoop {
             if stop {
                 break;
             }
-            self.apply_if_due();
+            self.apply_if_due(idle);
             // Readers first: a write that resolves finds its change in the snapshot.
             self.publish();
             self.resolve_waiters();
             self.expire_waiters();
+            // After the answers: freeing a replaced policy set is nobody's latency.
+            self.node.drop_retired();
         }
         tracing::info!("dataplane loop stopped");
     }
@@ -449,12 +459,6 @@ impl DataplaneLoop {
                 }
                 self.changed.rules = true;
             }
-            Command::PoliciesRefused(errors) => {
-                for e in &errors {
-                    tracing::warn!(error = %e, "policy document refused; the last good policies stay in force");
-                }
-                self.node.policy_refused(errors);
-            }
             Command::UpsertEndpoint(endpoint, done) => {
                 let result = self
                     .node
@@ -474,9 +478,9 @@ impl DataplaneLoop {
             }
             Command::Trace(request, protocol, kernel, reply) => {
                 let mut result = crate::trace::trace(&self.node, &request, protocol);
-                if let Some(paths) = &kernel {
+                if let Some(kernel) = &kernel {
                     crate::observe::api::add_kernel_trace(
-                        paths,
+                        &**kernel,
                         &self.node,
                         &request,
                         protocol,
@@ -584,7 +588,9 @@ impl DataplaneLoop {
                 && self.routes_retry_at.is_none_or(|at| Instant::now() >= at))
     }
 
-    fn apply_if_due(&mut self) {
+    /// Applies when anything is owed and no retry is pending; spaced by [`MIN_INTERVAL`] unless
+    /// the loop was `idle` before this batch (a lone change goes to the kernel at once).
+    fn apply_if_due(&mut self, idle: bool) {
         if !self.needs_apply() {
             return;
         }
@@ -592,7 +598,7 @@ impl DataplaneLoop {
             return;
         }
         let since = self.last_apply.elapsed();
-        if since < MIN_INTERVAL {
+        if !idle && since < MIN_INTERVAL {
             std::thread::sleep(MIN_INTERVAL - since);
         }
         let generation = self.node.generation();
@@ -730,6 +736,7 @@ impl DataplaneLoop {
             } else {
                 Arc::clone(&previous.nodes)
             },
+            ipam_hints: self.node.ipam_hints(),
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

@@ -363,6 +363,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
+    let inspect: Arc<dyn crate::dataplane::kernel::InspectIo> =
+        Arc::new(crate::dataplane::inspect::PinnedInspect::new(&paths));
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
@@ -372,6 +374,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ct_ops,
         ct_layout,
         tc_attach: config.tc_attach,
+        kernel: Arc::clone(&inspect),
+        monitor: crate::monitor::Monitor::default(),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -382,7 +386,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         dataplane_loop.subscribe(),
         Arc::clone(&ct_stats),
         program_report.clone(),
-        paths.clone(),
+        Arc::clone(&inspect),
     );
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 
@@ -422,7 +426,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Started {
         event: "started",
         node: &config.node,
-        loaded: loader::report(&paths, ct_layout),
+        loaded: loader::report(&*inspect, &paths, ct_layout),
         programs: program_report,
         prefilter,
         endpoints: restored,
@@ -440,7 +444,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if loop_thread.join().is_err() {
         tracing::error!("the dataplane loop thread panicked");
     }
-    let _ = std::fs::remove_file(&paths.api_socket);
+    match std::fs::remove_file(&paths.api_socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!(error = %e, path = %paths.api_socket.display(), "cannot remove the API socket; the next start replaces it");
+        }
+        _ => {}
+    }
     tracing::info!("shutting down; programs, maps and attachments stay pinned");
     result
 }

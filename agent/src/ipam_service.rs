@@ -36,6 +36,8 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use crate::pod_ipam::{self, AnnotationError, PodHints};
+
 /// Errors of the agent's IPAM.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamServiceError {
@@ -113,6 +115,33 @@ pub enum IpamServiceError {
     /// The allocator task has stopped (the agent is shutting down).
     #[error("the agent's allocator has stopped; retry once the agent runs again")]
     Stopped,
+    /// A pool or address annotation of the pod or its namespace cannot be used.
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    /// The allocation the annotations asked for failed.
+    #[error("{annotations}: {}; fix or remove the annotation", chain(source))]
+    Annotated {
+        /// The annotations in force (`annotation X of pod Y`).
+        annotations: String,
+        /// Why the allocation failed.
+        #[source]
+        source: Box<IpamServiceError>,
+    },
+}
+
+/// An error and its causes, as one line (`a: b: c`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The API's allocation request, allocation (also what `allocations.json` records), handle and
@@ -285,6 +314,30 @@ impl IpamService {
             return Err(IpamServiceError::Stopped);
         }
         answer.await.map_err(|_| IpamServiceError::Stopped)?
+    }
+
+    /// Allocates for a pod with its pool and address annotations (and its namespace's) applied
+    /// (`pod_ipam`): a bad annotation, or an allocation the annotations made fail, is an error
+    /// naming the annotation; nothing is kept.
+    pub async fn allocate_for_pod(
+        &self,
+        req: &AllocateRequest,
+        hints: &PodHints,
+        budget: Duration,
+    ) -> Result<Allocation, IpamServiceError> {
+        let wanted = hints.wanted()?;
+        if wanted.is_empty() {
+            return self.allocate(req, budget).await;
+        }
+        let pools = self.core.ipam.pools().await?;
+        let annotated = pod_ipam::apply(req, &wanted, &pools, &self.core.node_labels)?;
+        tracing::debug!(handle = %req.handle, annotations = %wanted.describe(), pools = ?annotated.pools, ips = ?annotated.ips, "allocation follows the pod's annotations");
+        self.allocate(&annotated, budget)
+            .await
+            .map_err(|source| IpamServiceError::Annotated {
+                annotations: wanted.describe(),
+                source: Box::new(source),
+            })
     }
 
     /// Releases a handle's addresses (idempotent) and forgets it as pending.
@@ -583,7 +636,15 @@ async fn allocate_on<S: Store + Clone>(
         ("node".to_owned(), host.to_owned()),
     ]);
     let give_back = || async {
-        if let Err(e) = ipam.release_by_handle(&req.handle).await {
+        // Nothing held (the first address failed) is nothing to give back.
+        if let Err(e) = ipam
+            .release_by_handle(&req.handle)
+            .await
+            .or_else(|e| match e {
+                IpamError::HandleNotFound { .. } => Ok(Vec::new()),
+                e => Err(e),
+            })
+        {
             tracing::warn!(handle = %req.handle, error = %e, "cannot give back the addresses of a failed allocation; they expire unconfirmed");
             leftovers
                 .lock()
@@ -778,6 +839,49 @@ mod tests {
 
     async fn held(svc: &IpamService, handle: &str) -> Vec<IpAddr> {
         svc.ips_of(handle).await.expect("ips_of")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pods_annotation_chooses_its_address_and_a_failure_names_the_annotation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = service(dir.path()).await;
+        let set = crate::policy::load::parse_str(
+            "t.yaml",
+            "kind: Pod\nmetadata: {name: web, namespace: prod, annotations: {weir.dev/ipAddrs: '[\"10.50.0.9\"]'}}\nspec: {containers: [{name: main}]}\n",
+        )
+        .expect("valid");
+        let hints = pod_ipam::IpamHints::of(&set).for_pod("prod", "web");
+        let budget = Duration::from_secs(30);
+        let first = svc
+            .allocate_for_pod(&request("first"), &hints, budget)
+            .await
+            .expect("the annotated address");
+        let wanted: IpAddr = "10.50.0.9".parse().expect("ip");
+        assert_eq!(first.ips, [wanted]);
+        let err = svc
+            .allocate_for_pod(&request("second"), &hints, budget)
+            .await
+            .expect_err("in use");
+        assert!(
+            matches!(&err, IpamServiceError::Annotated { source, .. }
+                if matches!(**source, IpamServiceError::Ipam(IpamError::Block { .. }))),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("annotation weir.dev/ipAddrs of pod prod/web")
+                && message.contains("already allocated"),
+            "{message}"
+        );
+        assert!(held(&svc, "second").await.is_empty(), "nothing kept");
+        // Positive control: without annotations the count is served from the pool.
+        let plain = pod_ipam::IpamHints::default().for_pod("prod", "web");
+        let third = svc
+            .allocate_for_pod(&request("third"), &plain, budget)
+            .await
+            .expect("plain");
+        assert_eq!(third.ips.len(), 1);
+        assert_ne!(third.ips[0], wanted);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

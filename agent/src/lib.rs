@@ -27,6 +27,7 @@ pub mod node_setup;
 pub mod nodes;
 pub mod observe;
 pub mod paths;
+pub mod pod_ipam;
 pub mod policy;
 pub mod reference;
 pub mod snapshot;

@@ -114,6 +114,13 @@ impl Collector for DataplaneCollector {
                 MetricType::Gauge,
             )?,
         )?;
+        ConstGauge::new(i64::try_from(snapshot.summary.policy_errors.len()).unwrap_or(i64::MAX))
+            .encode(encoder.encode_descriptor(
+                "policy_documents_refused",
+                "Source documents refused (weir status lists them with file:line and reason)",
+                None,
+                MetricType::Gauge,
+            )?)?;
         Ok(())
     }
 }
@@ -194,13 +201,13 @@ impl MetricsState {
         snapshot: watch::Receiver<Arc<Snapshot>>,
         ct: Arc<Mutex<CtStats>>,
         programs: Vec<(String, u32, bool)>,
-        paths: crate::paths::Paths,
+        kernel: Arc<dyn crate::dataplane::kernel::InspectIo>,
     ) -> Self {
         let mut registry = Registry::with_prefix("weir");
         registry.register_collector(Box::new(DataplaneCollector(snapshot.clone())));
         registry.register_collector(Box::new(crate::observe::metrics::DatapathCollector {
             snapshot: snapshot.clone(),
-            paths,
+            kernel,
         }));
         registry.register_collector(Box::new(ConntrackCollector(ct)));
         registry.register_collector(Box::new(ProgramsCollector(programs)));
@@ -290,7 +297,7 @@ mod tests {
             handle.subscribe(),
             Arc::clone(&ct),
             vec![("from_endpoint".into(), 7, true)],
-            paths.clone(),
+            Arc::new(kernel.fake.clone()),
         );
         let before = state.render().expect("render");
         assert!(before.contains("weir_ready 0"), "{before}");
@@ -301,7 +308,9 @@ mod tests {
 
         for i in 0..sizes.endpoints {
             let ifname = synthetic::host_ifname(i);
-            kernel.links.add(&ifname, 10 + u32::try_from(i).expect("i"));
+            kernel
+                .fake
+                .add_link(&ifname, 10 + u32::try_from(i).expect("i"));
             handle
                 .send(Command::Link(LinkEvent::Up {
                     ifname,
@@ -324,12 +333,35 @@ mod tests {
             r#"weir_conntrack_entries{family="ipv4"} 42"#.to_owned(),
             r#"weir_program_loads_total{program="from_endpoint",reused="true"} 1"#.to_owned(),
             "weir_endpoints 3".to_owned(),
+            "weir_policy_documents_refused 0".to_owned(),
         ] {
             assert!(
                 after.lines().any(|l| l == line),
                 "/metrics lacks {line}:\n{after}"
             );
         }
+        // A refused document of the source is counted (and listed by `weir status`).
+        let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+        let refused = crate::policy::load::PolicyFileError {
+            file: paths.policy_dir.join("bad.yaml"),
+            line: 3,
+            reason: "not valid YAML".to_owned(),
+        };
+        assert!(errors.is_empty(), "{errors:?}");
+        handle
+            .send(Command::Policies {
+                set,
+                errors: vec![refused],
+            })
+            .expect("send");
+        wait(&mut rx, |s| s.summary.policy_errors.len() == 1).await;
+        let refusing = state.render().expect("render");
+        assert!(
+            refusing
+                .lines()
+                .any(|l| l == "weir_policy_documents_refused 1"),
+            "{refusing}"
+        );
         handle.stop();
         thread.join().expect("join");
     }

@@ -9,7 +9,6 @@
 use std::{
     convert::Infallible,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::{Path, PathBuf},
     sync::{Mutex, PoisonError},
 };
 
@@ -17,13 +16,12 @@ use axum::{
     body::{Body, Bytes},
     response::{IntoResponse as _, Response},
 };
-use aya::maps::{Map, MapData, RingBuf};
+use futures_util::StreamExt as _;
 use maps_schema::{DropEvent, reason};
-use tokio::{
-    io::unix::AsyncFd,
-    sync::broadcast::{self, error::RecvError},
-};
+use tokio::sync::broadcast::{self, error::RecvError};
 use weir_api::DropEventView;
+
+use crate::dataplane::kernel::{InspectIo, KernelError, RecordStream};
 
 /// Events a slow subscriber may fall behind by before it misses some.
 const BACKLOG: usize = 4096;
@@ -31,104 +29,96 @@ const BACKLOG: usize = 4096;
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
 pub enum MonitorError {
-    /// The ring buffer's pin cannot be opened.
-    #[error("cannot open the drop events ring buffer {}: {source}; is the agent's pin root intact?", path.display())]
-    Open {
-        /// The pin.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<aya::maps::MapError>,
-    },
-    /// Waiting on the ring buffer failed.
-    #[error("cannot wait on the drop events ring buffer: {0}")]
-    Poll(#[source] std::io::Error),
+    /// The ring buffer cannot be opened.
+    #[error("cannot read the drop events ring buffer: {0}")]
+    Open(#[source] KernelError),
 }
 
-/// The agent's one reader (an agent has one pin root) and the channel to its subscribers.
-static READER: Mutex<Option<Reader>> = Mutex::new(None);
+/// The agent's one reader of the drop events ring (an agent has one pin root) and the channel to
+/// its subscribers.
+#[derive(Default)]
+pub struct Monitor {
+    reader: Mutex<Option<Reader>>,
+}
 
 struct Reader {
     events: broadcast::Sender<DropEventView>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Subscribes to the events of the ring pinned at `pin`, starting its reader on first use (and
-/// again if it stopped). Call inside the agent's tokio runtime.
-pub fn subscribe(pin: &Path) -> Result<broadcast::Receiver<DropEventView>, MonitorError> {
-    let mut reader = READER.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
-        return Ok(r.events.subscribe());
-    }
-    let ring = open(pin)?;
-    let (events, rx) = broadcast::channel(BACKLOG);
-    let sender = events.clone();
-    let task = tokio::spawn(async move {
-        if let Err(e) = read(ring, &sender).await {
-            tracing::error!(error = %e, "the drop events reader stopped; the next `weir monitor` restarts it");
+impl Monitor {
+    /// Subscribes to the drop events ring of `kernel`, starting its reader on first use (and
+    /// again if it stopped). Call inside the agent's tokio runtime.
+    pub fn subscribe(
+        &self,
+        kernel: &dyn InspectIo,
+    ) -> Result<broadcast::Receiver<DropEventView>, MonitorError> {
+        let mut reader = self.reader.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
+            return Ok(r.events.subscribe());
         }
-    });
-    *reader = Some(Reader { events, task });
-    Ok(rx)
-}
-
-/// `GET /v1/monitor`: every event from now on, one JSON object per line, until the client goes.
-pub fn response(paths: &crate::paths::Paths) -> Result<Response, MonitorError> {
-    let rx = subscribe(&paths.map_pin(maps_schema::maps::DROP_EVENTS))?;
-    let lines = futures_util::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(view) => match serde_json::to_vec(&view) {
-                    Ok(mut line) => {
-                        line.push(b'\n');
-                        return Some((Ok::<_, Infallible>(Bytes::from(line)), rx));
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot encode a drop event; skipped"),
-                },
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "a `weir monitor` fell behind; it missed events");
+        let ring = kernel.drop_events().map_err(MonitorError::Open)?;
+        let (events, rx) = broadcast::channel(BACKLOG);
+        let sender = events.clone();
+        let task = tokio::spawn(async move {
+            match read(ring, &sender).await {
+                Err(e) => {
+                    tracing::error!(error = %e, "the drop events reader stopped; the next `weir monitor` restarts it");
                 }
-                Err(RecvError::Closed) => return None,
+                Ok(()) => tracing::warn!(
+                    "the drop events ring buffer closed; the next `weir monitor` reopens it"
+                ),
             }
-        }
-    });
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(lines),
-    )
-        .into_response())
-}
+        });
+        *reader = Some(Reader { events, task });
+        Ok(rx)
+    }
 
-fn open(pin: &Path) -> Result<AsyncFd<RingBuf<MapData>>, MonitorError> {
-    let err = |source| MonitorError::Open {
-        path: pin.to_owned(),
-        source: Box::new(source),
-    };
-    let data = MapData::from_pin(pin).map_err(err)?;
-    let ring = RingBuf::try_from(Map::RingBuf(data)).map_err(err)?;
-    // SAFETY: the ring owns its map's fd: it stays open, and is the one `as_raw_fd` returns, for
-    // as long as the `AsyncFd` owns the ring.
-    unsafe { AsyncFd::register(ring) }.map_err(|e| MonitorError::Poll(e.into()))
+    /// `GET /v1/monitor`: every event from now on, one JSON object per line, until the client
+    /// goes.
+    pub fn response(&self, kernel: &dyn InspectIo) -> Result<Response, MonitorError> {
+        let rx = self.subscribe(kernel)?;
+        let lines = futures_util::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(view) => match serde_json::to_vec(&view) {
+                        Ok(mut line) => {
+                            line.push(b'\n');
+                            return Some((Ok::<_, Infallible>(Bytes::from(line)), rx));
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot encode a drop event; skipped"),
+                    },
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "a `weir monitor` fell behind; it missed events");
+                    }
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+            Body::from_stream(lines),
+        )
+            .into_response())
+    }
 }
 
 async fn read(
-    mut ring: AsyncFd<RingBuf<MapData>>,
+    mut ring: RecordStream,
     tx: &broadcast::Sender<DropEventView>,
-) -> Result<(), MonitorError> {
-    loop {
-        let mut guard = ring.readable_mut().await.map_err(MonitorError::Poll)?;
-        while let Some(item) = guard.get_inner_mut().next() {
-            match decode(&item) {
-                // No subscriber is not an error: the event is read and dropped.
-                Some(view) => drop(tx.send(view)),
-                None => tracing::warn!(
-                    len = item.len(),
-                    "a drop event of an unexpected size; is the agent older than its programs?"
-                ),
-            }
+) -> Result<(), KernelError> {
+    while let Some(record) = ring.next().await {
+        let record = record?;
+        match decode(&record) {
+            // No subscriber is not an error: the event is read and dropped.
+            Some(view) => drop(tx.send(view)),
+            None => tracing::warn!(
+                len = record.len(),
+                "a drop event of an unexpected size; is the agent older than its programs?"
+            ),
         }
-        guard.clear_ready();
     }
+    Ok(())
 }
 
 /// Decodes one ring buffer record: the event, and the addresses and ports of the packet's head

@@ -4,7 +4,7 @@
 //! generation it has applied, so an API call can answer only once its change is in the kernel. No
 //! kernel I/O happens here.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use serde::Serialize;
 
@@ -18,11 +18,13 @@ use crate::{
         routing::{NodeRoutes, NodeStatus},
     },
     paths::Paths,
+    pod_ipam::IpamHints,
     policy::{
         compile::RuleRef,
         load::PolicyFileError,
         model::{Pod, PolicySet},
         pods::{self, RemotePod},
+        warnings,
     },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
@@ -39,6 +41,20 @@ pub enum NodeError {
     Identity(#[from] IdentityError),
 }
 
+/// The caveats of `policies` (`policy::warnings`), each new one (not in `before`) logged naming
+/// its object.
+fn caveats(policies: &PolicySet, before: &[String]) -> Vec<String> {
+    let now: Vec<String> = warnings::check(policies)
+        .into_iter()
+        .map(|w| w.reason)
+        .collect();
+    let known: BTreeSet<&String> = before.iter().collect();
+    for w in now.iter().filter(|w| !known.contains(w)) {
+        tracing::warn!(warning = %w, "a source object applies with a caveat");
+    }
+    now
+}
+
 /// Desired state of this node.
 pub struct Node {
     registry: Registry,
@@ -46,8 +62,12 @@ pub struct Node {
     /// Drivers and managers.
     pub dataplane: Dataplane,
     policy_errors: Vec<PolicyFileError>,
+    /// Objects that apply with a caveat (`policy::warnings`), as `weir status` lists them.
+    policy_warnings: Vec<String>,
     /// The source's Pods (local endpoints take their labels from them) and Nodes.
     cluster: PolicySet,
+    /// The pool and address annotations of the source's Pods and Namespaces (read on CNI ADD).
+    ipam_hints: Arc<IpamHints>,
     /// This node's name, when known (its pods are not remote).
     node_name: Option<String>,
     node_addresses: BTreeSet<IpAddr>,
@@ -61,6 +81,8 @@ pub struct Node {
     routes: Option<NodeRoutes>,
     /// Other nodes' pods from their endpoint records.
     cluster_pods: Vec<ClusterPod>,
+    /// The documents of the last policy set, waiting for [`Node::drop_retired`].
+    retired: Option<PolicySet>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node.
@@ -78,6 +100,10 @@ pub struct NodeSummary {
     pub policies: usize,
     /// Policy documents that were refused (file:line: reason).
     pub policy_errors: Vec<String>,
+    /// Source objects that apply with a caveat: a namespace with no Namespace object, a named
+    /// port no Pod declares (`policy::warnings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_warnings: Vec<String>,
 }
 
 impl Node {
@@ -114,6 +140,8 @@ impl Node {
             calc.set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
         }
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
+        let ipam_hints = IpamHints::of(&policies);
+        let policy_warnings = caveats(&policies, &[]);
         let cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -124,7 +152,9 @@ impl Node {
             calc,
             dataplane,
             policy_errors,
+            policy_warnings,
             cluster,
+            ipam_hints,
             node_name: None,
             node_addresses: BTreeSet::new(),
             address_sources: BTreeSet::new(),
@@ -133,6 +163,7 @@ impl Node {
             generation: 1,
             routes: None,
             cluster_pods: Vec::new(),
+            retired: None,
         };
         node.flush();
         Ok(node)
@@ -148,7 +179,7 @@ impl Node {
     /// labels); remote pods' addresses follow the set.
     pub fn set_policies(
         &mut self,
-        policies: PolicySet,
+        mut policies: PolicySet,
         errors: Vec<PolicyFileError>,
     ) -> Result<u64, NodeError> {
         let relabelled: Vec<Endpoint> = self
@@ -162,17 +193,25 @@ impl Node {
         self.calc.set_policies(&policies)?;
         self.calc
             .upsert_endpoints(&relabelled.iter().collect::<Vec<_>>())?;
-        for e in self.registry.endpoints() {
-            self.calc
-                .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+        // Without Pod objects, before or now, no endpoint has named ports to change.
+        if !policies.pods.is_empty() || !self.cluster.pods.is_empty() {
+            for e in self.registry.endpoints() {
+                self.calc
+                    .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
+            }
         }
         let remote = self.remote_pods(&policies);
         self.calc.set_remote_pods(&remote)?;
-        self.cluster = PolicySet {
-            policies: Default::default(),
-            namespaces: Default::default(),
-            ..policies
-        };
+        self.ipam_hints = IpamHints::of(&policies);
+        self.policy_warnings = caveats(&policies, &self.policy_warnings);
+        // The policies and namespaces are the calculation's now; the set's own copies are freed
+        // after the loop has published (`drop_retired`), not on the write's path.
+        self.retired = Some(PolicySet {
+            policies: std::mem::take(&mut policies.policies),
+            namespaces: std::mem::take(&mut policies.namespaces),
+            ..PolicySet::default()
+        });
+        self.cluster = policies;
         self.policy_errors = errors;
         self.policies_synced = true;
         self.flush();
@@ -283,6 +322,12 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// Frees what the last [`Self::set_policies`] left to free (the loop calls it once a batch
+    /// is published; at most one set waits otherwise).
+    pub fn drop_retired(&mut self) {
+        self.retired = None;
+    }
+
     /// The policies come from a source that has not listed them yet (`--source kubernetes`):
     /// not in sync (nothing written) until its first [`Self::set_policies`].
     pub fn await_policy_source(&mut self) {
@@ -292,10 +337,32 @@ impl Node {
     /// This node's name (its pods in the source are local, never remote).
     pub fn set_node_name(&mut self, name: &str) -> Result<u64, NodeError> {
         self.node_name = Some(name.to_owned());
-        let remote = self.remote_pods(&self.cluster);
-        self.calc.set_remote_pods(&remote)?;
+        self.refresh_remote_pods()?;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// True when the source has a Pod object named as `endpoint`'s registration names its pod:
+    /// only then can registering or removing the endpoint change which pods are remote
+    /// (`pods::remote` leaves out exactly the Pods named by a local endpoint).
+    fn has_pod(&self, endpoint: &Endpoint) -> bool {
+        (!self.cluster.pods.is_empty()
+            && self
+                .cluster
+                .pods
+                .contains_key(&(endpoint.namespace.clone(), endpoint.pod.clone())))
+            || self.cluster_pods.iter().any(|c| {
+                c.pod.namespace == endpoint.namespace
+                    && c.pod.key == format!("{}/{}", endpoint.namespace, endpoint.pod)
+            })
+    }
+
+    /// Recomputes the remote pods from the source's Pods, the other nodes' endpoint records and the local
+    /// endpoints.
+    fn refresh_remote_pods(&mut self) -> Result<(), NodeError> {
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
+        Ok(())
     }
 
     /// The endpoints whose view `policies` would change: their namespace's labels or their
@@ -314,6 +381,12 @@ impl Node {
             .collect()
     }
 
+    /// The pool and address annotations of the source's Pods and Namespaces.
+    #[must_use]
+    pub fn ipam_hints(&self) -> Arc<IpamHints> {
+        Arc::clone(&self.ipam_hints)
+    }
+
     /// The source's Pod object of a local endpoint, if any.
     #[must_use]
     pub fn pod_of(&self, endpoint: &Endpoint) -> Option<&Pod> {
@@ -324,11 +397,6 @@ impl Node {
     #[must_use]
     pub fn effective(&self, endpoint: &Endpoint) -> Endpoint {
         pods::effective(endpoint, &self.cluster).into_owned()
-    }
-
-    /// Policy files changed but some document is bad: keep the last good policies in force.
-    pub fn policy_refused(&mut self, errors: Vec<PolicyFileError>) {
-        self.policy_errors = errors;
     }
 
     /// The node's own addresses carry the host identity (kubelet probes).
@@ -424,6 +492,11 @@ impl Node {
         // Its identity is allocated and persisted before the registry holds the endpoint.
         self.calc
             .prepare_endpoint(&pods::effective(&endpoint, &self.cluster))?;
+        let replaced_pod = self
+            .registry
+            .get(&endpoint.key())
+            .filter(|old| self.has_pod(old))
+            .is_some();
         let stored = self.registry.upsert(endpoint)?;
         let identity = self
             .calc
@@ -433,9 +506,11 @@ impl Node {
             .unwrap_or_default();
         self.calc
             .set_endpoint_ports(&stored.key(), pods::named_ports_of(&stored, &self.cluster));
-        // A pod that just became local is no longer remote.
-        let remote = self.remote_pods(&self.cluster);
-        self.calc.set_remote_pods(&remote)?;
+        // A pod that just became local is no longer remote (and the one its registration named
+        // before may be remote again).
+        if replaced_pod || self.has_pod(&stored) {
+            self.refresh_remote_pods()?;
+        }
         self.flush();
         Ok((stored, identity, self.changed()))
     }
@@ -446,8 +521,9 @@ impl Node {
         if removed.is_some() {
             self.calc.remove_endpoint(key);
             self.calc.set_endpoint_ports(key, Vec::new());
-            let remote = self.remote_pods(&self.cluster);
-            self.calc.set_remote_pods(&remote)?;
+            if removed.as_ref().is_some_and(|e| self.has_pod(e)) {
+                self.refresh_remote_pods()?;
+            }
             self.flush();
         }
         Ok((removed, self.changed()))
@@ -481,6 +557,7 @@ impl Node {
             generation: self.generation,
             policies: self.calc.policy_count(),
             policy_errors: self.policy_errors.iter().map(ToString::to_string).collect(),
+            policy_warnings: self.policy_warnings.clone(),
         }
     }
 }

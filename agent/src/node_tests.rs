@@ -368,3 +368,86 @@ fn node_addresses_write_their_ident_entries_only_and_a_restart_writes_nothing() 
         "a restart over unchanged state writes nothing: {w:?}"
     );
 }
+
+#[test]
+fn status_lists_the_caveats_of_the_source_objects_by_name_for_every_source() {
+    const GHOST: &str = "kind: NetworkPolicy\nmetadata: {name: deny, namespace: ghost}\n\
+                         spec: {podSelector: {}, ingress: [{ports: [{port: http}]}]}\n";
+    let mut f = Fixture::new(WEB);
+    assert!(
+        f.node.summary().policy_warnings.is_empty(),
+        "`default` always exists and WEB names no port: {:?}",
+        f.node.summary().policy_warnings
+    );
+    f.node
+        .set_policies(policies(GHOST), Vec::new())
+        .expect("set");
+    let warnings = f.node.summary().policy_warnings;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("NetworkPolicy ghost/deny") && w.contains("no Namespace object")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"http\" (TCP)") && w.contains("no Pod declares")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        f.node.summary().policy_errors,
+        Vec::<String>::new(),
+        "a caveat is no refusal"
+    );
+    // Positive control: with the Namespace and a pod declaring the port, none.
+    let fixed = format!(
+        "{GHOST}---\nkind: Namespace\nmetadata: {{name: ghost}}\n---\n\
+         kind: Pod\nmetadata: {{name: p, namespace: ghost}}\n\
+         spec: {{containers: [{{name: main, ports: [{{name: http, containerPort: 80}}]}}]}}\n"
+    );
+    f.node
+        .set_policies(policies(&fixed), Vec::new())
+        .expect("set");
+    assert!(
+        f.node.summary().policy_warnings.is_empty(),
+        "{:?}",
+        f.node.summary().policy_warnings
+    );
+}
+
+/// A Pod of the source is remote until an endpoint registers it, and remote again once that
+/// endpoint goes; an endpoint of a pod the source does not have leaves the remote pods alone.
+#[test]
+fn registering_a_pod_takes_it_out_of_the_remote_pods_and_removing_it_brings_it_back() {
+    let pod = "kind: Pod\nmetadata: {name: pod7, namespace: default, labels: {app: web}}\nspec: {nodeName: other-node, containers: []}\nstatus: {podIP: 10.250.0.7}\n";
+    let mut f = Fixture::new(&format!("{WEB}---\n{pod}"));
+    let remote: std::net::Ipv4Addr = "10.250.0.7".parse().expect("ip");
+    assert!(
+        f.maps.ident4.contents().contains_key(&remote.octets()),
+        "the Pod is remote before any endpoint registers it"
+    );
+
+    // Another pod's endpoint: the remote pod keeps its address.
+    f.add(1, "client", "10.0.0.1");
+    f.apply();
+    assert!(f.maps.ident4.contents().contains_key(&remote.octets()));
+
+    // Its own endpoint (`pod7`, at another address): no longer remote.
+    let local = f.add(7, "web", "10.0.0.7");
+    let w = f.apply();
+    assert!(
+        !f.maps.ident4.contents().contains_key(&remote.octets()),
+        "a registered pod is not remote"
+    );
+    assert!(w.ident4.contains(&(remote.octets(), None)));
+
+    // Its endpoint removed: remote again, with its identity.
+    f.node.delete_endpoint(&local.key()).expect("delete");
+    f.apply();
+    assert!(
+        f.maps.ident4.contents().contains_key(&remote.octets()),
+        "the Pod is remote again once its endpoint is gone"
+    );
+}

@@ -9,6 +9,7 @@ use crate::{
     applier::Applied,
     dataplane::plane::DataplaneStats,
     node::{Node, NodeSummary},
+    pod_ipam::IpamHints,
     policy::compile::RuleRef,
 };
 
@@ -32,6 +33,9 @@ pub struct Snapshot {
     pub stats: DataplaneStats,
     /// The cluster's nodes with their blocks and routes (empty without node records).
     pub nodes: Arc<Vec<crate::nodes::routing::NodeStatus>>,
+    /// The pool and address annotations of the source's Pods and Namespaces (CNI ADD reads
+    /// them). Shared with the node: replaced only when the source's objects change.
+    pub ipam_hints: Arc<IpamHints>,
 }
 
 impl Snapshot {
@@ -46,6 +50,7 @@ impl Snapshot {
             rules: Arc::new(rules(node)),
             stats: node.dataplane.stats(),
             nodes: Arc::new(node.node_status()),
+            ipam_hints: node.ipam_hints(),
         }
     }
 

@@ -117,6 +117,8 @@ impl TestAgent {
             ct_ops: Arc::default(),
             ct_layout: maps_schema::conntrack::LAYOUT,
             tc_attach: attach::Mechanism::Filter,
+            kernel: Arc::new(kernel.clone()),
+            monitor: crate::monitor::Monitor::default(),
         });
         let socket = paths.api_socket.clone();
         let server = {

@@ -38,6 +38,15 @@ pub enum UninstallError {
         #[source]
         source: io::Error,
     },
+    /// A directory of pins could not be listed.
+    #[error("cannot list {path}: {source}; run as root on the node")]
+    List {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// Interfaces could not be listed.
     #[error("cannot list the network interfaces: {0}")]
     Interfaces(#[source] nix::Error),
@@ -98,16 +107,22 @@ pub fn run(paths: &Paths) -> Result<UninstallReport, UninstallError> {
             }
         }
     }
-    if let Ok(entries) = std::fs::read_dir(paths.links_dir()) {
-        for entry in entries.flatten() {
-            if let Some(pin) = remove_file(entry.path())? {
-                report.links.push(
-                    pin.file_name()
-                        .unwrap_or_default()
-                        .to_string_lossy()
-                        .into_owned(),
-                );
-            }
+    let links_dir = paths.links_dir();
+    let list_err = |source| UninstallError::List {
+        path: links_dir.clone(),
+        source,
+    };
+    let entries = match std::fs::read_dir(&links_dir) {
+        Ok(entries) => Some(entries),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(list_err(e)),
+    };
+    for entry in entries.into_iter().flatten() {
+        let entry = entry.map_err(list_err)?;
+        if remove_file(entry.path())?.is_some() {
+            report
+                .links
+                .push(entry.file_name().to_string_lossy().into_owned());
         }
     }
     report.pin_root = match std::fs::remove_dir_all(&paths.bpf_root) {

@@ -1,10 +1,17 @@
 //! Bad input in a policy directory file: an invalid selector, a port out of range, a missing
 //! name or namespace. Each bad document is reported with its file and the line it starts on, and
-//! the documents around it in the same file are still read (the rest applied).
+//! the documents around it in the same file are still read (the rest applied). Two kinds of input
+//! apply with a caveat instead of being refused, as upstream applies them: an object in a
+//! namespace with no Namespace document, and a named port no Pod declares; they are reported as
+//! warnings with file and line (`Loaded::warnings`; the agent logs them, and its status lists
+//! them by object name: `node_tests.rs`).
 
 use std::path::Path;
 
-use agent::policy::{load::load_text, model::PolicySet};
+use agent::policy::{
+    load::{Loaded, load_dir_full, load_text},
+    model::PolicySet,
+};
 
 /// A good Namespace, a good policy, the bad document, then another good policy.
 fn file_with(bad: &str) -> (String, usize) {
@@ -153,4 +160,128 @@ fn a_missing_name_or_namespace_is_reported_or_defaulted() {
         set.policies
             .contains_key(&("default".to_owned(), "web".to_owned()))
     );
+}
+
+#[test]
+fn an_invalid_named_port_is_refused_with_file_and_line() {
+    for (what, name, needle) in [
+        ("upper case", "HTTP", "a-z"),
+        ("too long", "a-very-long-port-name", "1 to 15"),
+        ("digits only", "8080x", ""),
+        ("a double dash", "we--b", "'--'"),
+    ] {
+        if needle.is_empty() {
+            // Positive control: a valid name is no error (it has a letter).
+            let (text, _) = file_with(&policy(&format!(
+                "{{podSelector: {{}}, ingress: [{{ports: [{{port: {name}}}]}}]}}"
+            )));
+            let mut set = PolicySet::default();
+            let mut errors = Vec::new();
+            load_text(Path::new("p.yaml"), &text, &mut set, &mut errors);
+            assert!(errors.is_empty(), "{what}: {errors:?}");
+            continue;
+        }
+        check(
+            what,
+            &policy(&format!(
+                "{{podSelector: {{}}, ingress: [{{ports: [{{port: {name}}}]}}]}}"
+            )),
+            &["ingress[0]", name, needle],
+        );
+    }
+}
+
+/// Writes `files` into a fresh directory and reads it as the agent does.
+fn load(files: &[(&str, &str)]) -> (tempfile::TempDir, Loaded) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write");
+    }
+    let loaded = load_dir_full(dir.path());
+    (dir, loaded)
+}
+
+const GHOSTLY: &str = "kind: NetworkPolicy\nmetadata: {name: deny, namespace: ghost}\n\
+                       spec: {podSelector: {}}\n---\n\
+                       kind: Pod\nmetadata: {name: web, namespace: ghost, labels: {app: web}}\n\
+                       spec: {containers: [{name: main}]}\n---\n\
+                       kind: NetworkPolicy\nmetadata: {name: deny}\nspec: {podSelector: {}}\n";
+
+#[test]
+fn a_missing_namespace_is_reported_with_file_and_line_and_the_objects_still_apply() {
+    let (dir, loaded) = load(&[("ghost.yaml", GHOSTLY)]);
+    assert!(
+        loaded.errors.is_empty(),
+        "nothing is refused: {:?}",
+        loaded.errors
+    );
+    let set = &loaded.set;
+    assert!(
+        set.policies
+            .contains_key(&("ghost".to_owned(), "deny".to_owned()))
+            && set
+                .pods
+                .contains_key(&("ghost".to_owned(), "web".to_owned())),
+        "the policy and the pod apply: {set:?}"
+    );
+    let file = dir.path().join("ghost.yaml");
+    let messages: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages.len(),
+        2,
+        "the policy and the pod; `default` always exists: {messages:?}"
+    );
+    for (line, kind) in [(1, "NetworkPolicy ghost/deny"), (5, "Pod ghost/web")] {
+        let lead = format!("{}:{line}: {kind}", file.display());
+        assert!(
+            messages.iter().any(|m| m.starts_with(&lead)
+                && m.contains("no Namespace")
+                && m.contains("kind: Namespace")),
+            "{lead} is reported: {messages:?}"
+        );
+    }
+    // Positive control: with its Namespace document nothing is reported.
+    let (_dir, loaded) = load(&[
+        ("ghost.yaml", GHOSTLY),
+        ("ns.yaml", "kind: Namespace\nmetadata: {name: ghost}\n"),
+    ]);
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    assert_eq!(loaded.set.policies.len(), 2);
+}
+
+#[test]
+fn an_unknown_named_port_is_reported_with_file_and_line_and_the_policy_still_applies() {
+    let policy = "kind: Namespace\nmetadata: {name: prod}\n---\n\
+                  kind: NetworkPolicy\nmetadata: {name: web, namespace: prod}\n\
+                  spec: {podSelector: {}, ingress: [{ports: [{port: http}, {port: 80}]}]}\n";
+    let pod = |port: &str| {
+        format!(
+            "kind: Pod\nmetadata: {{name: web, namespace: prod}}\n\
+             spec: {{containers: [{{name: main, ports: [{{name: {port}, containerPort: 8080}}]}}]}}\n"
+        )
+    };
+    let (dir, loaded) = load(&[("policy.yaml", policy), ("pod.yaml", &pod("metrics"))]);
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    assert!(
+        loaded
+            .set
+            .policies
+            .contains_key(&("prod".to_owned(), "web".to_owned())),
+        "the policy applies"
+    );
+    let messages: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let lead = format!(
+        "{}:4: NetworkPolicy prod/web",
+        dir.path().join("policy.yaml").display()
+    );
+    assert!(
+        messages[0].starts_with(&lead)
+            && messages[0].contains("\"http\" (TCP)")
+            && messages[0].contains("no Pod declares"),
+        "{messages:?}"
+    );
+    // Positive control: once a pod declares it, nothing is reported.
+    let (_dir, loaded) = load(&[("policy.yaml", policy), ("pod.yaml", &pod("http"))]);
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
 }

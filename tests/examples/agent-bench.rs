@@ -266,6 +266,7 @@ fn main() -> Result<()> {
         node_ns.run(|| -> Result<_> {
             let (converge_s, converge_writes, node) = converge(&paths, &real, endpoints)?;
             let rss = rss_mib();
+            eprintln!("converge: RSS after converging: {rss:.1} MiB");
             drop(node);
             let (resync_s, resync_writes, _node) = converge(&paths, &real, endpoints)?;
             Ok((converge_s, converge_writes, rss, resync_s, resync_writes))

@@ -51,3 +51,44 @@ pub fn write_atomically(policy_dir: &Path, file: &str, text: &str) {
     std::fs::write(&tmp, text).expect("write the document");
     std::fs::rename(&tmp, policy_dir.join(file)).expect("rename the document into place");
 }
+
+/// A YAML single-quoted scalar (annotation values are JSON, full of double quotes).
+fn quoted(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+fn annotations_yaml(annotations: &[(&str, &str)]) -> String {
+    let entries: Vec<String> = annotations
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", quoted(v)))
+        .collect();
+    format!("{{{}}}", entries.join(", "))
+}
+
+/// A Pod document with `labels` and `annotations` (the pool annotations `weir.dev/ipv4pools`,
+/// `weir.dev/ipAddrs`, …), no ports.
+#[must_use]
+pub fn annotated_pod_yaml(
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> String {
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels: {{{}}}\n  annotations: {}\nspec:\n  containers:\n  - name: main\n",
+        labels.join(", "),
+        annotations_yaml(annotations)
+    )
+}
+
+/// A Namespace document with `labels` and `annotations`.
+#[must_use]
+pub fn namespace_yaml(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> String {
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{{}}}\n  annotations: {}\n",
+        labels.join(", "),
+        annotations_yaml(annotations)
+    )
+}

@@ -52,10 +52,10 @@ impl CtIo for Paused {
     fn delete6(&mut self, keys: &[Ct6Key]) -> Result<u64, KernelError> {
         self.inner.delete6(keys)
     }
-    fn capacity(&self) -> (u64, u64) {
+    fn capacity(&self) -> Result<(u64, u64), KernelError> {
         self.inner.capacity()
     }
-    fn created(&self) -> Option<[u64; 2]> {
+    fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         self.inner.created()
     }
 }

@@ -21,7 +21,8 @@ use tests::{
     bin, bpf,
     cni::CniNode,
     cri::{Cri, CriSetup, PodSpec},
-    netpol::{Model, ModelPod, Source, labels, match_labels},
+    netpol::{Labels, Model, ModelPod, Source, labels, match_labels},
+    pod_doc::write_pod,
     podnet::{PodListener, PodNet},
     privileged::require_root,
 };
@@ -37,6 +38,9 @@ const WAIT: Duration = Duration::from_secs(45);
 /// A running pod sandbox and what the test knows of it.
 struct Sandbox {
     spec: PodSpec,
+    /// The labels its Pod document in the agent's directory gives it (none without one): what
+    /// policy sees, whatever kubelet put on the sandbox.
+    source_labels: Labels,
     id: String,
     ip: String,
     net: PodNet,
@@ -51,7 +55,7 @@ impl Sandbox {
     fn model(&self) -> ModelPod {
         ModelPod {
             namespace: self.spec.namespace.clone(),
-            labels: self.spec.labels.clone().into_iter().collect(),
+            labels: self.source_labels.clone(),
         }
     }
 }
@@ -112,6 +116,7 @@ fn run_ready(node: &CniNode, cri: &Cri, spec: PodSpec) -> Sandbox {
     let listener = PodListener::start(&net, PORT);
     Sandbox {
         spec,
+        source_labels: Labels::new(),
         id,
         ip: status.ip,
         net,
@@ -597,4 +602,164 @@ fn a_conflist_newer_than_containerd_reads_fails_every_sandbox_so_the_agent_write
         let pod = run_ready(&node, &cri, PodSpec::new("default", "new-enough"));
         assert!(!pod.ip.is_empty());
     }
+}
+
+/// A policy of `ns` selecting `app=web` that admits only `app=client` pods of its namespace.
+fn web_from_client(ns: &str) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some("web-from-client".to_owned()),
+            namespace: Some(ns.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(match_labels(&[("app", "web")])),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(match_labels(&[("app", "client")])),
+                    ..NetworkPolicyPeer::default()
+                }]),
+                ports: None,
+            }]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
+}
+
+#[test]
+fn cri_pods_take_their_labels_from_pod_documents_and_a_pod_selector_decides_their_traffic() {
+    if !require_root("cri_pods_take_their_labels_from_pod_documents") {
+        return;
+    }
+    let (node, cri) = node_and_cri(&[]);
+    let policy_dir = node.dirs.path("policies");
+    // (namespace, name, the Pod document's app label). `impostor` has no Pod document: the
+    // `app=web` kubelet puts on its sandbox is no label source, so it has its namespace's only.
+    let pods_wanted: [(&str, &str, Option<&str>); 6] = [
+        ("alpha", "web-0", Some("web")),
+        ("alpha", "web-1", Some("web")),
+        ("alpha", "client", Some("client")),
+        ("alpha", "other", Some("other")),
+        ("beta", "client", Some("client")),
+        ("alpha", "impostor", None),
+    ];
+    for (ns, name, app) in pods_wanted {
+        if let Some(app) = app {
+            write_pod(&policy_dir, ns, name, &[("app", app)], &[]);
+        }
+    }
+    let pods: Vec<Sandbox> = std::thread::scope(|scope| {
+        let handles: Vec<_> = pods_wanted
+            .iter()
+            .map(|(ns, name, app)| {
+                let (node, cri) = (&node, &cri);
+                let mut spec = PodSpec::new(ns, name);
+                // kubelet copies the pod's labels onto the sandbox; the impostor claims app=web.
+                spec.labels
+                    .insert("app".into(), (*app).unwrap_or("web").to_owned());
+                scope.spawn(move || {
+                    let mut sandbox = run_ready(node, cri, spec);
+                    sandbox.source_labels = app.map(|a| labels(&[("app", a)])).unwrap_or_default();
+                    sandbox
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    // The endpoints carry the Pod documents' labels (the identity follows them).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let endpoints = node.api_get("/v1/endpoints");
+        let labelled = pods.iter().all(|pod| {
+            endpoints.as_array().into_iter().flatten().any(|e| {
+                e["container_id"] == pod.id.as_str()
+                    && e["labels"].get("app").and_then(Value::as_str)
+                        == pod.source_labels.get("app").map(String::as_str)
+            })
+        });
+        if labelled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the endpoints do not carry their Pod documents' labels: {endpoints}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Positive control: no policy, everything reaches everything.
+    let mut model = Model {
+        namespaces: ["alpha", "beta"]
+            .iter()
+            .map(|ns| ((*ns).to_owned(), labels(&[("team", ns)])))
+            .collect::<BTreeMap<_, _>>(),
+        ..Model::default()
+    };
+    write_policies(&node, &model);
+    expect_connectivity(&node, &cri, &pods, &model, "no policy");
+
+    // app=web of alpha admits only alpha's app=client: as the model computes it.
+    model.policies = vec![web_from_client("alpha")];
+    write_policies(&node, &model);
+    let (want, _) = expected(&model, &pods);
+    let denied = want.iter().flatten().filter(|allowed| !**allowed).count();
+    assert!(denied > 0, "the policy denies some pairs");
+    let impostor = pods.len() - 1;
+    assert!(
+        want.iter().all(|row| row[impostor]),
+        "the sandbox-labelled impostor is not selected, so open to all"
+    );
+    expect_connectivity(
+        &node,
+        &cri,
+        &pods,
+        &model,
+        "web admits only alpha's clients",
+    );
+
+    // The label comes from the source, live: `other` becomes a client and reaches web.
+    write_pod(&policy_dir, "alpha", "other", &[("app", "client")], &[]);
+    let mut pods = pods;
+    let other = pods
+        .iter_mut()
+        .find(|p| p.spec.namespace == "alpha" && p.spec.name == "other")
+        .expect("alpha/other");
+    other.source_labels = labels(&[("app", "client")]);
+    let (relabelled, _) = expected(&model, &pods);
+    assert_ne!(
+        want, relabelled,
+        "the relabel changes what the model allows"
+    );
+    expect_connectivity(
+        &node,
+        &cri,
+        &pods,
+        &model,
+        "alpha/other relabelled a client",
+    );
+
+    // StopPodSandbox and RemovePodSandbox, as kubelet: every address is released.
+    for pod in &pods {
+        cri.stop(&pod.id)
+            .unwrap_or_else(|e| panic!("StopPodSandbox {}: {e}", pod.spec.name));
+        cri.remove(&pod.id)
+            .unwrap_or_else(|e| panic!("RemovePodSandbox {}: {e}", pod.spec.name));
+    }
+    let ids: Vec<String> = pods.iter().map(|p| p.id.clone()).collect();
+    drop(pods);
+    for id in &ids {
+        assert!(
+            handle_ips(&node, id).is_empty(),
+            "sandbox {id}'s address is released"
+        );
+    }
+    assert!(
+        endpoint_ids(&node).is_empty(),
+        "no endpoint is left: {}",
+        node.api_get("/v1/endpoints")
+    );
+    assert_eq!(node.addresses_in_use(), 0, "the datastore holds no address");
 }

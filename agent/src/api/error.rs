@@ -77,9 +77,19 @@ impl From<NodeError> for ApiError {
 
 impl From<IpamServiceError> for ApiError {
     fn from(e: IpamServiceError) -> Self {
+        use crate::pod_ipam::AnnotationError as A;
         use ipam::IpamError as I;
         let message = e.to_string();
         match e {
+            // The cause's code and status, with the message that names the annotation.
+            IpamServiceError::Annotated { source, .. } => Self {
+                message,
+                ..Self::from(*source)
+            },
+            IpamServiceError::Annotation(A::UnknownPool { .. } | A::Family { .. }) => {
+                Self::new(StatusCode::BAD_REQUEST, code::UNKNOWN_POOL, message)
+            }
+            IpamServiceError::Annotation(_) => Self::invalid(message),
             IpamServiceError::Exhausted { .. } => {
                 Self::new(StatusCode::CONFLICT, code::EXHAUSTED, message)
             }

@@ -25,7 +25,10 @@ use super::{
 };
 use crate::{
     applier::{LoopError, LoopHandle, WriteError},
-    dataplane::conntrack::{self, CtStats, CtView},
+    dataplane::{
+        conntrack::{self, CtStats, CtView},
+        kernel::InspectIo,
+    },
     ipam_service::{AllocateRequest, IpamService, IpamServiceError},
     sources::registry::{self, Endpoint},
 };
@@ -56,6 +59,11 @@ pub struct Api {
     pub ct_layout: u32,
     /// How the endpoint programs attach (told to weir-cni in allocate answers).
     pub tc_attach: attach::Mechanism,
+    /// The kernel reads operators ask for (`weir bpf`, `weir policy rules`, `weir monitor`),
+    /// through the one seam: no handler opens a pin itself.
+    pub kernel: Arc<dyn InspectIo>,
+    /// The one reader of the drop events ring.
+    pub monitor: crate::monitor::Monitor,
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -148,7 +156,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
 }
 
 /// One pinned map, for `weir bpf maps`.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct MapView {
     /// Versioned name.
     pub name: String,
@@ -168,43 +176,52 @@ pub struct MapView {
     pub flags: u32,
 }
 
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+}
+
+/// Runs a kernel read off the runtime's threads (each is a few syscalls, a conntrack listing
+/// many).
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| internal(format!("the kernel read did not finish: {e}")))?
+        .map_err(internal)
+}
+
 async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
-    let mut out = Vec::new();
-    for name in crate::bpf::loader::map_names(api.ct_layout) {
-        let pin = api.paths.map_pin(&name);
-        let info = aya::maps::MapInfo::from_pin(&pin).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("{}: {e}", pin.display()),
-            )
-        })?;
-        out.push(MapView {
-            name,
-            pin: pin.display().to_string(),
-            id: info.id(),
-            map_type: info.map_type().map(|t| t as u32).unwrap_or_default(),
-            key_size: info.key_size(),
-            value_size: info.value_size(),
-            max_entries: info.max_entries(),
-            flags: info.map_flags(),
-        });
-    }
-    Ok(Json(out))
+    let (kernel, layout, paths) = (Arc::clone(&api.kernel), api.ct_layout, api.paths.clone());
+    let maps = blocking(move || {
+        crate::bpf::loader::map_names(layout)
+            .into_iter()
+            .map(|name| {
+                let meta = kernel.map_meta(&name)?;
+                Ok::<_, crate::dataplane::kernel::KernelError>(MapView {
+                    pin: paths.map_pin(&name).display().to_string(),
+                    name,
+                    id: meta.id,
+                    map_type: meta.map_type,
+                    key_size: meta.key_size,
+                    value_size: meta.value_size,
+                    max_entries: meta.max_entries,
+                    flags: meta.flags,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
+    Ok(Json(maps))
 }
 
 async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
-    let (paths, layout) = (api.paths.clone(), api.ct_layout);
-    let list = tokio::task::spawn_blocking(move || conntrack::list(&paths, layout))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    Ok(Json(list))
+    let ct = api.kernel.conntrack(api.ct_layout);
+    Ok(Json(blocking(move || conntrack::list_with(&*ct)).await?))
 }
 
 async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response, ApiError> {
-    crate::monitor::response(&api.paths)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+    api.monitor.response(&*api.kernel).map_err(internal)
 }
 
 async fn policy_trace(
@@ -220,7 +237,7 @@ async fn policy_trace(
     })?;
     let result = api
         .dataplane
-        .trace(req, proto, Some(api.paths.clone()))
+        .trace(req, proto, Some(Arc::clone(&api.kernel) as _))
         .await
         .map_err(loop_error)?;
     Ok(Json(result))
@@ -229,21 +246,17 @@ async fn policy_trace(
 async fn counters(
     State(api): State<Arc<Api>>,
 ) -> ApiResult<Vec<crate::dataplane::counters::CounterView>> {
-    crate::dataplane::counters::read(&api.paths)
-        .map(Json)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+    let kernel = Arc::clone(&api.kernel);
+    Ok(Json(
+        blocking(move || crate::dataplane::counters::read(&*kernel)).await?,
+    ))
 }
 
 async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
-    let (paths, layout) = (api.paths.clone(), api.ct_layout);
+    let mut ct = api.kernel.conntrack(api.ct_layout);
     // Never inside a sweep, and kept out of its eviction count (see `Api::ct_ops`).
     let upkeep = conntrack::CtUpkeep::new(Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
-    let n = tokio::task::spawn_blocking(move || {
-        upkeep.flush(&mut conntrack::PinnedCt::new(&paths, layout))
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let n = blocking(move || upkeep.flush(&mut *ct)).await?;
     Ok(Json(serde_json::json!({"flushed": n})))
 }
 
@@ -382,8 +395,22 @@ async fn delete_endpoint(
 
 async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<AllocateResponse> {
     let req: AllocateRequest = parse(&body)?;
+    // The pod's pool and address annotations (and its namespace's), as the source last gave them.
+    let namespace = if req.namespace.is_empty() {
+        "default"
+    } else {
+        req.namespace.as_str()
+    };
+    let hints = api
+        .dataplane
+        .snapshot()
+        .ipam_hints
+        .for_pod(namespace, &req.pod);
     Ok(Json(AllocateResponse {
-        allocation: api.ipam.allocate(&req, ALLOCATE_BUDGET).await?,
+        allocation: api
+            .ipam
+            .allocate_for_pod(&req, &hints, ALLOCATE_BUDGET)
+            .await?,
         bpf_root: api.paths.bpf_root.clone(),
         tc_attach: Some(api.tc_attach),
     }))

@@ -21,7 +21,7 @@ fn setup() -> (tempfile::TempDir, crate::paths::Paths, FakeKernel) {
     synthetic::write(&paths, SMALL).expect("sources");
     let kernel = FakeKernel::new();
     for i in 0..SMALL.endpoints {
-        kernel.links.add(
+        kernel.fake.add_link(
             &synthetic::host_ifname(i),
             100 + u32::try_from(i).expect("i"),
         );
@@ -30,7 +30,7 @@ fn setup() -> (tempfile::TempDir, crate::paths::Paths, FakeKernel) {
 }
 
 fn links_of(kernel: &FakeKernel, handle: &LoopHandle) {
-    for (ifname, ifindex) in kernel.links.interfaces() {
+    for (ifname, ifindex) in kernel.fake.interfaces() {
         handle
             .send(Command::Link(LinkEvent::Up {
                 ifname,
@@ -59,7 +59,7 @@ async fn nothing_but_attachments_before_in_sync_then_everything_and_ready() {
     let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
     links_of(&kernel, &handle);
     wait(&handle, "attached before in-sync", |_| {
-        kernel.links.attached_links().len() == SMALL.endpoints
+        kernel.fake.attached_links().len() == SMALL.endpoints
     })
     .await;
     assert_eq!(
@@ -71,7 +71,7 @@ async fn nothing_but_attachments_before_in_sync_then_everything_and_ready() {
     handle.send(Command::Link(LinkEvent::Synced)).expect("send");
     let s = wait(&handle, "ready", |s| s.applied.ready).await;
     assert_eq!(s.applied.generation, s.summary.generation);
-    assert!(kernel.state() == harness::expected(&paths, &kernel.links.interfaces()));
+    assert!(kernel.state() == harness::expected(&paths, &kernel.fake.interfaces()));
     handle.stop();
     thread.join().expect("join");
 }
@@ -124,7 +124,7 @@ async fn a_write_resolves_once_applied_and_fails_only_on_its_own_deadline() {
     let generation = waiting.applied().await.expect("applied after recovery");
     let s = handle.snapshot();
     assert!(s.applied.ready && s.applied.generation >= generation);
-    assert!(kernel.state() == harness::expected(&paths, &kernel.links.interfaces()));
+    assert!(kernel.state() == harness::expected(&paths, &kernel.fake.interfaces()));
     handle.stop();
     thread.join().expect("join");
 }
@@ -147,7 +147,7 @@ async fn a_refused_write_answers_at_once_and_commands_are_batched() {
     ));
     // Many deltas queued at once are taken as one batch: far fewer applies than deltas.
     for round in 0..200 {
-        for (ifname, ifindex) in kernel.links.interfaces() {
+        for (ifname, ifindex) in kernel.fake.interfaces() {
             handle
                 .send(Command::Link(LinkEvent::Up {
                     ifname,
@@ -177,84 +177,40 @@ async fn a_refused_write_answers_at_once_and_commands_are_batched() {
 
 #[tokio::test]
 async fn a_dead_link_watcher_turns_the_agent_not_ready_and_is_restarted() {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
     let (_dir, paths, kernel) = setup();
     let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
-    let runs = Arc::new(AtomicU32::new(0));
-    let (die_tx, die_rx) = tokio::sync::watch::channel(false);
-    // The first run dumps every link, then dies when told; the next run no longer sees c0's link.
-    struct Dying {
-        links: harness::FakeLinks,
-        runs: Arc<AtomicU32>,
-        die: tokio::sync::watch::Receiver<bool>,
-    }
-    impl crate::dataplane::kernel::LinkIo for Dying {
-        fn watch(
-            &self,
-        ) -> futures_util::future::BoxFuture<
-            '_,
-            Result<crate::dataplane::kernel::LinkWatch, crate::sources::linkwatch::LinkWatchError>,
-        > {
-            use futures_util::StreamExt as _;
-            let run = self.runs.fetch_add(1, Ordering::SeqCst);
-            let mut dump = self.links.interfaces();
-            if run > 0 {
-                dump.remove(&synthetic::host_ifname(0));
-            }
-            let dump = dump
-                .into_iter()
-                .map(|(ifname, ifindex)| LinkEvent::Up {
-                    ifname,
-                    ifindex,
-                    up: true,
-                })
-                .collect();
-            let mut die = self.die.clone();
-            let events = if run == 0 {
-                futures_util::stream::once(async move {
-                    let _gone = die.wait_for(|d| *d).await;
-                    Err(crate::sources::linkwatch::LinkWatchError::Socket(
-                        std::io::Error::other("netlink socket closed"),
-                    ))
-                })
-                .boxed()
-            } else {
-                futures_util::stream::pending().boxed()
-            };
-            Box::pin(std::future::ready(Ok(
-                crate::dataplane::kernel::LinkWatch { dump, events },
-            )))
-        }
-    }
-    let watcher = Dying {
-        links: kernel.links.clone(),
-        runs: Arc::clone(&runs),
-        die: die_rx,
-    };
+    // The one fake kernel's link watch: it dumps every link, then streams their changes.
     let task = tokio::spawn(crate::sources::link_source::supervise(
         handle.clone(),
-        watcher,
+        kernel.fake.clone(),
         |_| {},
     ));
     wait(&handle, "ready", |s| s.applied.ready).await;
     let before = kernel.state();
     assert_eq!(before.endpoints.len(), SMALL.endpoints);
+    assert_eq!(kernel.fake.link_table().opened, 1);
 
-    die_tx.send(true).expect("die");
+    // The watch dies; its next two reopens fail (the agent stays not ready a while); c0's link
+    // vanishes meanwhile, unseen, so only the restarted watcher's dump can tell.
+    kernel.fake.link_table().fail_opens = 2;
+    kernel.fake.end_link_watches(Some("netlink socket closed"));
+    kernel.fake.remove_link(&synthetic::host_ifname(0));
     let s = wait(&handle, "not ready", |s| !s.applied.ready).await;
     assert!(
-        s.applied
-            .source_error
-            .as_deref()
-            .is_some_and(|e| e.contains("netlink socket closed")),
+        s.applied.source_error.as_deref().is_some_and(|e| {
+            e.contains("netlink socket closed") || e.contains("fault injected")
+        }),
         "{:?}",
         s.applied
     );
-    let s = wait(&handle, "ready again", |s| {
-        s.applied.ready && runs.load(Ordering::SeqCst) == 2
-    })
-    .await;
+    let s = wait(&handle, "ready again", |s| s.applied.ready).await;
+    let table = kernel.fake.link_table();
+    assert_eq!(
+        (table.opened, table.fail_opens),
+        (2, 0),
+        "restarted after two failed opens"
+    );
+    drop(table);
     assert!(s.applied.source_error.is_none());
     assert_eq!(
         s.links.len(),

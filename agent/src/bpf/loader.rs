@@ -5,12 +5,15 @@ use std::{fs, io, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader, VerifierLogLevel,
-    maps::MapInfo,
     programs::{Program, ProgramError},
 };
 use serde::Serialize;
 
-use crate::{bpf::bpffs, paths::Paths};
+use crate::{
+    bpf::bpffs,
+    dataplane::kernel::{InspectIo, KernelError},
+    paths::Paths,
+};
 
 /// Errors loading the programs.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +73,19 @@ pub struct LoadReport {
     pub programs: Vec<ProgramReport>,
     /// Maps: name, kernel id, pin, max entries.
     pub maps: Vec<MapReport>,
+    /// Pins that should be there but could not be read (each also logged): the pin root was
+    /// changed under the agent; restart it to load and pin again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadablePin>,
+}
+
+/// A pin the report could not read.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct UnreadablePin {
+    /// Pin path.
+    pub pin: PathBuf,
+    /// Why (the kernel's answer).
+    pub error: String,
 }
 
 /// One loaded program.
@@ -237,23 +253,6 @@ pub fn map_names(ct_layout: u32) -> Vec<String> {
         .collect()
 }
 
-/// Pins of maps the agent fills (not conntrack, which `migrate` owns) at a layout version other
-/// than the object's: left by another release, removed once the links run this one's programs.
-#[must_use]
-pub fn stale_pins(paths: &Paths, object: &[u8]) -> Vec<PathBuf> {
-    let Ok(dir) = fs::read_dir(paths.maps_dir()) else {
-        return Vec::new();
-    };
-    let present: Vec<String> = dir
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    stale_map_pins(object, &present)
-        .iter()
-        .map(|name| paths.map_pin(name))
-        .collect()
-}
-
 /// Of the map pin names `present`, those `stale_pins` removes (none if the object does not parse).
 #[must_use]
 pub fn stale_map_pins(object: &[u8], present: &[String]) -> Vec<String> {
@@ -278,34 +277,101 @@ pub fn stale_map_pins(object: &[u8], present: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// What is pinned under `paths` (read from the pins, as an operator would see it), conntrack at
-/// layout `ct_layout`.
+/// What is pinned under `paths` (read through `kernel`, as an operator would see it), conntrack
+/// at layout `ct_layout`. A pin that cannot be read is logged and listed in `unreadable`.
 #[must_use]
-pub fn report(paths: &Paths, ct_layout: u32) -> LoadReport {
-    let programs = maps_schema::programs::ALL
-        .iter()
-        .filter_map(|name| {
-            let pin = paths.prog_pin(name);
-            let info = aya::programs::ProgramInfo::from_pin(&pin).ok()?;
-            Some(ProgramReport {
+pub fn report(kernel: &dyn InspectIo, paths: &Paths, ct_layout: u32) -> LoadReport {
+    let mut unreadable = Vec::new();
+    let mut failed = |pin: PathBuf, error: &KernelError| {
+        tracing::warn!(pin = %pin.display(), error = %error, "cannot read a pin for the start report");
+        unreadable.push(UnreadablePin {
+            pin,
+            error: error.to_string(),
+        });
+    };
+    let mut programs = Vec::new();
+    for name in maps_schema::programs::ALL {
+        let pin = paths.prog_pin(name);
+        match kernel.program_id(name) {
+            Ok(id) => programs.push(ProgramReport {
                 name: (*name).to_owned(),
-                id: info.id(),
+                id,
                 pin,
-            })
-        })
-        .collect();
-    let maps = map_names(ct_layout)
-        .into_iter()
-        .filter_map(|name| {
-            let pin = paths.map_pin(&name);
-            let info = MapInfo::from_pin(&pin).ok()?;
-            Some(MapReport {
+            }),
+            Err(e) => failed(pin, &e),
+        }
+    }
+    let mut maps = Vec::new();
+    for name in map_names(ct_layout) {
+        let pin = paths.map_pin(&name);
+        match kernel.map_meta(&name) {
+            Ok(meta) => maps.push(MapReport {
                 name,
-                id: info.id(),
-                max_entries: info.max_entries(),
+                id: meta.id,
+                max_entries: meta.max_entries,
                 pin,
-            })
-        })
-        .collect();
-    LoadReport { programs, maps }
+            }),
+            Err(e) => failed(pin, &e),
+        }
+    }
+    LoadReport {
+        programs,
+        maps,
+        unreadable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::{fake::FakeKernel, kernel::MapMeta};
+
+    #[test]
+    fn the_start_report_lists_what_is_pinned_and_names_a_pin_it_cannot_read() {
+        let kernel = FakeKernel::default();
+        let paths = Paths::with_bpf_root("/sys/fs/bpf/wt-report");
+        let layout = maps_schema::conntrack::LAYOUT;
+        let names = map_names(layout);
+        for (i, name) in maps_schema::programs::ALL.iter().enumerate() {
+            kernel
+                .program_ids()
+                .insert((*name).to_owned(), 10 + u32::try_from(i).expect("i"));
+        }
+        for (i, name) in names.iter().enumerate().skip(1) {
+            let n = u32::try_from(i).expect("i");
+            kernel.map_metas().insert(
+                name.clone(),
+                MapMeta {
+                    id: 100 + n,
+                    max_entries: 1000 + n,
+                    ..MapMeta::default()
+                },
+            );
+        }
+        let report = report(&kernel, &paths, layout);
+        assert_eq!(report.programs.len(), maps_schema::programs::ALL.len());
+        assert_eq!(report.programs[0].id, 10);
+        assert_eq!(
+            report.programs[0].pin,
+            paths.prog_pin(maps_schema::programs::ALL[0])
+        );
+        assert_eq!(
+            report
+                .maps
+                .iter()
+                .map(|m| m.name.clone())
+                .collect::<Vec<_>>(),
+            names[1..].to_vec()
+        );
+        assert_eq!((report.maps[0].id, report.maps[0].max_entries), (101, 1001));
+        assert_eq!(
+            report
+                .unreadable
+                .iter()
+                .map(|u| u.pin.clone())
+                .collect::<Vec<_>>(),
+            vec![paths.map_pin(&names[0])],
+            "the one pin that cannot be read is named, not left out silently"
+        );
+    }
 }

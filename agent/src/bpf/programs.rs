@@ -177,6 +177,13 @@ impl Programs {
             .maps()
             .filter_map(|(name, map)| Some((name.to_owned(), map_id(map)?)))
             .collect();
+        let pin_err = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| ProgramsError::Pin {
+                path,
+                source: Box::new(source),
+            }
+        };
         let mut report = ProgramsReport::default();
         for name in maps_schema::programs::ALL {
             let pin = paths.prog_pin(name);
@@ -190,18 +197,9 @@ impl Programs {
             if !reuse {
                 loaded.pin_program(name, &pin)?;
             }
-            let id = ProgramInfo::from_pin(&pin)
-                .map(|i| i.id())
-                .unwrap_or_default();
+            let id = ProgramInfo::from_pin(&pin).map_err(pin_err(&pin))?.id();
             report.programs.push(((*name).to_owned(), id, reuse));
         }
-        let pin_err = |path: &Path| {
-            let path = path.display().to_string();
-            move |source| ProgramsError::Pin {
-                path,
-                source: Box::new(source),
-            }
-        };
         let from = paths.prog_pin(FROM_ENDPOINT);
         let to = paths.prog_pin(TO_ENDPOINT);
         let xdp = paths.prog_pin(XDP_PREFILTER);
@@ -212,11 +210,6 @@ impl Programs {
                 .map_err(pin_err(&xdp))?,
             report,
         })
-    }
-
-    /// The kernel id of a program handle.
-    pub fn id_of(program: &SchedClassifier) -> u32 {
-        program.info().map(|i| i.id()).unwrap_or_default()
     }
 }
 

@@ -12,21 +12,27 @@ impl Calculation {
     pub(super) fn apply_endpoint(&mut self, endpoint: &Endpoint, identity: u32) {
         let key = endpoint.key();
         if let Some(old) = self.members.get(&key) {
-            if old.endpoint == *endpoint {
+            let same_class = old.id == endpoint.id
+                && self.classes.get(old.class).is_some_and(|c| {
+                    c.namespace == endpoint.namespace && c.labels == endpoint.labels
+                });
+            if same_class && old.host_ifname == endpoint.host_ifname && old.ips == endpoint.ips {
+                // Nothing the calculation uses changed (its entry stays, even if another
+                // endpoint on its interface left in this batch).
+                if self.gone_links.remove(&endpoint.host_ifname) {
+                    self.dirty_endpoints.insert(key);
+                }
                 return;
             }
-            let same_class = old.endpoint.id == endpoint.id
-                && old.endpoint.namespace == endpoint.namespace
-                && old.endpoint.labels == endpoint.labels;
-            if old.endpoint.host_ifname != endpoint.host_ifname {
-                self.gone_links.insert(old.endpoint.host_ifname.clone());
+            if old.host_ifname != endpoint.host_ifname {
+                self.gone_links.insert(old.host_ifname.clone());
             }
             if same_class {
                 // Addresses or interface changed: only its own entries.
                 let class = old.class;
                 let identity = self.classes.get(class).map_or(identity, |c| c.identity);
                 let source = Source::Endpoint(key.clone());
-                for ip in &old.endpoint.ips {
+                for ip in &old.ips {
                     if !endpoint.ips.contains(ip) {
                         self.ident.unset(*ip, &source);
                     }
@@ -69,28 +75,31 @@ impl Calculation {
         self.members.insert(
             key,
             Member {
-                endpoint: endpoint.clone(),
+                id: endpoint.id,
+                host_ifname: endpoint.host_ifname.clone(),
+                ips: endpoint.ips.clone(),
                 class,
             },
         );
     }
 
-    /// Takes an endpoint out (its entries, its addresses, its class if it was the last member).
-    pub(super) fn leave(&mut self, key: &str) -> Option<Endpoint> {
+    /// Takes an endpoint out (its entries, its addresses, its class if it was the last member);
+    /// returns its host-side interface.
+    pub(super) fn leave(&mut self, key: &str) -> Option<String> {
         let member = self.members.remove(key)?;
         let source = Source::Endpoint(key.to_owned());
-        for ip in &member.endpoint.ips {
+        for ip in &member.ips {
             self.ident.unset(*ip, &source);
         }
-        self.endpoint_contributions(member.class, member.endpoint.id, false);
+        self.endpoint_contributions(member.class, member.id, false);
         self.dirty_endpoints.remove(key);
         if let Some(class) = self.classes.get_mut(member.class) {
-            class.members.remove(&member.endpoint.id);
+            class.members.remove(&member.id);
             if class.members.is_empty() && class.remote.is_empty() {
                 self.destroy_class(member.class);
             }
         }
-        Some(member.endpoint)
+        Some(member.host_ifname)
     }
 
     /// Adds (or withdraws) one endpoint's entries: every rule of every policy selecting its class,
@@ -269,7 +278,7 @@ impl Calculation {
                 for key in members {
                     if let Some(member) = self.members.get(&key) {
                         let source = Source::Endpoint(key.clone());
-                        for ip in &member.endpoint.ips {
+                        for ip in &member.ips {
                             self.ident.set(*ip, source.clone(), new_identity);
                         }
                     }

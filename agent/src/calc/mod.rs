@@ -113,9 +113,12 @@ struct Class {
     peer_of: BTreeSet<usize>,
 }
 
-/// A registered endpoint and its class.
+/// A registered endpoint as the calculation needs it (its namespace and labels are its
+/// class's; the registry holds the rest) and its class.
 struct Member {
-    endpoint: Endpoint,
+    id: u32,
+    host_ifname: String,
+    ips: Vec<IpAddr>,
     class: usize,
 }
 
@@ -276,8 +279,8 @@ impl Calculation {
 
     /// Removes an endpoint (by registry key).
     pub fn remove_endpoint(&mut self, key: &str) {
-        if let Some(endpoint) = self.leave(key) {
-            self.gone_links.insert(endpoint.host_ifname);
+        if let Some(host_ifname) = self.leave(key) {
+            self.gone_links.insert(host_ifname);
             self.named_inputs_changed();
         }
     }
@@ -357,9 +360,10 @@ impl Calculation {
             let Some(class) = self.classes.get(member.class) else {
                 continue;
             };
-            let info = endpoints::entry(&member.endpoint, class.identity, self.flags_of(class));
+            let info =
+                endpoints::entry_of(member.id, &member.ips, class.identity, self.flags_of(class));
             dp.endpoints_manager
-                .upsert(&mut dp.endpoints, &member.endpoint.host_ifname, info);
+                .upsert(&mut dp.endpoints, &member.host_ifname, info);
         }
     }
 

@@ -114,7 +114,7 @@ impl Calculation {
                     .or_default()
                     .extend(ports.iter().cloned());
             }
-            resolved.by_endpoint.insert(member.endpoint.id, ports);
+            resolved.by_endpoint.insert(member.id, ports);
         }
         for (pod, class) in self.remote_pods.values() {
             if let Some(class) = self.classes.get(*class) {

@@ -203,12 +203,14 @@ impl PinnedCt {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    fn max(&self, name: &str) -> u64 {
-        open(name, &self.paths.map_pin(name))
-            .ok()
-            .and_then(|m| m.info().ok())
-            .map(|i| u64::from(i.max_entries()))
-            .unwrap_or_default()
+    fn max(&self, name: &str) -> Result<u64, KernelError> {
+        let map = open(name, &self.paths.map_pin(name))?;
+        let info = map.info().map_err(|source| KernelError::MapOp {
+            map: name.to_owned(),
+            op: "read the capacity of",
+            source: Box::new(source),
+        })?;
+        Ok(u64::from(info.max_entries()))
     }
 }
 
@@ -229,24 +231,48 @@ impl CtIo for PinnedCt {
         self.delete(&self.names().1, keys)
     }
 
-    fn capacity(&self) -> (u64, u64) {
+    fn capacity(&self) -> Result<(u64, u64), KernelError> {
         let (ct4, ct6) = self.names();
-        (self.max(&ct4), self.max(&ct6))
+        Ok((self.max(&ct4)?, self.max(&ct6)?))
     }
 
-    fn created(&self) -> Option<[u64; 2]> {
+    fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         read_created(&self.paths)
     }
 }
 
 /// Entries the programs created (IPv4, IPv6), summed over CPUs; `None` without the pin.
-fn read_created(paths: &Paths) -> Option<[u64; 2]> {
+fn read_created(paths: &Paths) -> Result<Option<[u64; 2]>, KernelError> {
     use maps_schema::conntrack::{EVENT_CREATED4, EVENT_CREATED6};
-    let data = MapData::from_pin(paths.map_pin(maps_schema::maps::CT_EVENTS)).ok()?;
-    let array =
-        aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data)).ok()?;
-    let sum = |i: u32| array.get(&i, 0).ok().map(|v| v.iter().sum::<u64>());
-    Some([sum(EVENT_CREATED4)?, sum(EVENT_CREATED6)?])
+    let name = maps_schema::maps::CT_EVENTS;
+    let pin = paths.map_pin(name);
+    let open_err = |source| KernelError::OpenMap {
+        path: format!("{name} at {}", pin.display()),
+        source: Box::new(source),
+    };
+    let data = match MapData::from_pin(&pin) {
+        Ok(data) => data,
+        Err(e) if is_missing_pin(&e) => return Ok(None),
+        Err(e) => return Err(open_err(e)),
+    };
+    let array = aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data))
+        .map_err(open_err)?;
+    let sum = |i: u32| {
+        array
+            .get(&i, 0)
+            .map(|v| v.iter().sum::<u64>())
+            .map_err(|source| KernelError::MapOp {
+                map: name.to_owned(),
+                op: "read",
+                source: Box::new(source),
+            })
+    };
+    Ok(Some([sum(EVENT_CREATED4)?, sum(EVENT_CREATED6)?]))
+}
+
+/// True when `e` says the pin does not exist.
+fn is_missing_pin(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.kind() == std::io::ErrorKind::NotFound)
 }
 
 fn expired<K: Copy>(
@@ -271,7 +297,7 @@ pub fn sweep_with(
     stats: &mut CtStats,
 ) -> Result<(), KernelError> {
     // Read before the maps: an entry created meanwhile is then counted as present, not evicted.
-    let created = io.created();
+    let created = io.created()?;
     let now = now_ns();
     let all4 = io.entries4()?;
     let e4 = io.delete4(&expired(&all4, now, timeouts, |k| k.protocol))?;
@@ -282,7 +308,7 @@ pub fn sweep_with(
         len(all4.len()).saturating_sub(e4),
         len(all6.len()).saturating_sub(e6),
     );
-    let (m4, m6) = io.capacity();
+    let (m4, m6) = io.capacity()?;
     let [f4, f6] = std::mem::take(&mut stats.flushed_since_sweep);
     if let Some([c4, c6]) = created {
         if let Some([p4, p6, q4, q6]) = stats.baseline {
@@ -415,17 +441,6 @@ pub fn list_with(io: &dyn CtIo) -> Result<Vec<CtView>, KernelError> {
         });
     }
     Ok(out)
-}
-
-/// Every entry of both families (conntrack layout `layout`), for `weir bpf ct list`.
-pub fn list(paths: &Paths, layout: u32) -> Result<Vec<CtView>, KernelError> {
-    list_with(&PinnedCt::new(paths, layout))
-}
-
-/// Deletes every entry (conntrack layout `layout`, `weir bpf ct flush`); returns how many. The
-/// agent's flush goes through [`CtUpkeep::flush`] instead, which keeps it out of the eviction count.
-pub fn flush(paths: &Paths, layout: u32) -> Result<u64, KernelError> {
-    flush_with(&mut PinnedCt::new(paths, layout), &mut CtStats::default())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel::{CountersIo, KernelError};
+use super::kernel::{CountersIo, InspectIo, KernelError};
 use crate::paths::Paths;
 
 /// One counter slot.
@@ -27,15 +27,17 @@ pub struct CounterView {
     pub bytes: u64,
 }
 
-/// The real [`CountersIo`]: the pinned per-CPU `counters` array.
+/// The real [`CountersIo`]: a pinned per-CPU array of [`CounterValue`] (`counters`, the rule
+/// hits).
 pub struct PinnedCounters {
+    name: String,
     array: PerCpuArray<MapData, CounterValue>,
 }
 
 impl PinnedCounters {
-    /// Opens the pinned counters.
-    pub fn open(paths: &Paths) -> Result<Self, KernelError> {
-        let pin = paths.map_pin(maps_schema::maps::COUNTERS);
+    /// Opens the counter array pinned as `name`.
+    pub fn open(paths: &Paths, name: &str) -> Result<Self, KernelError> {
+        let pin = paths.map_pin(name);
         let open_err = |source| KernelError::OpenMap {
             path: pin.display().to_string(),
             source: Box::new(source),
@@ -43,6 +45,7 @@ impl PinnedCounters {
         let map =
             Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
         Ok(Self {
+            name: name.to_owned(),
             array: PerCpuArray::try_from(map).map_err(open_err)?,
         })
     }
@@ -54,7 +57,7 @@ impl CountersIo for PinnedCounters {
             .array
             .get(&index, 0)
             .map_err(|source| KernelError::MapOp {
-                map: maps_schema::maps::COUNTERS.into(),
+                map: self.name.clone(),
                 op: "read",
                 source: Box::new(source),
             })?;
@@ -84,9 +87,9 @@ pub fn read_with(io: &dyn CountersIo) -> Result<Vec<CounterView>, KernelError> {
     Ok(out)
 }
 
-/// Every slot that counted something.
-pub fn read(paths: &Paths) -> Result<Vec<CounterView>, KernelError> {
-    read_with(&PinnedCounters::open(paths)?)
+/// Every slot of the pinned counters (read through `kernel`) that counted something.
+pub fn read(kernel: &dyn InspectIo) -> Result<Vec<CounterView>, KernelError> {
+    read_with(&*kernel.counter_array(maps_schema::maps::COUNTERS)?)
 }
 
 #[cfg(test)]

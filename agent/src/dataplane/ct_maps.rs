@@ -98,10 +98,11 @@ impl MigrateIo for BpffsCtMaps {
     type Map = MapData;
 
     fn pins(&self) -> io::Result<Vec<String>> {
-        Ok(fs::read_dir(&self.dir)?
-            .filter_map(Result::ok)
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect())
+        // A name that is not UTF-8 is no pin of weir's.
+        fs::read_dir(&self.dir)?
+            .map(|e| e.map(|e| e.file_name().into_string().ok()))
+            .filter_map(Result::transpose)
+            .collect()
     }
 
     fn path(&self, name: &str) -> PathBuf {

@@ -12,14 +12,20 @@ use crate::sources::registry::Endpoint;
 /// The map entry of an endpoint.
 #[must_use]
 pub fn entry(endpoint: &Endpoint, identity: u32, flags: u32) -> EndpointInfo {
+    entry_of(endpoint.id, &endpoint.ips, identity, flags)
+}
+
+/// [`entry`] from the endpoint's id and addresses alone.
+#[must_use]
+pub fn entry_of(endpoint_id: u32, ips: &[IpAddr], identity: u32, flags: u32) -> EndpointInfo {
     let mut info = EndpointInfo {
-        endpoint_id: endpoint.id,
+        endpoint_id,
         identity,
         flags,
         ..EndpointInfo::default()
     };
     let (mut v4, mut v6) = (0, 0);
-    for ip in &endpoint.ips {
+    for ip in ips {
         match ip {
             IpAddr::V4(a) if v4 < info.ipv4.len() => {
                 info.ipv4[v4] = a.octets();

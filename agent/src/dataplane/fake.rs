@@ -12,6 +12,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
+    time::Duration,
 };
 
 use attach::AttachMode;
@@ -22,8 +23,9 @@ use maps_schema::{
 };
 
 use super::kernel::{
-    Attacher, CountersIo, CtIo, Hook, KernelError, LinkEvent, LinkIo, LinkStream, LinkWatch,
-    LinkWatchError, MapIo, PinIo, SysctlIo, XdpIo,
+    Attacher, CountersIo, CtIo, Hook, InspectIo, KernelError, LinkEvent, LinkIo, LinkStream,
+    LinkWatch, LinkWatchError, MapIo, MapMeta, PinIo, RecordStream, SysctlIo, TraceIo,
+    TraceIoError, XdpIo,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -49,6 +51,10 @@ struct Inner<K, V> {
     entries: HashMap<K, V>,
     mutations: u64,
     fail_writes: u32,
+    /// Every key written or deleted, in order.
+    touched: Vec<K>,
+    /// How long each write takes (a slow kernel).
+    delay: Duration,
 }
 
 /// A fake map; clones share contents, so a test can inspect what a driver wrote.
@@ -81,6 +87,8 @@ impl<K: Eq + Hash + Clone, V: Clone> FakeMap<K, V> {
                 entries: HashMap::new(),
                 mutations: 0,
                 fail_writes: 0,
+                touched: Vec::new(),
+                delay: Duration::ZERO,
             })),
             faults,
         }
@@ -121,6 +129,21 @@ impl<K: Eq + Hash + Clone, V: Clone> FakeMap<K, V> {
     pub(crate) fn fail_next_writes(&self, n: u32) {
         self.lock().fail_writes = n;
     }
+
+    /// Keys written or deleted so far.
+    pub(crate) fn touched(&self) -> usize {
+        self.lock().touched.len()
+    }
+
+    /// Every key written or deleted since the `from`th, in order.
+    pub(crate) fn touched_since(&self, from: usize) -> Vec<K> {
+        self.lock().touched[from..].to_vec()
+    }
+
+    /// Every later write takes `delay`.
+    pub(crate) fn set_delay(&self, delay: Duration) {
+        self.lock().delay = delay;
+    }
 }
 
 impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V> {
@@ -136,16 +159,25 @@ impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V>
         if self.faults.drop_all.load(Ordering::Relaxed) {
             return Err(injected(&self.name));
         }
-        let mut inner = self.lock();
-        if inner.fail_writes > 0 {
-            inner.fail_writes -= 1;
-            return Err(KernelError::MapOp {
-                map: self.name.clone(),
-                op: "write",
-                source: Box::new(MapError::KeyNotFound),
-            });
+        let delay = {
+            let mut inner = self.lock();
+            if inner.fail_writes > 0 {
+                inner.fail_writes -= 1;
+                return Err(KernelError::MapOp {
+                    map: self.name.clone(),
+                    op: "write",
+                    source: Box::new(MapError::KeyNotFound),
+                });
+            }
+            inner.delay
+        };
+        if !delay.is_zero() {
+            // Outside the lock: readers of the map are not slowed down.
+            std::thread::sleep(delay);
         }
+        let mut inner = self.lock();
         inner.entries.insert(key.clone(), value.clone());
+        inner.touched.push(key.clone());
         inner.mutations += 1;
         Ok(())
     }
@@ -156,6 +188,7 @@ impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V>
         }
         let mut inner = self.lock();
         if inner.entries.remove(key).is_some() {
+            inner.touched.push(key.clone());
             inner.mutations += 1;
         }
         Ok(())
@@ -228,6 +261,17 @@ impl LinkTable {
     }
 }
 
+/// The trace side: the nonce, and what each program answers a trace run.
+#[derive(Default)]
+pub(crate) struct TraceState {
+    /// The trace map's nonce (0: not yet created).
+    pub(crate) nonce: u64,
+    /// Program → the (reason, rule id) it answers; a program not named does not answer.
+    pub(crate) answers: BTreeMap<&'static str, (u32, u32)>,
+    /// Each run: (program, the context's ifindex, its nonce's low half).
+    pub(crate) runs: Vec<(&'static str, u32, u32)>,
+}
+
 /// The routing side: weir's routes (its protocol only), and destinations whose writes fail.
 #[derive(Default)]
 pub(crate) struct RouteTable {
@@ -248,6 +292,12 @@ pub(crate) struct FakeKernel {
     pub(crate) ct: Arc<Mutex<CtState>>,
     routes: Arc<Mutex<RouteTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
+    programs: Arc<Mutex<BTreeMap<String, u32>>>,
+    trace: Arc<Mutex<TraceState>>,
+    /// The readers of the drop events ring.
+    drop_readers: Arc<Mutex<Vec<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>>>,
     sysctls: Arc<Mutex<BTreeMap<String, String>>>,
     pins: Arc<Mutex<BTreeSet<String>>>,
     pins_failing: Arc<Mutex<BTreeSet<String>>>,
@@ -383,6 +433,39 @@ impl FakeKernel {
         lock(&self.counters)
     }
 
+    /// The trace side.
+    pub(crate) fn trace(&self) -> MutexGuard<'_, TraceState> {
+        lock(&self.trace)
+    }
+
+    /// Rule hit slots: rule id → (packets, bytes).
+    pub(crate) fn rule_hits(&self) -> MutexGuard<'_, HashMap<u32, (u64, u64)>> {
+        lock(&self.rule_hits)
+    }
+
+    /// The pinned maps' metadata: name → metadata.
+    pub(crate) fn map_metas(&self) -> MutexGuard<'_, BTreeMap<String, MapMeta>> {
+        lock(&self.maps)
+    }
+
+    /// The pinned programs: name → kernel id.
+    pub(crate) fn program_ids(&self) -> MutexGuard<'_, BTreeMap<String, u32>> {
+        lock(&self.programs)
+    }
+
+    /// The programs write one record into the drop events ring (every open reader gets it).
+    pub(crate) fn push_drop_event(&self, record: &[u8]) {
+        lock(&self.drop_readers).retain(|r| r.send(record.to_vec()).is_ok());
+    }
+
+    /// Readers of the drop events ring open now.
+    pub(crate) fn drop_readers(&self) -> usize {
+        lock(&self.drop_readers)
+            .iter()
+            .filter(|r| !r.is_closed())
+            .count()
+    }
+
     /// `/proc/sys` as written: path → value.
     pub(crate) fn sysctls(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
         lock(&self.sysctls)
@@ -396,6 +479,34 @@ impl FakeKernel {
     /// Map pins whose removal fails.
     pub(crate) fn pins_failing(&self) -> MutexGuard<'_, BTreeSet<String>> {
         lock(&self.pins_failing)
+    }
+
+    /// Interfaces that exist: name → index.
+    pub(crate) fn interfaces(&self) -> BTreeMap<String, u32> {
+        self.tc().ifindex.clone()
+    }
+
+    /// Attachment operations done (attach, update, sweep, unpin).
+    pub(crate) fn tc_ops(&self) -> u32 {
+        self.tc().ops
+    }
+
+    /// Interfaces on which both endpoint programs are live (pinned and attached there).
+    pub(crate) fn attached_links(&self) -> BTreeSet<String> {
+        let s = self.tc();
+        let live = |ifname: &String, ifindex: u32| {
+            s.pins
+                .iter()
+                .filter(|((n, _), id)| {
+                    n == ifname && s.attached.iter().any(|(i, _, a)| *i == ifindex && a == *id)
+                })
+                .count()
+        };
+        s.ifindex
+            .iter()
+            .filter(|(n, i)| live(n, **i) == crate::attach::endpoint::ENDPOINT_PROGRAMS.len())
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     fn tc_write(&self, ifname: &str) -> Result<MutexGuard<'_, TcState>, KernelError> {
@@ -602,12 +713,113 @@ impl CtIo for FakeKernel {
         let mut s = self.ct();
         Ok(keys.iter().filter(|k| s.ct6.remove(k).is_some()).count() as u64)
     }
-    fn capacity(&self) -> (u64, u64) {
+    fn capacity(&self) -> Result<(u64, u64), KernelError> {
         let c = self.ct().capacity;
-        (c, c)
+        Ok((c, c))
     }
-    fn created(&self) -> Option<[u64; 2]> {
-        Some(self.ct().created)
+    fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
+        Ok(Some(self.ct().created))
+    }
+}
+
+/// One fake per-CPU counter array (already summed): slot → (packets, bytes).
+struct FakeArray(Arc<Mutex<HashMap<u32, (u64, u64)>>>);
+
+impl CountersIo for FakeArray {
+    fn slot(&self, index: u32) -> Result<(u64, u64), KernelError> {
+        Ok(lock(&self.0).get(&index).copied().unwrap_or_default())
+    }
+}
+
+fn no_pin(name: &str) -> KernelError {
+    KernelError::Io {
+        op: "open",
+        what: format!("the pinned map {name}"),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    }
+}
+
+impl InspectIo for FakeKernel {
+    fn map_meta(&self, name: &str) -> Result<MapMeta, KernelError> {
+        self.map_metas()
+            .get(name)
+            .copied()
+            .ok_or_else(|| no_pin(name))
+    }
+    fn program_id(&self, name: &str) -> Result<u32, KernelError> {
+        self.program_ids()
+            .get(name)
+            .copied()
+            .ok_or_else(|| no_pin(name))
+    }
+    fn counter_array(&self, name: &str) -> Result<Box<dyn CountersIo>, KernelError> {
+        match name {
+            maps_schema::maps::COUNTERS => Ok(Box::new(FakeArray(Arc::clone(&self.counters)))),
+            maps_schema::maps::RULE_HITS => Ok(Box::new(FakeArray(Arc::clone(&self.rule_hits)))),
+            _ => Err(no_pin(name)),
+        }
+    }
+    fn conntrack(&self, _layout: u32) -> Box<dyn CtIo> {
+        Box::new(self.clone())
+    }
+    fn drop_events(&self) -> Result<RecordStream, KernelError> {
+        if self.dropping() {
+            return Err(injected(maps_schema::maps::DROP_EVENTS));
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.drop_readers).push(tx);
+        Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async {
+            rx.recv().await.map(|r| (Ok(r), rx))
+        })))
+    }
+}
+
+/// Offsets in `struct __sk_buff` of the fields a trace run reads and answers in.
+const SK_BUFF_IFINDEX: usize = 40;
+const SK_BUFF_CB: usize = 48;
+
+impl TraceIo for FakeKernel {
+    fn trace_nonce(&self) -> Result<u64, TraceIoError> {
+        let mut t = self.trace();
+        if t.nonce == 0 {
+            t.nonce = 0x5eed_0001;
+        }
+        Ok(t.nonce)
+    }
+    fn ifindex(&self, ifname: &str) -> Result<u32, TraceIoError> {
+        self.tc()
+            .ifindex
+            .get(ifname)
+            .copied()
+            .ok_or_else(|| TraceIoError::Ifindex {
+                ifname: ifname.to_owned(),
+                source: nix::Error::ENODEV,
+            })
+    }
+    fn test_run(
+        &self,
+        program: &'static str,
+        _frame: &[u8],
+        ctx: &[u8],
+    ) -> Result<Vec<u8>, TraceIoError> {
+        let word = |at: usize| {
+            ctx.get(at..at + 4)
+                .map_or(0, |w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        };
+        let mut t = self.trace();
+        t.runs
+            .push((program, word(SK_BUFF_IFINDEX), word(SK_BUFF_CB + 4)));
+        let mut out = ctx.to_vec();
+        if let Some((reason, rule)) = t.answers.get(program).copied() {
+            for (i, w) in [maps_schema::trace::CB_DONE, reason, rule]
+                .iter()
+                .enumerate()
+            {
+                let at = SK_BUFF_CB + 4 * i;
+                out[at..at + 4].copy_from_slice(&w.to_ne_bytes());
+            }
+        }
+        Ok(out)
     }
 }
 

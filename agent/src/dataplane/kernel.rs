@@ -11,6 +11,10 @@
 //! - [`SysctlIo`]: `/proc/sys` (`node_setup::ProcSysctl`).
 //! - [`PinIo`]: the map pins under the pin root (`pins::BpffsPins`), for stale-pin removal.
 //! - [`LinkIo`]: link and address dumps and their live events (`sources::linkwatch::Netlink`).
+//! - [`InspectIo`]: what the API reads on an operator's request (map metadata, the counter
+//!   arrays, the conntrack maps, the drop events ring buffer) — `inspect::PinnedInspect`.
+//! - [`TraceIo`]: the kernel half of `weir policy trace` (the trace nonce, `BPF_PROG_TEST_RUN`
+//!   of the loaded programs) — `inspect::PinnedInspect` too.
 //! - [`MigrateIo`] and [`CtMapIo`]: the conntrack migration's map pins (create, rename, remove)
 //!   and raw batch reads and writes of one conntrack map of any layout
 //!   (`dataplane::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
@@ -47,6 +51,15 @@ pub enum KernelError {
         /// The cause.
         #[source]
         source: Box<MapError>,
+    },
+    /// A pinned program could not be opened.
+    #[error("cannot open the pinned program {path}: {source}; is the agent's pin root intact?")]
+    OpenProgram {
+        /// The pin.
+        path: String,
+        /// The cause.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
     },
     /// Attaching, updating or unpinning a program link failed.
     #[error("cannot {op} {what}: {source}")]
@@ -169,15 +182,127 @@ pub trait CtIo: Send {
     /// Deletes IPv6 entries; returns how many went.
     fn delete6(&mut self, keys: &[Ct6Key]) -> Result<u64, KernelError>;
     /// Capacity of (`ct4`, `ct6`).
-    fn capacity(&self) -> (u64, u64);
-    /// Entries the programs created (IPv4, IPv6) since the counter's pin was made; `None` without it.
-    fn created(&self) -> Option<[u64; 2]>;
+    fn capacity(&self) -> Result<(u64, u64), KernelError>;
+    /// Entries the programs created (IPv4, IPv6) since the counter's pin was made; `None` when
+    /// the pin does not exist (programs older than the counter).
+    fn created(&self) -> Result<Option<[u64; 2]>, KernelError>;
 }
 
 /// The verdict counters: one slot per (reason, direction), summed over CPUs.
 pub trait CountersIo: Send {
     /// (packets, bytes) of slot `index`.
     fn slot(&self, index: u32) -> Result<(u64, u64), KernelError>;
+}
+
+/// Metadata of one pinned map, as the kernel reports it (`bpf_obj_get_info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapMeta {
+    /// Kernel id.
+    pub id: u32,
+    /// Kernel map type number.
+    pub map_type: u32,
+    /// Key size.
+    pub key_size: u32,
+    /// Value size.
+    pub value_size: u32,
+    /// Capacity.
+    pub max_entries: u32,
+    /// Flags.
+    pub flags: u32,
+}
+
+/// The raw records of a ring buffer as they arrive; an error ends the reader.
+pub type RecordStream = BoxStream<'static, Result<Vec<u8>, KernelError>>;
+
+/// What the API reads from the kernel when an operator asks (`weir bpf maps|ct|counters`,
+/// `weir policy rules`, `weir monitor`; the start report's pins too) and the conntrack maps its flush goes through: each call
+/// opens what it needs from the pin root, so a migration or a reload is seen at the next call.
+pub trait InspectIo: TraceIo + Send + Sync {
+    /// The metadata of the map pinned as `name`.
+    fn map_meta(&self, name: &str) -> Result<MapMeta, KernelError>;
+    /// The kernel id of the program pinned as `name`.
+    fn program_id(&self, name: &str) -> Result<u32, KernelError>;
+    /// The per-CPU counter array pinned as `name` (`counters`, `rule_hits_v1`).
+    fn counter_array(&self, name: &str) -> Result<Box<dyn CountersIo>, KernelError>;
+    /// The conntrack maps of layout `layout`.
+    fn conntrack(&self, layout: u32) -> Box<dyn CtIo>;
+    /// The drop events ring buffer's records from now on (call inside the runtime). The ring has
+    /// one consumer position, so one reader per agent (`monitor::Monitor`).
+    fn drop_events(&self) -> Result<RecordStream, KernelError>;
+}
+
+/// Errors of the kernel half of a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceIoError {
+    /// A pinned program could not be opened.
+    #[error(
+        "cannot open the pinned program {path}: {source}; is the agent's pin root right and are its programs loaded?"
+    )]
+    OpenProgram {
+        /// Pin path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// The trace map could not be opened or written.
+    #[error(
+        "cannot {op} the trace map {path}: {source}; restart the agent so it loads programs with trace support"
+    )]
+    TraceMap {
+        /// What failed.
+        op: &'static str,
+        /// Pin path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: Box<MapError>,
+    },
+    /// No random bytes for the nonce.
+    #[error("cannot read random bytes for the trace nonce from /dev/urandom: {0}")]
+    Random(#[source] std::io::Error),
+    /// A host interface is not in the agent's network namespace.
+    #[error("interface {ifname} is not in the agent's network namespace: {source}")]
+    Ifindex {
+        /// Host interface.
+        ifname: String,
+        /// Cause.
+        #[source]
+        source: nix::Error,
+    },
+    /// The test run itself failed.
+    #[error("BPF_PROG_TEST_RUN of {program} failed: {source}")]
+    TestRun {
+        /// Program.
+        program: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+}
+
+/// The kernel half of `weir policy trace`: the loaded programs run on a synthetic packet with
+/// `BPF_PROG_TEST_RUN` against the live pinned maps (`observe::ktrace` builds the packet and
+/// reads the answer).
+pub trait TraceIo: Send + Sync {
+    /// The trace nonce the programs check, created (random, non-zero) on first use.
+    fn trace_nonce(&self) -> Result<u64, TraceIoError>;
+    /// The index of host interface `ifname`.
+    fn ifindex(&self, ifname: &str) -> Result<u32, TraceIoError>;
+    /// Runs the pinned program `program` on `frame` with the `__sk_buff` context `ctx`; returns
+    /// the context the run wrote back.
+    fn test_run(
+        &self,
+        program: &'static str,
+        frame: &[u8],
+        ctx: &[u8],
+    ) -> Result<Vec<u8>, TraceIoError>;
+}
+
+impl std::fmt::Debug for dyn InspectIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InspectIo")
+    }
 }
 
 /// Kernel settings under `/proc/sys`.
@@ -403,6 +528,17 @@ pub enum LinkWatchError {
     /// The event stream failed.
     #[error("the link event stream failed: {0}")]
     Stream(#[source] std::io::Error),
+}
+
+/// Why a link watch stopped (the loop is told, and the agent is not ready until a new one synced).
+#[derive(Debug, thiserror::Error)]
+pub enum LinkWatcherStopped {
+    /// It could not open, or its stream failed.
+    #[error(transparent)]
+    Failed(#[from] LinkWatchError),
+    /// Its event stream ended.
+    #[error("its netlink stream ended")]
+    Ended,
 }
 
 /// The live link and address events after a dump; its end (or an error) means the watcher died.

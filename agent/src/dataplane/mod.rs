@@ -12,6 +12,7 @@ pub mod counters;
 pub mod ct_layout;
 pub mod ct_maps;
 pub mod endpoints;
+pub mod inspect;
 pub mod kernel;
 pub mod map_driver;
 pub mod netlink_routes;

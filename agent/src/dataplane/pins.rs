@@ -25,17 +25,20 @@ impl BpffsPins {
 impl PinIo for BpffsPins {
     fn map_pins(&self) -> Result<Vec<String>, KernelError> {
         let dir = self.paths.maps_dir();
+        let list_err = |source| KernelError::Io {
+            op: "list",
+            what: dir.display().to_string(),
+            source,
+        };
         match fs::read_dir(&dir) {
-            Ok(entries) => Ok(entries
-                .filter_map(Result::ok)
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()),
+            // A name that is not UTF-8 is no pin of weir's.
+            Ok(entries) => entries
+                .map(|e| e.map(|e| e.file_name().into_string().ok()))
+                .filter_map(Result::transpose)
+                .collect::<Result<_, _>>()
+                .map_err(list_err),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(source) => Err(KernelError::Io {
-                op: "list",
-                what: dir.display().to_string(),
-                source,
-            }),
+            Err(source) => Err(list_err(source)),
         }
     }
 

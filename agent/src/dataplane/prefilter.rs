@@ -429,6 +429,8 @@ impl Prefilter {
 pub struct PinnedXdp {
     paths: Paths,
     program: Xdp,
+    /// Its kernel id, read once.
+    id: u32,
 }
 
 impl PinnedXdp {
@@ -443,9 +445,18 @@ impl PinnedXdp {
                     source: Box::new(e),
                 }
             })?;
+        let id = program
+            .info()
+            .map_err(|e| KernelError::Attach {
+                op: "read the id of",
+                what: pin.display().to_string(),
+                source: Box::new(e),
+            })?
+            .id();
         Ok(Self {
             paths: paths.clone(),
             program,
+            id,
         })
     }
 }
@@ -464,12 +475,21 @@ impl XdpIo for PinnedXdp {
                 });
             }
         };
-        Ok(entries
-            .filter_map(Result::ok)
-            .filter_map(|e| crate::paths::parse_link_pin(&e.file_name().to_string_lossy()))
-            .filter(|(_, program)| program == XDP_PREFILTER)
-            .map(|(ifname, _)| ifname)
-            .collect())
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| KernelError::Io {
+                op: "list",
+                what: dir.display().to_string(),
+                source,
+            })?;
+            if let Some((ifname, program)) =
+                crate::paths::parse_link_pin(&entry.file_name().to_string_lossy())
+                && program == XDP_PREFILTER
+            {
+                out.push(ifname);
+            }
+        }
+        Ok(out)
     }
 
     fn pinned_program(&self, ifname: &str) -> Option<u32> {
@@ -488,7 +508,7 @@ impl XdpIo for PinnedXdp {
     }
 
     fn current(&self) -> u32 {
-        self.program.info().map(|i| i.id()).unwrap_or_default()
+        self.id
     }
 
     fn link_exists(&self, ifname: &str) -> bool {

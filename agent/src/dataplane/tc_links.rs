@@ -28,6 +28,8 @@ pub struct TcLinks {
     mechanism: Mechanism,
     from_endpoint: SchedClassifier,
     to_endpoint: SchedClassifier,
+    /// The kernel ids of (`from_endpoint`, `to_endpoint`), read once.
+    ids: (u32, u32),
     tc: Tc,
 }
 
@@ -51,11 +53,24 @@ impl TcLinks {
         mechanism: Mechanism,
     ) -> Result<Self, KernelError> {
         let tc = Tc::open().map_err(|e| kerr("open", "a netlink socket".into(), e))?;
+        let id = |p: &SchedClassifier, name: &str| {
+            p.info()
+                .map(|i| i.id())
+                .map_err(|e| kerr("read the id of", format!("the program {name}"), e))
+        };
+        let ids = (
+            id(
+                &programs.from_endpoint,
+                maps_schema::programs::FROM_ENDPOINT,
+            )?,
+            id(&programs.to_endpoint, maps_schema::programs::TO_ENDPOINT)?,
+        );
         Ok(Self {
             paths,
             mechanism,
             from_endpoint: programs.from_endpoint,
             to_endpoint: programs.to_endpoint,
+            ids,
             tc,
         })
     }
@@ -129,10 +144,14 @@ impl Attacher for TcLinks {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(kerr("list", dir.display().to_string(), e)),
         };
-        Ok(entries
-            .filter_map(Result::ok)
-            .filter_map(|e| crate::paths::parse_link_pin(&e.file_name().to_string_lossy()))
-            .collect())
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| kerr("list", dir.display().to_string(), e))?;
+            out.extend(crate::paths::parse_link_pin(
+                &entry.file_name().to_string_lossy(),
+            ));
+        }
+        Ok(out)
     }
 
     fn has_pin(&self, ifname: &str, program: &str) -> bool {
@@ -184,12 +203,11 @@ impl Attacher for TcLinks {
     }
 
     fn current(&self, program: &str) -> u32 {
-        let handle = if program == maps_schema::programs::FROM_ENDPOINT {
-            &self.from_endpoint
+        if program == maps_schema::programs::FROM_ENDPOINT {
+            self.ids.0
         } else {
-            &self.to_endpoint
-        };
-        Programs::id_of(handle)
+            self.ids.1
+        }
     }
 
     fn attach(

@@ -12,8 +12,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::mpsc;
-
 use super::{
     converge::Agent,
     harness::{self, FakeKernel},
@@ -27,7 +25,6 @@ use crate::{
     applier,
     ipam_service::IpamService,
     sources::link_source,
-    sources::linkwatch::LinkEvent,
     synthetic::{self, Sizes},
 };
 
@@ -45,20 +42,19 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
     synthetic::write(&paths, SIZES).expect("sources");
     let kernel = FakeKernel::new();
     for i in 0..SIZES.endpoints {
-        kernel.links.add(
+        kernel.fake.add_link(
             &synthetic::host_ifname(i),
             1000 + u32::try_from(i).expect("i"),
         );
     }
-    let total = harness::expected(&paths, &kernel.links.interfaces()).entries();
+    let total = harness::expected(&paths, &kernel.fake.interfaces()).entries();
     kernel.set_delay(Duration::from_micros(50));
 
-    let (live_tx, live_rx) = mpsc::unbounded_channel();
     let node = harness::open_node(&paths, &kernel);
     let (handle, thread) = applier::spawn(node).expect("loop");
     let links = tokio::spawn(link_source::supervise(
         handle.clone(),
-        harness::watcher(kernel.links.clone(), Some(live_rx)),
+        kernel.fake.clone(),
         |_| {},
     ));
     let ipam = IpamService::open(
@@ -81,6 +77,8 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         ct_ops: Arc::default(),
         ct_layout: 2,
         tc_attach: attach::Mechanism::default(),
+        kernel: Arc::new(kernel.fake.clone()),
+        monitor: crate::monitor::Monitor::default(),
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -142,14 +140,8 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         "the allocation answered while the loop was applying"
     );
     let host = synthetic::host_ifname(0xfff_ffff);
-    kernel.links.add(&host, 900_000);
-    live_tx
-        .send(LinkEvent::Up {
-            ifname: host.clone(),
-            ifindex: 900_000,
-            up: true,
-        })
-        .expect("link event");
+    // The fake kernel's live link watch reports it, as netlink would.
+    kernel.fake.add_link(&host, 900_000);
     let request = EndpointRequest {
         container_id: "cx".into(),
         ifname: "eth0".into(),
@@ -178,7 +170,12 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
     assert_eq!(view.ifindex, Some(900_000));
     assert!(view.identity.is_some());
     // It answers only once its entry is in the kernel.
-    let entry = kernel.endpoints.contents().get(&900_000).copied();
+    let entry = kernel
+        .endpoints
+        .unordered()
+        .into_iter()
+        .find(|(k, _)| *k == 900_000)
+        .map(|(_, v)| v);
     assert_eq!(entry.map(|e| e.endpoint_id), Some(view.endpoint.id));
 
     agent.ready().await;
@@ -188,7 +185,7 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         answered_during >= 3,
         "status answered {answered_during} times during the apply"
     );
-    let mut links = kernel.links.interfaces();
+    let mut links = kernel.fake.interfaces();
     links.insert(host, 900_000);
     assert!(kernel.state() == harness::expected(&paths, &links));
     server.abort();

@@ -33,7 +33,7 @@ impl Agent {
         let (handle, thread) = applier::spawn(node).expect("the loop starts");
         let links = tokio::spawn(link_source::supervise(
             handle.clone(),
-            harness::watcher(kernel.links.clone(), None),
+            kernel.fake.clone(),
             |_| {},
         ));
         Self {
@@ -109,7 +109,7 @@ fn setup(sizes: Sizes) -> (tempfile::TempDir, Paths, FakeKernel) {
     synthetic::write(&paths, sizes).expect("write the sources");
     let kernel = FakeKernel::new();
     for i in 0..sizes.endpoints {
-        kernel.links.add(
+        kernel.fake.add_link(
             &synthetic::host_ifname(i),
             1000 + u32::try_from(i).expect("index"),
         );
@@ -133,7 +133,7 @@ fn edit_policy(paths: &Paths, name: &str, from: &str, to: &str) {
 async fn a_thousand_endpoints_and_500_policies_converge_a_restart_writes_nothing_and_changes_write_only_their_keys()
  {
     let (_dir, paths, kernel) = setup(SIZES);
-    let links = kernel.links.interfaces();
+    let links = kernel.fake.interfaces();
 
     // From empty: the registry and policy files on disk, the links from the watcher.
     let agent = Agent::start(&paths, &kernel);
@@ -165,10 +165,10 @@ async fn a_thousand_endpoints_and_500_policies_converge_a_restart_writes_nothing
         expected.entries(),
         "from empty, every entry is written once"
     );
-    assert_eq!(kernel.links.attached_links().len(), SIZES.endpoints);
+    assert_eq!(kernel.fake.attached_links().len(), SIZES.endpoints);
     assert_eq!(
-        kernel.links.ops(),
-        2 * SIZES.endpoints as u64,
+        usize::try_from(kernel.fake.tc_ops()).expect("ops"),
+        2 * SIZES.endpoints,
         "two programs per link"
     );
     assert_eq!(ready.summary.endpoints, SIZES.endpoints);
@@ -183,11 +183,11 @@ async fn a_thousand_endpoints_and_500_policies_converge_a_restart_writes_nothing
     agent.stop();
 
     // A restart over it writes nothing.
-    let (writes, ops) = (kernel.map_writes(), kernel.links.ops());
+    let (writes, ops) = (kernel.map_writes(), kernel.fake.tc_ops());
     let agent = Agent::start(&paths, &kernel);
     agent.ready().await;
     assert_eq!(kernel.map_writes(), writes, "a restart writes no map entry");
-    assert_eq!(kernel.links.ops(), ops, "a restart touches no attachment");
+    assert_eq!(kernel.fake.tc_ops(), ops, "a restart touches no attachment");
     assert!(kernel.state() == expected);
 
     // One label of one pod (through the API's command): only the keys that change are written.

@@ -6,4 +6,5 @@
 mod api;
 mod converge;
 pub(crate) mod harness;
+mod inspect;
 mod pods;

@@ -30,7 +30,7 @@ fn setup() -> (tempfile::TempDir, Paths, FakeKernel) {
     synthetic::write(&paths, SIZES).expect("write the sources");
     let kernel = FakeKernel::new();
     for i in 0..SIZES.endpoints {
-        kernel.links.add(
+        kernel.fake.add_link(
             &synthetic::host_ifname(i),
             1000 + u32::try_from(i).expect("index"),
         );
@@ -73,7 +73,7 @@ async fn applied_after(agent: &Agent, generation: u64, what: &str, ok: impl Fn(&
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_objects_relabel_endpoints_add_remote_peers_and_a_bad_one_refuses_only_itself() {
     let (_dir, paths, kernel) = setup();
-    let links = kernel.links.interfaces();
+    let links = kernel.fake.interfaces();
     let agent = Agent::start(&paths, &kernel);
     let source = tokio::spawn(policy_dir::run(
         agent.handle.clone(),

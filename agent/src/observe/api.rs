@@ -8,8 +8,8 @@ use axum::{Json, extract::State, http::StatusCode};
 use super::rule_hits::{self, RuleHitsView};
 use crate::{
     api::{error::ApiError, server::Api},
+    dataplane::kernel::TraceIo,
     node::Node,
-    paths::Paths,
     trace::{TraceRequest, TraceResult},
 };
 
@@ -17,27 +17,24 @@ use crate::{
 /// The rule names come from the loop's published snapshot; the counters from the pinned map.
 pub async fn rules(State(api): State<Arc<Api>>) -> Result<Json<Vec<RuleHitsView>>, ApiError> {
     let rules = Arc::clone(&api.dataplane.snapshot().rules);
-    let paths = api.paths.clone();
+    let kernel = Arc::clone(&api.kernel);
     let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
-    tokio::task::spawn_blocking(move || {
-        rule_hits::read_raw(&paths, &rule_hits::rule_ids(&rules))
-            .map(|raw| rule_hits::views(&rules, &raw))
-    })
-    .await
-    .map_err(|e| internal(format!("the rule hits reader failed: {e}")))?
-    .map(Json)
-    .map_err(|e| internal(e.to_string()))
+    tokio::task::spawn_blocking(move || rule_hits::read(&*kernel, &rules))
+        .await
+        .map_err(|e| internal(format!("the rule hits reader failed: {e}")))?
+        .map(Json)
+        .map_err(|e| internal(e.to_string()))
 }
 
 /// Runs the kernel trace beside the user-space one; a failure is reported in the answer.
 pub fn add_kernel_trace(
-    paths: &Paths,
+    kernel: &dyn TraceIo,
     node: &Node,
     req: &TraceRequest,
     proto: u8,
     result: &mut TraceResult,
 ) {
-    match super::ktrace::trace(paths, node, req, proto, &result.verdict) {
+    match super::ktrace::trace(kernel, node, req, proto, &result.verdict) {
         Ok(k) => result.kernel = Some(k),
         Err(e) => result.kernel_error = Some(e.to_string()),
     }

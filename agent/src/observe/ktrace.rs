@@ -4,21 +4,21 @@
 //! (`maps_schema::trace`): the programs read conntrack, endpoints, identities and policy as real
 //! packets do, but write nothing, and answer the reason and deciding rule in the context's `cb[]`.
 
-use std::{io::Read as _, net::IpAddr};
+use std::net::IpAddr;
 
-use aya::{
-    maps::{Array, Map, MapData},
-    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
-};
 use maps_schema::{
-    TraceConfig,
     reason::{self, is_pass},
     trace::{CB_DONE, CB_MAGIC},
 };
 use serde::{Deserialize, Serialize};
 
 use super::packet::{self, Spec};
-use crate::{node::Node, paths::Paths, sources::registry::Endpoint, trace::TraceRequest};
+use crate::{
+    dataplane::kernel::{TraceIo, TraceIoError},
+    node::Node,
+    sources::registry::Endpoint,
+    trace::TraceRequest,
+};
 
 /// Size of the kernel's `struct __sk_buff` and the offsets of the fields a trace run sets.
 const SK_BUFF_SIZE: usize = 192;
@@ -31,54 +31,17 @@ pub const DEFAULT_SRC_PORT: u16 = 40_000;
 /// Why the kernel trace could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum KtraceError {
-    /// A pinned program could not be opened.
-    #[error(
-        "cannot open the pinned program {path}: {source}; is the agent's pin root right and are its programs loaded?"
-    )]
-    OpenProgram {
-        /// Pin path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: Box<ProgramError>,
-    },
-    /// The trace map could not be opened or written.
-    #[error(
-        "cannot {op} the trace map {path}: {source}; restart the agent so it loads programs with trace support"
-    )]
-    TraceMap {
-        /// What failed.
-        op: &'static str,
-        /// Pin path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: Box<aya::maps::MapError>,
-    },
-    /// No random bytes for the nonce.
-    #[error("cannot read random bytes for the trace nonce from /dev/urandom: {0}")]
-    Random(#[source] std::io::Error),
+    /// The kernel could not run the trace.
+    #[error(transparent)]
+    Kernel(#[from] TraceIoError),
     /// An endpoint's host interface is gone.
-    #[error(
-        "endpoint {endpoint}'s interface {ifname} is not in the agent's network namespace: {source}"
-    )]
+    #[error("endpoint {endpoint}'s host interface cannot be found: {source}")]
     Ifindex {
         /// Endpoint key.
         endpoint: String,
-        /// Host interface.
-        ifname: String,
         /// Cause.
         #[source]
-        source: nix::Error,
-    },
-    /// The test run itself failed.
-    #[error("BPF_PROG_TEST_RUN of {program} failed: {source}")]
-    TestRun {
-        /// Program.
-        program: &'static str,
-        /// Cause.
-        #[source]
-        source: Box<ProgramError>,
+        source: TraceIoError,
     },
     /// The program ran but did not answer as a trace run.
     #[error(
@@ -133,48 +96,14 @@ pub struct KernelTrace {
     pub disagreement: Option<String>,
 }
 
-/// The trace nonce, created (random, non-zero) on first use.
-fn nonce(paths: &Paths) -> Result<u64, KtraceError> {
-    let pin = paths.map_pin(maps_schema::maps::TRACE);
-    let err = |op: &'static str| {
-        let path = pin.display().to_string();
-        move |source| KtraceError::TraceMap {
-            op,
-            path,
-            source: Box::new(source),
-        }
-    };
-    let data = MapData::from_pin(&pin).map_err(err("open"))?;
-    let mut array: Array<MapData, TraceConfig> =
-        Array::try_from(Map::Array(data)).map_err(err("open"))?;
-    let current = array.get(&0, 0).map_err(err("read"))?;
-    if current.nonce != 0 {
-        return Ok(current.nonce);
-    }
-    let mut bytes = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(KtraceError::Random)?;
-    let nonce = u64::from_ne_bytes(bytes) | 1;
-    array
-        .set(0, &TraceConfig { nonce }, 0)
-        .map_err(err("write"))?;
-    Ok(nonce)
-}
-
 /// Runs `program` on `frame` as a trace run on `ifindex`: (reason, rule id).
 fn run(
-    paths: &Paths,
+    kernel: &dyn TraceIo,
     program: &'static str,
     ifindex: u32,
     nonce: u64,
     frame: &[u8],
 ) -> Result<(u32, u32), KtraceError> {
-    let pin = paths.prog_pin(program);
-    let prog = SchedClassifier::from_pin(&pin).map_err(|source| KtraceError::OpenProgram {
-        path: pin.display().to_string(),
-        source: Box::new(source),
-    })?;
     let mut ctx = [0u8; SK_BUFF_SIZE];
     ctx[SK_BUFF_IFINDEX..SK_BUFF_IFINDEX + 4].copy_from_slice(&ifindex.to_ne_bytes());
     let words = [CB_MAGIC, (nonce & 0xffff_ffff) as u32, (nonce >> 32) as u32];
@@ -182,20 +111,11 @@ fn run(
         let at = SK_BUFF_CB + 4 * i;
         ctx[at..at + 4].copy_from_slice(&w.to_ne_bytes());
     }
-    let mut out = [0u8; SK_BUFF_SIZE];
-    let opts = TestRunOptions {
-        data_in: Some(frame),
-        ctx_in: Some(&ctx),
-        ctx_out: Some(&mut out),
-        ..TestRunOptions::default()
-    };
-    prog.test_run(opts).map_err(|source| KtraceError::TestRun {
-        program,
-        source: Box::new(source),
-    })?;
+    let out = kernel.test_run(program, frame, &ctx)?;
     let word = |i: usize| {
         let at = SK_BUFF_CB + 4 * i;
-        u32::from_ne_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]])
+        out.get(at..at + 4)
+            .map_or(0, |w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
     };
     if word(0) != CB_DONE {
         return Err(KtraceError::NoAnswer { program });
@@ -222,17 +142,18 @@ fn find_source<'a>(
     }
 }
 
-fn ifindex(e: &Endpoint) -> Result<u32, KtraceError> {
-    nix::net::if_::if_nametoindex(e.host_ifname.as_str()).map_err(|source| KtraceError::Ifindex {
-        endpoint: e.key(),
-        ifname: e.host_ifname.clone(),
-        source,
-    })
+fn ifindex(kernel: &dyn TraceIo, e: &Endpoint) -> Result<u32, KtraceError> {
+    kernel
+        .ifindex(&e.host_ifname)
+        .map_err(|source| KtraceError::Ifindex {
+            endpoint: e.key(),
+            source,
+        })
 }
 
 /// Traces `req` through the loaded programs; `user_verdict` is the user-space explanation's.
 pub fn trace(
-    paths: &Paths,
+    kernel: &dyn TraceIo,
     node: &Node,
     req: &TraceRequest,
     proto: u8,
@@ -258,13 +179,13 @@ pub fn trace(
         tcp_flags,
     };
     let frame = packet::frame(&spec).ok_or(KtraceError::Family)?;
-    let nonce = nonce(paths)?;
+    let nonce = kernel.trace_nonce()?;
     let source = find_source(node, req)?;
     let destination = node.endpoints().find(|e| e.ips.contains(&req.dst));
     let mut steps = Vec::new();
     for (program, endpoint) in [("from_endpoint", source), ("to_endpoint", destination)] {
         let Some(endpoint) = endpoint else { continue };
-        let (code, rule_id) = run(paths, program, ifindex(endpoint)?, nonce, &frame)?;
+        let (code, rule_id) = run(kernel, program, ifindex(kernel, endpoint)?, nonce, &frame)?;
         let rule = (rule_id != 0).then(|| {
             node.rule(rule_id).map_or_else(
                 || format!("rule {rule_id} (no longer known)"),

@@ -104,8 +104,8 @@ pub fn families(
 pub struct DatapathCollector {
     /// The loop's snapshots (rule names).
     pub snapshot: tokio::sync::watch::Receiver<std::sync::Arc<crate::snapshot::Snapshot>>,
-    /// Where the pinned maps are.
-    pub paths: crate::paths::Paths,
+    /// The pinned maps, through the kernel seam.
+    pub kernel: std::sync::Arc<dyn crate::dataplane::kernel::InspectIo>,
 }
 
 impl prometheus_client::collector::Collector for DatapathCollector {
@@ -113,17 +113,15 @@ impl prometheus_client::collector::Collector for DatapathCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
     ) -> Result<(), std::fmt::Error> {
-        let counters = crate::dataplane::counters::read(&self.paths).unwrap_or_else(|e| {
+        let counters = crate::dataplane::counters::read(&*self.kernel).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot read the verdict counters for /metrics");
             Vec::new()
         });
         let rules = std::sync::Arc::clone(&self.snapshot.borrow().rules);
-        let hits = super::rule_hits::read_raw(&self.paths, &super::rule_hits::rule_ids(&rules))
-            .map(|raw| super::rule_hits::views(&rules, &raw))
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot read the rule hit counters for /metrics");
-                Vec::new()
-            });
+        let hits = super::rule_hits::read(&*self.kernel, &rules).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the rule hit counters for /metrics");
+            Vec::new()
+        });
         for (name, help, family) in families(&counters, &hits) {
             let metric = encoder.encode_descriptor(
                 name,

@@ -3,13 +3,15 @@
 //! `maps_schema::rules`: the packets a rule *decided* (a new flow's first packet on the isolated
 //! side, stateless packets); packets conntrack passes as established are not counted.
 
-use aya::maps::{Map, MapData, PerCpuArray};
-use maps_schema::{CounterValue, maps::RULE_HITS_MAX};
+use maps_schema::maps::RULE_HITS_MAX;
 use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
-use crate::{dataplane::kernel::KernelError, paths::Paths, policy::compile::RuleRef};
+use crate::{
+    dataplane::kernel::{CountersIo, InspectIo, KernelError},
+    policy::compile::RuleRef,
+};
 
 /// One rule's hits.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -33,34 +35,26 @@ pub fn rule_ids(rules: &BTreeMap<u32, RuleRef>) -> Vec<u32> {
     rules.keys().copied().collect()
 }
 
-/// Slot 0 (ids beyond the array, and rules that share id 0) and the slots of `ids`: packets and
-/// bytes summed over CPUs.
-pub fn read_raw(paths: &Paths, ids: &[u32]) -> Result<Vec<(u32, u64, u64)>, KernelError> {
-    let pin = paths.map_pin(maps_schema::maps::RULE_HITS);
-    let open_err = |source| KernelError::OpenMap {
-        path: pin.display().to_string(),
-        source: Box::new(source),
-    };
-    let map = Map::from_map_data(MapData::from_pin(&pin).map_err(open_err)?).map_err(open_err)?;
-    let array: PerCpuArray<_, CounterValue> = PerCpuArray::try_from(map).map_err(open_err)?;
-    let mut out = Vec::new();
+/// Slot 0 (ids beyond the array, and rules that share id 0) and the slots of `ids` of the rule
+/// hits array `io`: packets and bytes summed over CPUs.
+pub fn read_raw(io: &dyn CountersIo, ids: &[u32]) -> Result<Vec<(u32, u64, u64)>, KernelError> {
     let slots = std::iter::once(0).chain(
         ids.iter()
             .copied()
             .filter(|id| (1..RULE_HITS_MAX).contains(id)),
     );
-    for id in slots {
-        let values = array.get(&id, 0).map_err(|source| KernelError::MapOp {
-            map: maps_schema::maps::RULE_HITS.into(),
-            op: "read",
-            source: Box::new(source),
-        })?;
-        let (packets, bytes) = values
-            .iter()
-            .fold((0, 0), |(p, b), v| (p + v.packets, b + v.bytes));
-        out.push((id, packets, bytes));
-    }
-    Ok(out)
+    slots
+        .map(|id| io.slot(id).map(|(packets, bytes)| (id, packets, bytes)))
+        .collect()
+}
+
+/// The rule hits of the pinned array read through `kernel`, named by `rules`.
+pub fn read(
+    kernel: &dyn InspectIo,
+    rules: &BTreeMap<u32, RuleRef>,
+) -> Result<Vec<RuleHitsView>, KernelError> {
+    let io = kernel.counter_array(maps_schema::maps::RULE_HITS)?;
+    Ok(views(rules, &read_raw(&*io, &rule_ids(rules))?))
 }
 
 /// Every rule the node knows (with its hits, zero included) and every other slot with hits.

@@ -10,7 +10,7 @@ use k8s_openapi::{
         core::v1::{Namespace, Node, Pod as K8sPod},
         networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
     },
-    apimachinery::pkg::util::intstr::IntOrString,
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 
 use super::{
@@ -18,7 +18,7 @@ use super::{
     selector::Selector,
 };
 
-/// The prefix of the annotations a Pod keeps (pool annotations and the like).
+/// The prefix of the annotations a Pod or Namespace keeps (pool annotations and the like).
 pub const ANNOTATION_PREFIX: &str = "weir.dev/";
 
 /// Why an object cannot be used.
@@ -340,6 +340,17 @@ pub fn namespace(ns: &Namespace) -> Result<(String, Labels), ConvertError> {
     Ok((name, ns.metadata.labels.clone().unwrap_or_default()))
 }
 
+/// The `weir.dev/` annotations of an object's metadata (the rest are not the dataplane's).
+#[must_use]
+pub fn weir_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    meta.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 fn address(text: &str, field: &str) -> Result<IpAddr, ConvertError> {
     text.parse()
         .map_err(|_| ConvertError::invalid(field, format!("{text:?} is not an IP address")))
@@ -395,14 +406,7 @@ pub fn pod(p: &K8sPod) -> Result<Pod, ConvertError> {
             }
         }
     }
-    let annotations: BTreeMap<String, String> = p
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let annotations = weir_annotations(&p.metadata);
     Ok(Pod {
         namespace,
         name,

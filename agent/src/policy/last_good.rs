@@ -40,6 +40,11 @@ pub fn merge(mut now: Loaded, last: &Loaded) -> Loaded {
             }
             ObjectRef::Namespace(name) => last.set.namespaces.get(name).cloned().map(|l| {
                 now.set.namespaces.insert(name.clone(), l);
+                if let Some(a) = last.set.namespace_annotations.get(name) {
+                    now.set
+                        .namespace_annotations
+                        .insert(name.clone(), a.clone());
+                }
             }),
             ObjectRef::Pod(ns, name) => {
                 let key = (ns.clone(), name.clone());
@@ -52,6 +57,9 @@ pub fn merge(mut now: Loaded, last: &Loaded) -> Loaded {
             }),
         };
         if kept.is_some() {
+            if let Some(line) = last.lines.get(&object) {
+                now.lines.insert(object.clone(), *line);
+            }
             now.origins.insert(object, origin.clone());
         }
     }

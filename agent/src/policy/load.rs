@@ -15,7 +15,7 @@ use k8s_openapi::api::{
 };
 use serde::Deserialize as _;
 
-use super::{convert, model::PolicySet};
+use super::{convert, model::PolicySet, warnings};
 
 /// A document that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +97,10 @@ pub struct Loaded {
     pub origins: BTreeMap<ObjectRef, PathBuf>,
     /// Refused documents: their file and, when it could be told, the object they meant.
     pub refused: Vec<(PathBuf, Option<ObjectRef>)>,
+    /// The line each valid object's document starts on (in its file of `origins`).
+    pub lines: BTreeMap<ObjectRef, usize>,
+    /// Objects that apply with a caveat (`policy::warnings`), with file and line: not refusals.
+    pub warnings: Vec<PolicyFileError>,
 }
 
 /// Reads every policy file of `dir` with what the last-good merge needs (`last_good`).
@@ -116,6 +120,14 @@ pub fn load_dir_full(dir: &Path) -> Loaded {
             }
         }
     }
+    loaded.warnings = warnings::check(&loaded.set)
+        .into_iter()
+        .map(|w| PolicyFileError {
+            file: loaded.origins.get(&w.object).cloned().unwrap_or_default(),
+            line: loaded.lines.get(&w.object).copied().unwrap_or(0),
+            reason: w.reason,
+        })
+        .collect();
     loaded
 }
 
@@ -177,6 +189,8 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
         errors,
         origins,
         refused,
+        lines,
+        warnings: _,
     } = loaded;
     let starts = document_lines(text);
     let leading_separator = text.lines().next().is_some_and(|l| l.trim_end() == "---");
@@ -216,8 +230,18 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
                         .insert((p.namespace.clone(), p.name.clone()), p);
                 }),
             "Namespace" => parse::<Namespace>(value, "v1 Namespace")
-                .and_then(|ns| convert::namespace(&ns).map_err(|e| e.to_string()))
-                .map(|(name, labels)| {
+                .and_then(|ns| {
+                    let annotations = convert::weir_annotations(&ns.metadata);
+                    convert::namespace(&ns)
+                        .map(|(name, labels)| (name, labels, annotations))
+                        .map_err(|e| e.to_string())
+                })
+                .map(|(name, labels, annotations)| {
+                    if annotations.is_empty() {
+                        set.namespace_annotations.remove(&name);
+                    } else {
+                        set.namespace_annotations.insert(name.clone(), annotations);
+                    }
                     set.namespaces.insert(name, labels);
                 }),
             "Pod" => parse::<Pod>(value, "v1 Pod")
@@ -244,6 +268,7 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
                 refused.push((file.to_owned(), object));
             }
             (Ok(()), Some(object)) => {
+                lines.insert(object.clone(), doc_line);
                 origins.insert(object, file.to_owned());
             }
             (Ok(()), None) => {}

@@ -15,3 +15,4 @@ pub mod load;
 pub mod model;
 pub mod pods;
 pub mod selector;
+pub mod warnings;

@@ -154,6 +154,9 @@ pub struct PolicySet {
     pub policies: BTreeMap<(String, String), Policy>,
     /// Namespace labels, by namespace.
     pub namespaces: BTreeMap<String, Labels>,
+    /// The `weir.dev/` annotations of the Namespaces that have any (pool annotations), by
+    /// namespace.
+    pub namespace_annotations: BTreeMap<String, BTreeMap<String, String>>,
     /// Pods, by (namespace, name).
     pub pods: BTreeMap<(String, String), Pod>,
     /// Nodes, by name.

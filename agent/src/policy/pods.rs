@@ -13,6 +13,10 @@ use crate::sources::registry::Endpoint;
 /// The Pod object of a local endpoint, if the source has one.
 #[must_use]
 pub fn pod_of<'a>(endpoint: &Endpoint, set: &'a PolicySet) -> Option<&'a Pod> {
+    // The lookup key is owned: skip building it when there is nothing to find.
+    if set.pods.is_empty() {
+        return None;
+    }
     set.pods
         .get(&(endpoint.namespace.clone(), endpoint.pod.clone()))
         .filter(|_| !endpoint.pod.is_empty())
@@ -61,6 +65,9 @@ pub fn remote<'a>(
     locals: impl IntoIterator<Item = &'a Endpoint>,
     node: Option<&'a str>,
 ) -> Vec<RemotePod> {
+    if set.pods.is_empty() {
+        return Vec::new();
+    }
     let local: BTreeSet<(&str, &str)> = locals
         .into_iter()
         .map(|e| (e.namespace.as_str(), e.pod.as_str()))

@@ -15,7 +15,7 @@ use futures_util::StreamExt as _;
 
 use crate::{
     applier::{Command, LoopHandle},
-    dataplane::kernel::{LinkEvent, LinkIo},
+    dataplane::kernel::{LinkEvent, LinkIo, LinkWatcherStopped},
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -116,10 +116,10 @@ async fn run(
     links: &(impl LinkIo + ?Sized),
     seen: &mut Seen,
     on_up: &impl Fn(&str),
-) -> Option<String> {
+) -> Option<LinkWatcherStopped> {
     let watch = match links.watch().await {
         Ok(watch) => watch,
-        Err(e) => return Some(e.to_string()),
+        Err(e) => return Some(e.into()),
     };
     // Until this run's `Synced`, its events are the dump.
     let mut dump = Some(Seen::default());
@@ -136,10 +136,10 @@ async fn run(
                     return None;
                 }
             }
-            Err(e) => return Some(e.to_string()),
+            Err(e) => return Some(e.into()),
         }
     }
-    Some("its netlink stream ended".to_owned())
+    Some(LinkWatcherStopped::Ended)
 }
 
 /// Sends one event on; false when the loop is gone.
@@ -221,7 +221,7 @@ mod tests {
             let send = move |c: Command| {
                 let sent = match c {
                     Command::Link(e) => Sent::Link(e),
-                    Command::LinkWatcherDown(reason) => Sent::Down(reason),
+                    Command::LinkWatcherDown(reason) => Sent::Down(reason.to_string()),
                     _ => unreachable!("the link source sends only link commands"),
                 };
                 tx.send(sent).is_ok()
