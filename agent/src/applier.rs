@@ -51,6 +51,10 @@ pub struct Applied {
     /// A source that is down (the link watcher, while it is restarted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_error: Option<String>,
+    /// The last route apply error while routes to other nodes' blocks are not all written (retried at
+    /// every wake of the loop; it fails no write and no readiness: pods of this node are unaffected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes_error: Option<String>,
 }
 
 /// Consecutive failures after which the agent gives up (the DaemonSet restarts it).
@@ -60,6 +64,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The loop wakes at least this often, queued commands or not.
 const IDLE: Duration = Duration::from_millis(500);
+/// Routes that could not be written are tried again after this long.
+const ROUTES_RETRY: Duration = Duration::from_secs(1);
 /// At most this many commands form one batch (the next batch follows at once).
 const MAX_BATCH: usize = 4096;
 
@@ -148,6 +154,12 @@ pub enum Command {
         Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
         oneshot::Sender<TraceResult>,
     ),
+    /// A change of the cluster's nodes (their records and blocks), from the nodes source.
+    Node(crate::nodes::NodeDelta),
+    /// The pods of other nodes from their endpoint records (the whole set), from the nodes source.
+    ClusterPods(Vec<crate::nodes::ClusterPod>),
+    /// Every pod address known cluster-wide with its identity and node (`weir status --all-addresses`).
+    Addresses(oneshot::Sender<Vec<crate::nodes::AddressView>>),
     /// End the loop.
     Stop,
 }
@@ -247,6 +259,13 @@ impl LoopHandle {
         rx.await.map_err(|_| LoopError::Stopped)
     }
 
+    /// Every pod address known cluster-wide (this node's endpoints and other nodes' pods).
+    pub async fn addresses(&self) -> Result<Vec<crate::nodes::AddressView>, LoopError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Addresses(tx))?;
+        rx.await.map_err(|_| LoopError::Stopped)
+    }
+
     /// Waits (bounded) until the link watcher has reported workload link `ifname` to the loop.
     pub async fn wait_link(&self, ifname: &str, timeout: Duration) -> bool {
         let mut rx = self.links.subscribe();
@@ -282,6 +301,7 @@ pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), Lo
         retry_at: None,
         backoff: Duration::ZERO,
         last_apply: Instant::now() - MIN_INTERVAL,
+        routes_retry_at: None,
     };
     let thread = std::thread::Builder::new()
         .name("weir-dataplane".into())
@@ -316,6 +336,7 @@ struct Changed {
     ifnames: BTreeSet<String>,
     links: bool,
     rules: bool,
+    nodes: bool,
 }
 
 struct DataplaneLoop {
@@ -333,6 +354,8 @@ struct DataplaneLoop {
     retry_at: Option<Instant>,
     backoff: Duration,
     last_apply: Instant,
+    /// When routes that failed are tried again.
+    routes_retry_at: Option<Instant>,
 }
 
 impl DataplaneLoop {
@@ -399,6 +422,9 @@ impl DataplaneLoop {
         let now = Instant::now();
         let mut at = now + IDLE;
         if let Some(retry) = self.retry_at {
+            at = at.min(retry);
+        }
+        if let Some(retry) = self.routes_retry_at {
             at = at.min(retry);
         }
         for w in &self.waiters {
@@ -481,6 +507,19 @@ impl DataplaneLoop {
                 // A caller that went away needs no answer.
                 let _unanswered = reply.send(result);
             }
+            Command::ClusterPods(pods) => {
+                if let Err(e) = self.node.set_cluster_pods(pods) {
+                    tracing::error!(error = %e, "cannot take the other nodes' pods");
+                }
+            }
+            Command::Addresses(reply) => {
+                // A caller that went away needs no answer.
+                let _unanswered = reply.send(self.node.addresses());
+            }
+            Command::Node(delta) => {
+                self.node.on_node_delta(delta);
+                self.changed.nodes = true;
+            }
             Command::Stop => return true,
         }
         false
@@ -562,6 +601,8 @@ impl DataplaneLoop {
         self.node.generation() > self.applied.generation
             || self.applied.error.is_some()
             || self.node.dataplane.is_dirty()
+            || (self.node.routes_dirty()
+                && self.routes_retry_at.is_none_or(|at| Instant::now() >= at))
     }
 
     /// Applies when anything is owed and no retry is pending; spaced by [`MIN_INTERVAL`] unless
@@ -584,6 +625,21 @@ impl DataplaneLoop {
         } else {
             self.node.dataplane.apply_before_in_sync()
         };
+        // Routes to other nodes' blocks: after the maps, once in sync (their own source gates them too). A
+        // route that cannot be written (an unreachable next hop) is reported and retried, and holds back
+        // nothing of this node's own.
+        if in_sync && self.routes_retry_at.is_none_or(|at| Instant::now() >= at) {
+            let routes = self.node.apply_routes();
+            self.routes_retry_at = routes.is_err().then(|| Instant::now() + ROUTES_RETRY);
+            if let Err(e) = &routes {
+                if self.applied.routes_error.is_none() {
+                    tracing::warn!(error = %e, "routes to other nodes' blocks are not all written; retrying");
+                }
+            } else if self.applied.routes_error.is_some() {
+                tracing::info!("routes to other nodes' blocks are written");
+            }
+            self.applied.routes_error = routes.err().map(|e| e.to_string());
+        }
         self.last_apply = Instant::now();
         self.changed.any = true;
         let a = &mut self.applied;
@@ -692,6 +748,11 @@ impl DataplaneLoop {
                 Arc::clone(&previous.rules)
             },
             stats: self.node.dataplane.stats(),
+            nodes: if changed.nodes {
+                Arc::new(self.node.node_status())
+            } else {
+                Arc::clone(&previous.nodes)
+            },
             ipam_hints: self.node.ipam_hints(),
         };
         self.publish.send_replace(Arc::new(snapshot));

@@ -137,6 +137,25 @@ pub struct AgentArgs {
     /// object, or an older release's in upgrade tests). Its conntrack layout is the agent's.
     #[arg(long, env = "WEIR_EBPF_OBJECT_FILE")]
     pub ebpf_object: Option<PathBuf>,
+    /// How pods on other nodes are reached (with a shared `etcd:` datastore, whose node records and
+    /// block affinities say where every block lives): `native` (one route per remote block via that
+    /// node's address: the nodes share an L2, or the fabric routes pod CIDRs) or `vxlan` (a VXLAN
+    /// device with forwarding and neighbour entries per remote node).
+    #[arg(long, env = "WEIR_ROUTING", default_value_t = RoutingMode::Native)]
+    pub routing: RoutingMode,
+    /// This node's addresses in its node record (the next hop other nodes route its blocks
+    /// through), comma-separated. Default: the source address of this node's route to the first
+    /// etcd endpoint.
+    #[arg(
+        long = "node-address",
+        env = "WEIR_NODE_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub node_addresses: Vec<std::net::IpAddr>,
+    /// Seconds a node record stays live without a heartbeat; the agent renews its own every third
+    /// of it, and other nodes sweep the routes to a node whose heartbeat is older.
+    #[arg(long, env = "WEIR_NODE_EXPIRY", default_value_t = 40)]
+    pub node_expiry: u64,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -158,6 +177,25 @@ impl std::fmt::Display for SourceMode {
         f.write_str(match self {
             Self::Standalone => "standalone",
             Self::Kubernetes => "kubernetes",
+        })
+    }
+}
+
+/// How remote nodes' blocks are routed (`--routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RoutingMode {
+    /// A route per remote block via the remote node's address.
+    Native,
+    /// Routes through a VXLAN device, with forwarding and neighbour entries per remote node.
+    Vxlan,
+}
+
+impl std::fmt::Display for RoutingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+            Self::Vxlan => "vxlan",
         })
     }
 }
@@ -210,6 +248,13 @@ pub struct Config {
     pub ebpf_object: Option<PathBuf>,
     /// The `cniVersion` of the conflist the agent writes.
     pub cni_version: String,
+    /// How remote nodes' blocks are routed.
+    pub routing: RoutingMode,
+    /// This node's addresses for its node record (empty: found from the route to etcd).
+    pub node_addresses: Vec<std::net::IpAddr>,
+    /// How long a node record stays live without a heartbeat (dumped in seconds).
+    #[serde(serialize_with = "seconds")]
+    pub node_expiry: std::time::Duration,
 }
 
 /// A duration as the whole seconds the flags take.
@@ -477,6 +522,24 @@ impl AgentArgs {
                 ),
             ));
         }
+        if !(3..=86_400).contains(&self.node_expiry) {
+            return Err(invalid(
+                "--node-expiry (WEIR_NODE_EXPIRY)",
+                &self.node_expiry.to_string(),
+                "must be between 3 and 86400 seconds",
+            ));
+        }
+        if let Some(bad) = self
+            .node_addresses
+            .iter()
+            .find(|a| a.is_unspecified() || a.is_loopback() || a.is_multicast())
+        {
+            return Err(invalid(
+                "--node-address (WEIR_NODE_ADDRESSES)",
+                &bad.to_string(),
+                "use an address other nodes reach this node at (not unspecified, loopback or multicast)",
+            ));
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -512,6 +575,9 @@ impl AgentArgs {
             ct_max_entries: self.ct_max_entries,
             ebpf_object,
             cni_version: self.cni_version.clone(),
+            routing: self.routing,
+            node_addresses: self.node_addresses.clone(),
+            node_expiry: std::time::Duration::from_secs(self.node_expiry),
         })
     }
 }
@@ -617,6 +683,7 @@ mod tests {
             ("--allocation-expiry", "allocation_expiry", "90"),
             ("--ct-sweep-interval", "ct_sweep_interval", "7"),
             ("--identity-gc-grace", "identity_gc_grace", "120"),
+            ("--node-expiry", "node_expiry", "12"),
             ("--ct-timeout-tcp-syn", "ct_timeouts.tcp_syn", "30"),
             (
                 "--ct-timeout-tcp-established",

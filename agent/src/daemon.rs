@@ -99,6 +99,9 @@ pub enum DaemonError {
     /// The Kubernetes source could not be set up.
     #[error(transparent)]
     Kube(#[from] crate::sources::kube::KubeError),
+    /// Node routing could not be set up.
+    #[error(transparent)]
+    Routing(#[from] crate::nodes::setup::RoutingSetupError),
     /// The first apply did not complete.
     #[error("the first dataplane apply did not complete within {0} s: {1}")]
     NotReady(u64, String),
@@ -217,6 +220,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut node =
         Node::open_with_identities(&paths, dataplane, policies, policy_errors, identities)?;
     node.set_node_name(&config.node)?;
+    // With a shared etcd: node records, and routes to the other nodes' blocks.
+    let node_record = crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)?;
     if kube_client.is_some() {
         node.await_policy_source();
     }
@@ -230,6 +235,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             cluster,
             dataplane_loop.subscribe(),
             config.identity_gc_grace,
+        ));
+    }
+
+    if let Some(record) = node_record {
+        tokio::spawn(crate::sources::nodes::run(
+            dataplane_loop.clone(),
+            ipam.ipam().clone(),
+            record,
         ));
     }
 

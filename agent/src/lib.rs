@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod node;
 pub mod node_setup;
+pub mod nodes;
 pub mod observe;
 pub mod paths;
 pub mod pod_ipam;

@@ -11,14 +11,20 @@ use serde::Serialize;
 use crate::{
     calc::Calculation,
     dataplane::plane::Dataplane,
+    dataplane::routes::RouteError,
     identity::{Identities, IdentityError},
+    nodes::{
+        AddressView, ClusterPod, NodeDelta,
+        routing::{NodeRoutes, NodeStatus},
+    },
     paths::Paths,
     pod_ipam::IpamHints,
     policy::{
         compile::RuleRef,
         load::PolicyFileError,
         model::{Pod, PolicySet},
-        pods, warnings,
+        pods::{self, RemotePod},
+        warnings,
     },
     sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
@@ -71,6 +77,10 @@ pub struct Node {
     /// list: its first whole set makes it true (the policy files are read before `open`).
     policies_synced: bool,
     generation: u64,
+    /// Routes to other nodes' blocks (with node records: an `etcd:` datastore).
+    routes: Option<NodeRoutes>,
+    /// Other nodes' pods from their endpoint records.
+    cluster_pods: Vec<ClusterPod>,
     /// The documents of the last policy set, waiting for [`Node::drop_retired`].
     retired: Option<PolicySet>,
 }
@@ -151,6 +161,8 @@ impl Node {
             links_synced: false,
             policies_synced: true,
             generation: 1,
+            routes: None,
+            cluster_pods: Vec::new(),
             retired: None,
         };
         node.flush();
@@ -188,11 +200,8 @@ impl Node {
                     .set_endpoint_ports(&e.key(), pods::named_ports_of(e, &policies));
             }
         }
-        self.calc.set_remote_pods(&pods::remote(
-            &policies,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        let remote = self.remote_pods(&policies);
+        self.calc.set_remote_pods(&remote)?;
         self.ipam_hints = IpamHints::of(&policies);
         self.policy_warnings = caveats(&policies, &self.policy_warnings);
         // The policies and namespaces are the calculation's now; the set's own copies are freed
@@ -207,6 +216,110 @@ impl Node {
         self.policies_synced = true;
         self.flush();
         Ok(self.changed())
+    }
+
+    /// The remote pods: the source's (`set`), and the other nodes' endpoint records (a pod both name is the
+    /// source's), never a local endpoint's.
+    fn remote_pods(&self, set: &PolicySet) -> Vec<RemotePod> {
+        let mut pods = pods::remote(set, self.registry.endpoints(), self.node_name.as_deref());
+        let mut skip: BTreeSet<String> = self
+            .registry
+            .endpoints()
+            .map(|e| format!("{}/{}", e.namespace, e.pod))
+            .collect();
+        skip.extend(pods.iter().map(|p| p.key.clone()));
+        pods.extend(
+            self.cluster_pods
+                .iter()
+                .map(|c| &c.pod)
+                .filter(|p| !skip.contains(&p.key))
+                .cloned(),
+        );
+        pods.sort_by(|a, b| a.key.cmp(&b.key));
+        pods
+    }
+
+    /// The other nodes' pods, from their endpoint records (the whole set): they become remote pods.
+    pub fn set_cluster_pods(&mut self, pods: Vec<ClusterPod>) -> Result<u64, NodeError> {
+        if pods == self.cluster_pods {
+            return Ok(self.generation);
+        }
+        self.cluster_pods = pods;
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
+        self.flush();
+        Ok(self.changed())
+    }
+
+    /// Every pod address known: this node's endpoints and the other nodes' pods, with the identity this
+    /// node's maps give each.
+    #[must_use]
+    pub fn addresses(&self) -> Vec<AddressView> {
+        let here = self.node_name.clone().unwrap_or_default();
+        let mut out: Vec<AddressView> = self
+            .registry
+            .endpoints()
+            .flat_map(|e| {
+                let identity = self.identity(e);
+                let (pod, node) = (format!("{}/{}", e.namespace, e.pod), here.clone());
+                e.ips.iter().map(move |ip| AddressView {
+                    ip: *ip,
+                    identity,
+                    node: node.clone(),
+                    pod: pod.clone(),
+                })
+            })
+            .collect();
+        for c in &self.cluster_pods {
+            for ip in &c.pod.ips {
+                let identity = match ip {
+                    IpAddr::V4(v4) => self.dataplane.ident4.desired(&v4.octets()),
+                    IpAddr::V6(v6) => self.dataplane.ident6.desired(&v6.octets()),
+                }
+                .map(|i| i.identity);
+                out.push(AddressView {
+                    ip: *ip,
+                    identity,
+                    node: c.node.clone(),
+                    pod: c.pod.key.clone(),
+                });
+            }
+        }
+        out.sort_by_key(|a| a.ip);
+        out
+    }
+
+    /// Routes this node's way to other nodes' blocks through `routes` (from now on, node deltas reach it).
+    pub fn set_routing(&mut self, routes: NodeRoutes) {
+        self.routes = Some(routes);
+    }
+
+    /// A change of the cluster's nodes: the desired routes follow (no kernel I/O).
+    pub fn on_node_delta(&mut self, delta: NodeDelta) {
+        match &mut self.routes {
+            Some(routes) => routes.on_delta(delta),
+            None => tracing::debug!(?delta, "a node delta without routing; ignored"),
+        }
+    }
+
+    /// True when the routes have work to do.
+    #[must_use]
+    pub fn routes_dirty(&self) -> bool {
+        self.routes.as_ref().is_some_and(NodeRoutes::is_dirty)
+    }
+
+    /// Reconciles the routes (the loop calls this after the maps, on its thread).
+    pub fn apply_routes(&mut self) -> Result<(), RouteError> {
+        self.routes.as_mut().map_or(Ok(()), NodeRoutes::apply)
+    }
+
+    /// The cluster's nodes as the status shows them.
+    #[must_use]
+    pub fn node_status(&self) -> Vec<NodeStatus> {
+        self.routes
+            .as_ref()
+            .map(NodeRoutes::status)
+            .unwrap_or_default()
     }
 
     /// Frees what the last [`Self::set_policies`] left to free (the loop calls it once a batch
@@ -233,20 +346,22 @@ impl Node {
     /// only then can registering or removing the endpoint change which pods are remote
     /// (`pods::remote` leaves out exactly the Pods named by a local endpoint).
     fn has_pod(&self, endpoint: &Endpoint) -> bool {
-        !self.cluster.pods.is_empty()
+        (!self.cluster.pods.is_empty()
             && self
                 .cluster
                 .pods
-                .contains_key(&(endpoint.namespace.clone(), endpoint.pod.clone()))
+                .contains_key(&(endpoint.namespace.clone(), endpoint.pod.clone())))
+            || self.cluster_pods.iter().any(|c| {
+                c.pod.namespace == endpoint.namespace
+                    && c.pod.key == format!("{}/{}", endpoint.namespace, endpoint.pod)
+            })
     }
 
-    /// Recomputes the remote pods from the source's Pods and the local endpoints.
+    /// Recomputes the remote pods from the source's Pods, the other nodes' endpoint records and the local
+    /// endpoints.
     fn refresh_remote_pods(&mut self) -> Result<(), NodeError> {
-        self.calc.set_remote_pods(&pods::remote(
-            &self.cluster,
-            self.registry.endpoints(),
-            self.node_name.as_deref(),
-        ))?;
+        let remote = self.remote_pods(&self.cluster);
+        self.calc.set_remote_pods(&remote)?;
         Ok(())
     }
 

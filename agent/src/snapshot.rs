@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub rules: Arc<BTreeMap<u32, RuleRef>>,
     /// Driver counters.
     pub stats: DataplaneStats,
+    /// The cluster's nodes with their blocks and routes (empty without node records).
+    pub nodes: Arc<Vec<crate::nodes::routing::NodeStatus>>,
     /// The pool and address annotations of the source's Pods and Namespaces (CNI ADD reads
     /// them). Shared with the node: replaced only when the source's objects change.
     pub ipam_hints: Arc<IpamHints>,
@@ -47,6 +49,7 @@ impl Snapshot {
             links: Arc::new(links.clone()),
             rules: Arc::new(rules(node)),
             stats: node.dataplane.stats(),
+            nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
         }
     }

@@ -130,6 +130,17 @@ pub enum IpamError {
         /// The block.
         cidr: IpNetwork,
     },
+    /// A node whose heartbeat is live cannot have its blocks released.
+    #[error(
+        "node {node:?} is live (its heartbeat expires in {seconds} s): stop its agent and wait, or pass --force to \
+         release its blocks anyway"
+    )]
+    NodeLive {
+        /// The node.
+        node: String,
+        /// Seconds until its heartbeat expires.
+        seconds: u64,
+    },
     /// Strict affinity forbids assigning from another host's block.
     #[error(
         "block {block} is not affine to {host} and strict affinity is on: assign the address on the block's own host"

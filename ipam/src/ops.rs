@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     AssignArgs, AssignResult, Ipam, IpamError,
-    allocator::{AddressInfo, BlockSummary, CheckReport, ReleaseReport, Utilization},
+    allocator::{AddressInfo, BlockSummary, CheckReport, NodeRelease, ReleaseReport, Utilization},
     model::{IpPool, IpamConfig, ReleaseCheck},
     store::Store,
 };
@@ -98,6 +98,13 @@ pub enum Operation {
         /// First rebuild handle counts that differ from their blocks.
         repair: bool,
     },
+    /// `release-node`: free a decommissioned node's blocks; refused for a live node unless forced.
+    ReleaseNode {
+        /// The node.
+        name: String,
+        /// Release even though its heartbeat is live.
+        force: bool,
+    },
 }
 
 /// What an operation did.
@@ -163,6 +170,11 @@ pub enum Outcome {
         repaired: Vec<String>,
         /// What the check found.
         report: CheckReport,
+    },
+    /// What `release-node` freed.
+    NodeReleased {
+        /// The report.
+        report: NodeRelease,
     },
 }
 
@@ -276,6 +288,9 @@ pub async fn execute<S: Store + Clone>(
                 report: ipam.check().await?,
             }
         }
+        Operation::ReleaseNode { name, force } => Outcome::NodeReleased {
+            report: ipam.release_node(&name, force, ipam.clock().now()).await?,
+        },
     })
 }
 

@@ -474,6 +474,8 @@ fn kind_of(plural: &str) -> &'static str {
         "ipamhandles" => "IPAMHandle",
         "securityidentities" => "SecurityIdentity",
         "securityidentitykeys" => "SecurityIdentityKey",
+        "weirnodes" => "WeirNode",
+        "weirendpoints" => "WeirEndpoint",
         other => panic!("unexpected resource {other}"),
     }
 }

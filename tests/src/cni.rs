@@ -42,7 +42,12 @@ impl CniNode {
     /// A node with forwarding on and an agent started with `extra` flags.
     #[must_use]
     pub fn start(extra: &[&str]) -> Self {
-        let ns = NetNs::new();
+        Self::start_in(NetNs::new(), extra)
+    }
+
+    /// [`Self::start`] in a namespace the caller prepared (a node joined to an underlay first).
+    #[must_use]
+    pub fn start_in(ns: NetNs, extra: &[&str]) -> Self {
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         let root = PinRoot::new();

@@ -13,6 +13,7 @@ use crate::netns::NetNs;
 pub const PORT: u16 = 2379;
 
 /// etcd running in a namespace.
+#[derive(Debug)]
 pub struct NetnsEtcd {
     child: Child,
     _dir: tempfile::TempDir,

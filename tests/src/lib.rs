@@ -34,6 +34,7 @@ pub mod hooks;
 pub mod image;
 pub mod kube_api;
 pub mod manifests;
+pub mod multinode;
 pub mod names;
 pub mod netns;
 pub mod netpol;

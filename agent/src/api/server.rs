@@ -78,6 +78,8 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/endpoints", get(list_endpoints))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/addresses", get(list_addresses))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
@@ -148,6 +150,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .ct
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
+            nodes: (*snapshot.nodes).clone(),
         },
     }))
 }
@@ -255,6 +258,18 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
     let upkeep = conntrack::CtUpkeep::new(Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
     let n = blocking(move || upkeep.flush(&mut *ct)).await?;
     Ok(Json(serde_json::json!({"flushed": n})))
+}
+
+/// `GET /v1/nodes`: the cluster's nodes as the loop knows them (no datastore read).
+async fn list_nodes(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::nodes::routing::NodeStatus>> {
+    Ok(Json((*api.dataplane.snapshot().nodes).clone()))
+}
+
+/// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.
+async fn list_addresses(State(api): State<Arc<Api>>) -> ApiResult<Vec<crate::nodes::AddressView>> {
+    Ok(Json(api.dataplane.addresses().await.map_err(loop_error)?))
 }
 
 async fn list_endpoints(State(api): State<Arc<Api>>) -> ApiResult<Vec<EndpointView>> {

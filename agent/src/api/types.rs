@@ -23,6 +23,9 @@ pub struct StatusDetail {
     pub dataplane: serde_json::Value,
     /// Conntrack sweeps and map pressure.
     pub conntrack: crate::dataplane::conntrack::CtStats,
+    /// The cluster's nodes (with node records: an `etcd:` datastore), their blocks, routes and health.
+    #[serde(default)]
+    pub nodes: Vec<crate::nodes::routing::NodeStatus>,
 }
 
 /// `POST /v1/ipam/ops` body: a `weir ipam` operation for the agent to run on its datastore.

@@ -288,3 +288,58 @@ async fn the_snapshot_rebuilds_exactly_the_endpoint_views_a_change_touches() {
     handle.stop();
     thread.join().expect("join");
 }
+
+#[tokio::test]
+async fn a_route_that_cannot_be_written_holds_back_no_write_and_is_retried() {
+    use crate::{
+        dataplane::routes::RouteDriver,
+        nodes::{ClusterNode, NodeDelta, routing::NodeRoutes},
+    };
+    let (_dir, paths, kernel) = setup();
+    let mut node = harness::open_node(&paths, &kernel);
+    let table = crate::dataplane::fake::FakeKernel::default();
+    let block: ipnetwork::IpNetwork = "10.244.9.0/26".parse().expect("cidr");
+    table.routes().failing.insert(block);
+    node.set_routing(NodeRoutes::new(
+        "here",
+        RouteDriver::new(Box::new(table.clone())),
+    ));
+    let (handle, thread) = spawn(node).expect("spawn");
+    links_of(&kernel, &handle);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    handle
+        .send(Command::Node(NodeDelta::Upsert(ClusterNode {
+            name: "there".into(),
+            addresses: vec!["192.0.2.2".parse().expect("ip")],
+            labels: BTreeMap::new(),
+            blocks: vec![block],
+            alive: true,
+            heartbeat: 1,
+        })))
+        .expect("send");
+    handle.send(Command::Node(NodeDelta::Synced)).expect("send");
+    wait(&handle, "the route failure reported", |s| {
+        s.applied.routes_error.is_some()
+    })
+    .await;
+    // This node's own writes are not held back by it.
+    let pending = handle
+        .upsert_endpoint(endpoint(1), Duration::from_secs(10))
+        .await
+        .expect("accepted");
+    pending
+        .applied()
+        .await
+        .expect("applied although a route fails");
+    assert!(handle.snapshot().applied.ready);
+    assert!(table.routes().routes.is_empty());
+    // Once the table takes it, the retry writes it.
+    table.routes().failing.clear();
+    wait(&handle, "the route written on a retry", |s| {
+        s.applied.routes_error.is_none()
+    })
+    .await;
+    assert_eq!(table.routes().routes.len(), 1);
+    handle.stop();
+    thread.join().expect("join");
+}

@@ -40,6 +40,10 @@ pub struct Common {
 pub struct StatusArgs {
     #[command(flatten)]
     common: Common,
+    /// List every pod address known cluster-wide (this node's endpoints and other nodes' pods from
+    /// their endpoint records) with the identity this node gives it and its node.
+    #[arg(long)]
+    all_addresses: bool,
 }
 
 /// `weir endpoint …`.
@@ -80,6 +84,9 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 /// Runs `weir status`.
 pub fn status(args: StatusArgs) -> Result<()> {
+    if args.all_addresses {
+        return all_addresses(&args.common);
+    }
     let status: Status = runtime()?.block_on(client(&args.common).status())?;
     match args.common.output {
         Output::Json => print_json(&status),
@@ -98,6 +105,9 @@ pub fn status(args: StatusArgs) -> Result<()> {
             }
             if let Some(error) = &detail.applied.source_error {
                 println!("source:     {error}");
+            }
+            if let Some(error) = &detail.applied.routes_error {
+                println!("routes:     {error}");
             }
             let ct = &detail.conntrack;
             println!(
@@ -118,6 +128,46 @@ pub fn status(args: StatusArgs) -> Result<()> {
                     pool.cidr,
                     pool.free,
                     if pool.disabled { " (disabled)" } else { "" }
+                );
+            }
+            if !detail.nodes.is_empty() {
+                println!(
+                    "{:<24} {:<8} {:<7} {:<28} BLOCKS",
+                    "NODE", "HEALTH", "ROUTES", "ADDRESSES"
+                );
+            }
+            for n in &detail.nodes {
+                let addresses: Vec<String> = n.addresses.iter().map(ToString::to_string).collect();
+                let blocks: Vec<String> = n.blocks.iter().map(ToString::to_string).collect();
+                println!(
+                    "{:<24} {:<8} {:<7} {:<28} {}",
+                    n.name,
+                    n.health,
+                    n.routes,
+                    addresses.join(","),
+                    blocks.join(",")
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `weir status --all-addresses`.
+fn all_addresses(common: &Common) -> Result<()> {
+    let addresses: Vec<agent::nodes::AddressView> =
+        runtime()?.block_on(client(common).get("/v1/addresses", "the address list"))?;
+    match common.output {
+        Output::Json => print_json(&addresses),
+        Output::Table => {
+            println!("{:<40} {:<10} {:<24} POD", "ADDRESS", "IDENTITY", "NODE");
+            for a in &addresses {
+                println!(
+                    "{:<40} {:<10} {:<24} {}",
+                    a.ip,
+                    a.identity.map_or_else(|| "-".into(), |i| i.to_string()),
+                    a.node,
+                    a.pod
                 );
             }
             Ok(())

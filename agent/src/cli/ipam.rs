@@ -78,6 +78,15 @@ pub enum IpamCommand {
         #[arg(long)]
         repair: bool,
     },
+    /// Free a decommissioned node's blocks: every address in them, its block affinities and its node record
+    /// (as `calicoctl ipam release` for a node that is gone). Refused while the node's heartbeat is live.
+    ReleaseNode {
+        /// The node (its IPAM host name).
+        name: String,
+        /// Release even though the node's heartbeat is live (its pods lose their addresses' ownership).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `weir ipam pool …`.
@@ -300,6 +309,7 @@ fn operation(command: IpamCommand) -> anyhow::Result<Operation> {
         },
         IpamCommand::Utilization { show_blocks } => Operation::Utilization { show_blocks },
         IpamCommand::Check { repair } => Operation::Check { repair },
+        IpamCommand::ReleaseNode { name, force } => Operation::ReleaseNode { name, force },
     })
 }
 
@@ -345,5 +355,6 @@ fn show(outcome: &Outcome, out: Output) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Outcome::NodeReleased { report } => render::node_released(out, report),
     }
 }

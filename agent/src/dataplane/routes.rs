@@ -45,6 +45,12 @@ impl RouteDriver {
         &self.desired
     }
 
+    /// True when the next apply has work to do.
+    #[must_use]
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// What it wrote and swept so far.
     #[must_use]
     pub fn stats(&self) -> DriverStats {

@@ -14,5 +14,6 @@ pub mod journal;
 pub mod kube;
 pub mod link_source;
 pub mod linkwatch;
+pub mod nodes;
 pub mod policy_dir;
 pub mod registry;

@@ -231,6 +231,20 @@ impl<S: Store + Clone> Ipam<S> {
                 ));
             }
         }
+        // Where nodes keep records (agents on a shared etcd write them), a block whose node has none belongs
+        // to a node that is gone: its addresses stay allocated until `weir ipam release-node` frees them.
+        let records = self.nodes().await?;
+        if !records.is_empty() {
+            for a in affs.iter().filter(|a| a.state == AffinityState::Confirmed) {
+                if !records.contains_key(&a.host) {
+                    r.leaks.push(format!(
+                        "block {} belongs to node {}, which has no node record (decommissioned?): \
+                         `weir ipam release-node {}` frees it",
+                        a.cidr, a.host, a.host
+                    ));
+                }
+            }
+        }
         Ok(r)
     }
 }

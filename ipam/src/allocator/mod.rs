@@ -22,11 +22,13 @@ use crate::{
 mod assign;
 mod check;
 mod claim;
+mod nodes;
 mod pools;
 mod release;
 mod report;
 
 pub use check::CheckReport;
+pub use nodes::NodeRelease;
 pub use pools::parse_pool_cidr;
 pub use release::ReleaseReport;
 pub use report::{AddressInfo, BlockSummary, Utilization};

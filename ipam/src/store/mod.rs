@@ -31,11 +31,15 @@ pub enum Kind {
     Identity,
     /// The index from a label set to its identity (`IdentityKey`, named by a hash of the labels).
     IdentityKey,
+    /// A node record (`NodeRecord`, named by the node): addresses, labels, heartbeat.
+    Node,
+    /// An endpoint record (`EndpointRecord`, named `<node>/<namespace>/<pod>`): a pod's addresses and labels.
+    Endpoint,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Pool,
         Kind::Config,
         Kind::Reservation,
@@ -44,6 +48,8 @@ impl Kind {
         Kind::Handle,
         Kind::Identity,
         Kind::IdentityKey,
+        Kind::Node,
+        Kind::Endpoint,
     ];
 
     /// The kind's path segment in key-value stores.
@@ -57,6 +63,8 @@ impl Kind {
             Self::Handle => "handles",
             Self::Identity => "identities",
             Self::IdentityKey => "identitykeys",
+            Self::Node => "nodes",
+            Self::Endpoint => "endpoints",
         }
     }
 }

@@ -277,3 +277,27 @@ pub(super) fn check(out: Output, r: &CheckReport) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+pub(super) fn node_released(out: Output, r: &ipam::allocator::NodeRelease) -> anyhow::Result<()> {
+    if out == Output::Json {
+        return json(r);
+    }
+    let blocks: Vec<String> = r.blocks.iter().map(ToString::to_string).collect();
+    println!(
+        "released node {}: {} block(s) ({}), {} address(es){}",
+        r.node,
+        r.blocks.len(),
+        if blocks.is_empty() {
+            "none".to_owned()
+        } else {
+            blocks.join(", ")
+        },
+        r.addresses,
+        if r.record_deleted {
+            "; its node record is deleted"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}

@@ -10,7 +10,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    model::{self, Block, Handle, Identity, IdentityKey, IpPool, IpamConfig, Reservation},
+    model::{
+        self, Block, EndpointRecord, Handle, Identity, IdentityKey, IpPool, IpamConfig, NodeRecord,
+        Reservation,
+    },
     store::Kind,
 };
 
@@ -139,6 +142,36 @@ pub struct SecurityIdentityKeySpec {
     pub key: IdentityKey,
 }
 
+/// Spec of a `WeirNode`: a node record (standalone nodes sharing this datastore).
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.weir.dev",
+    version = "v1",
+    kind = "WeirNode",
+    plural = "weirnodes",
+    doc = "A node record: the node's addresses, labels and heartbeat. Written only by weir."
+)]
+pub struct WeirNodeSpec {
+    /// The record.
+    #[serde(flatten)]
+    pub node: NodeRecord,
+}
+
+/// Spec of a `WeirEndpoint`: a pod's addresses and labels as its node publishes them.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ipam.weir.dev",
+    version = "v1",
+    kind = "WeirEndpoint",
+    plural = "weirendpoints",
+    doc = "A pod's addresses and labels as its node publishes them. Written only by weir."
+)]
+pub struct WeirEndpointSpec {
+    /// The record.
+    #[serde(flatten)]
+    pub endpoint: EndpointRecord,
+}
+
 /// The resource that stores `kind`.
 pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
     match kind {
@@ -150,6 +183,8 @@ pub fn api_resource(kind: Kind) -> kube::core::ApiResource {
         Kind::Handle => IPAMHandle::api_resource(),
         Kind::Identity => SecurityIdentity::api_resource(),
         Kind::IdentityKey => SecurityIdentityKey::api_resource(),
+        Kind::Node => WeirNode::api_resource(),
+        Kind::Endpoint => WeirEndpoint::api_resource(),
     }
 }
 
@@ -164,6 +199,8 @@ pub fn definitions() -> Vec<CustomResourceDefinition> {
         IPAMHandle::crd(),
         SecurityIdentity::crd(),
         SecurityIdentityKey::crd(),
+        WeirNode::crd(),
+        WeirEndpoint::crd(),
     ]
 }
 

@@ -1,0 +1,170 @@
+//! A cluster of node namespaces on one kernel (DESIGN.md → "Nodes and routing"): an infra namespace holds an
+//! underlay bridge and a real etcd; each node is a namespace joined to the bridge by a veth, with its own
+//! agent (pin root, socket, state directory) on that etcd, and pods made through `weir-cni`. Nodes are
+//! numbered from 0; node `i` is `wt-node-<i>` at `10.99.0.<11 + i>`, etcd at `10.99.0.1`.
+
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::{
+    cni::{CniNode, Pod},
+    etcd_netns::{NetnsEtcd, PORT},
+    names,
+    netns::NetNs,
+};
+
+/// The underlay's address of etcd (the bridge's own address).
+pub const ETCD_IP: &str = "10.99.0.1";
+
+/// A node of the cluster: its agent (with its namespace) and its pods.
+#[derive(Debug)]
+pub struct Node {
+    /// The node (agent, directories, namespace).
+    pub cni: CniNode,
+    /// Its pods with their ADD results.
+    pub pods: Vec<(Pod, Value)>,
+    /// Its name.
+    pub name: String,
+    /// Its underlay address.
+    pub address: String,
+}
+
+impl Node {
+    /// `ip …` output inside the node (stdout as text).
+    #[must_use]
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["ip"];
+        all.extend_from_slice(args);
+        text(&self.cni.ns.exec(&all))
+    }
+
+    /// weir's routes on this node (`ip route show proto 87`), one line each, sorted.
+    #[must_use]
+    pub fn weir_routes(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .ip(&["route", "show", "proto", "87"])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// Adds a pod through `weir-cni`; returns its address.
+    pub fn add_pod(&mut self, namespace: &str, name: &str) -> String {
+        let pod = Pod::k8s(namespace, name);
+        let result = self.cni.add(&pod, &self.cni.conf(&Value::Null));
+        let ip = Pod::ipv4(&result);
+        self.pods.push((pod, result));
+        ip
+    }
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The cluster. Nodes go first (their agents stop), then etcd, then the infra namespace.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The nodes, by number (`None`: removed).
+    pub nodes: Vec<Option<Node>>,
+    /// etcd.
+    pub etcd: NetnsEtcd,
+    /// The infra namespace (bridge and etcd).
+    pub infra: NetNs,
+    bridge: String,
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    /// An infra namespace with the bridge and etcd, and no nodes yet; agents get `extra` flags.
+    #[must_use]
+    pub fn new(extra: &[&str]) -> Self {
+        let infra = NetNs::new();
+        let bridge = names::unique("br");
+        infra.exec(&["ip", "link", "add", &bridge, "type", "bridge"]);
+        // A fixed address: a bridge otherwise takes its lowest port's, which changes when a node leaves,
+        // and nodes whose TCP traffic keeps confirming the old neighbour entry never ask again.
+        infra.exec(&["ip", "link", "set", &bridge, "address", "02:00:0a:63:00:01"]);
+        infra.exec(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{ETCD_IP}/24"),
+            "dev",
+            &bridge,
+        ]);
+        infra.exec(&["ip", "link", "set", &bridge, "up"]);
+        let etcd = NetnsEtcd::start(&infra);
+        Self {
+            nodes: Vec::new(),
+            etcd,
+            infra,
+            bridge,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    /// The datastore flag's value.
+    #[must_use]
+    pub fn datastore() -> String {
+        format!("etcd:http://{ETCD_IP}:{PORT}")
+    }
+
+    /// Adds node number `self.nodes.len()`: its namespace joined to the bridge, and its agent.
+    pub fn add_node(&mut self) -> &mut Node {
+        let i = self.nodes.len();
+        let name = format!("wt-node-{i}");
+        let address = format!("10.99.0.{}", 11 + i);
+        let ns = NetNs::new();
+        let (outer, inner) = (names::unique("u"), names::unique("n"));
+        self.infra.exec(&[
+            "ip",
+            "link",
+            "add",
+            &outer,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &inner,
+            "netns",
+            ns.name(),
+        ]);
+        self.infra
+            .exec(&["ip", "link", "set", &outer, "master", &self.bridge]);
+        self.infra.exec(&["ip", "link", "set", &outer, "up"]);
+        ns.exec(&["ip", "addr", "add", &format!("{address}/24"), "dev", &inner]);
+        ns.exec(&["ip", "link", "set", &inner, "up"]);
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        let datastore = Self::datastore();
+        let mut flags: Vec<&str> = vec!["--datastore", &datastore, "--node", &name];
+        flags.extend(self.extra.iter().map(String::as_str));
+        let cni = CniNode::start_in(ns, &flags);
+        self.nodes.push(Some(Node {
+            cni,
+            pods: Vec::new(),
+            name,
+            address,
+        }));
+        self.nodes[i].as_mut().expect("just added")
+    }
+
+    /// Node `i` (panics when removed).
+    #[must_use]
+    pub fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("a node that was not removed")
+    }
+
+    /// Node `i`, mutable.
+    pub fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("a node that was not removed")
+    }
+
+    /// The live nodes.
+    pub fn live(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().flatten()
+    }
+}
