@@ -106,7 +106,9 @@ impl VxlanIo for FakeKernel {
     fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<(), VxlanError> {
         let mut t = self.vxlan_table();
         t.mutate("set_mtu", format!("link {ifindex}"))?;
-        let link = t.link_mut(ifindex).ok_or_else(|| no_link("set_mtu", ifindex))?;
+        let link = t
+            .link_mut(ifindex)
+            .ok_or_else(|| no_link("set_mtu", ifindex))?;
         if let Some(d) = link.device.as_mut() {
             d.mtu = mtu;
         }
@@ -146,7 +148,12 @@ impl VxlanIo for FakeKernel {
     }
 
     fn fdb(&mut self, ifindex: u32) -> Result<BTreeMap<Mac, Ipv4Addr>, VxlanError> {
-        Ok(self.vxlan_table().fdb.get(&ifindex).cloned().unwrap_or_default())
+        Ok(self
+            .vxlan_table()
+            .fdb
+            .get(&ifindex)
+            .cloned()
+            .unwrap_or_default())
     }
 
     fn fdb_replace(&mut self, ifindex: u32, mac: Mac, dst: Ipv4Addr) -> Result<(), VxlanError> {

@@ -581,7 +581,9 @@ pub enum VxlanError {
         source: std::io::Error,
     },
     /// The underlay device does not exist.
-    #[error("the VXLAN underlay device {name} does not exist; name an existing one with --vxlan-underlay")]
+    #[error(
+        "the VXLAN underlay device {name} does not exist; name an existing one with --vxlan-underlay"
+    )]
     NoUnderlay {
         /// The device name.
         name: String,
@@ -595,7 +597,9 @@ pub enum VxlanError {
         name: String,
     },
     /// The underlay MTU leaves no room for the encapsulation.
-    #[error("the underlay MTU {mtu} of {name} is too small for VXLAN ({overhead} bytes of encapsulation)")]
+    #[error(
+        "the underlay MTU {mtu} of {name} is too small for VXLAN ({overhead} bytes of encapsulation)"
+    )]
     MtuTooSmall {
         /// The underlay device.
         name: String,
@@ -628,11 +632,8 @@ pub trait VxlanIo: Send {
         ifindex: u32,
     ) -> Result<std::collections::BTreeSet<ipnetwork::Ipv4Network>, VxlanError>;
     /// Adds an address to link `ifindex`.
-    fn add_address(
-        &mut self,
-        ifindex: u32,
-        addr: ipnetwork::Ipv4Network,
-    ) -> Result<(), VxlanError>;
+    fn add_address(&mut self, ifindex: u32, addr: ipnetwork::Ipv4Network)
+    -> Result<(), VxlanError>;
     /// Removes an address from link `ifindex`.
     fn delete_address(
         &mut self,

@@ -34,6 +34,8 @@ pub mod vxlan;
     )
 )]
 pub(crate) mod fake;
+#[cfg(test)]
+pub(crate) mod fake_ct;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(
     not(test),
@@ -43,5 +45,3 @@ pub(crate) mod fake;
     )
 )]
 pub(crate) mod fake_vxlan;
-#[cfg(test)]
-pub(crate) mod fake_ct;

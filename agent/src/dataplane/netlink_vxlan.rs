@@ -35,7 +35,10 @@ fn errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-fn failed(op: &'static str, what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> VxlanError {
+fn failed(
+    op: &'static str,
+    what: impl Into<String>,
+) -> impl FnOnce(rtnetlink::Error) -> VxlanError {
     let what = what.into();
     move |e| VxlanError::Netlink {
         op,
@@ -172,9 +175,7 @@ impl NetlinkVxlan {
             ))?;
         Ok(all
             .into_iter()
-            .filter(|m| {
-                m.header.ifindex == ifindex && m.header.state == NeighbourState::Permanent
-            })
+            .filter(|m| m.header.ifindex == ifindex && m.header.state == NeighbourState::Permanent)
             .collect())
     }
 }
@@ -186,9 +187,14 @@ fn v4_of(a: &AddressMessage) -> Option<Ipv4Network> {
     })
 }
 
+/// A neighbour's IPv4 destination. Bridge-family (forwarding) entries carry it as raw bytes: the parser only
+/// knows the address family of the message, which is `AF_BRIDGE` there.
 fn neighbour_dst(m: &NeighbourMessage) -> Option<Ipv4Addr> {
     m.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => Some(*v),
+        NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+            <[u8; 4]>::try_from(b.as_slice()).ok().map(Ipv4Addr::from)
+        }
         _ => None,
     })
 }

@@ -16,7 +16,7 @@ use super::{
     kernel::{NextHop, RouteError, RouteIo, VxlanError, VxlanIo},
     map_driver::DriverStats,
     routes::RouteDriver,
-    vxlan::{VxlanConfig, VxlanDriver, Vtep},
+    vxlan::{Vtep, VxlanConfig, VxlanDriver},
 };
 
 /// How remote blocks are reached.
@@ -197,16 +197,15 @@ impl NodeRoutes {
                             peers.insert(p);
                             tunnelled.push((r, p.vtep));
                         }
-                        Err(e) => tracing::warn!(node = %r.name, error = %e, "no tunnel to this node"),
+                        Err(e) => {
+                            tracing::warn!(node = %r.name, error = %e, "no tunnel to this node");
+                        }
                     }
                 }
                 self.vxlan.set_desired(mine, peers);
-                let ifindex = self
-                    .vxlan
-                    .apply()?
-                    .ok_or_else(|| NodeRoutesError::NoVtep {
-                        node: local.name.clone(),
-                    })?;
+                let ifindex = self.vxlan.apply()?.ok_or_else(|| NodeRoutesError::NoVtep {
+                    node: local.name.clone(),
+                })?;
                 vxlan_routes(&remotes, &tunnelled, ifindex)
             }
         };
@@ -343,7 +342,10 @@ mod tests {
         let mut native = driver(&k, RoutingMode::Native);
         native.set_nodes(local(), vec![node(2)]);
         native.apply().expect("apply");
-        assert!(k.vxlan_table().links.is_empty(), "the device of the vxlan run is gone");
+        assert!(
+            k.vxlan_table().links.is_empty(),
+            "the device of the vxlan run is gone"
+        );
         let want: BTreeMap<IpNetwork, NextHop> = node(2)
             .blocks
             .iter()
@@ -371,7 +373,10 @@ mod tests {
         let mut no_local = local();
         no_local.vtep = None;
         d.set_nodes(no_local, vec![node(2)]);
-        let err = d.apply().expect_err("the local node needs a vtep").to_string();
+        let err = d
+            .apply()
+            .expect_err("the local node needs a vtep")
+            .to_string();
         assert!(err.contains("--routing native"), "{err}");
     }
 }

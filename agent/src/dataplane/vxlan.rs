@@ -173,10 +173,20 @@ impl VxlanDriver {
         let want_addr = Ipv4Network::from(local.vtep);
         let present = self.io.addresses(ifindex)?;
         if !present.contains(&want_addr) {
-            count(stats, &mut first, false, self.io.add_address(ifindex, want_addr));
+            count(
+                stats,
+                &mut first,
+                false,
+                self.io.add_address(ifindex, want_addr),
+            );
         }
         for addr in present.into_iter().filter(|a| *a != want_addr) {
-            count(stats, &mut first, true, self.io.delete_address(ifindex, addr));
+            count(
+                stats,
+                &mut first,
+                true,
+                self.io.delete_address(ifindex, addr),
+            );
         }
 
         let want_fdb: BTreeMap<Mac, Ipv4Addr> = self
@@ -187,11 +197,21 @@ impl VxlanDriver {
         let present = self.io.fdb(ifindex)?;
         for (mac, dst) in &want_fdb {
             if present.get(mac) != Some(dst) {
-                count(stats, &mut first, false, self.io.fdb_replace(ifindex, *mac, *dst));
+                count(
+                    stats,
+                    &mut first,
+                    false,
+                    self.io.fdb_replace(ifindex, *mac, *dst),
+                );
             }
         }
         for (mac, dst) in present.iter().filter(|(m, _)| !want_fdb.contains_key(*m)) {
-            count(stats, &mut first, true, self.io.fdb_delete(ifindex, *mac, *dst));
+            count(
+                stats,
+                &mut first,
+                true,
+                self.io.fdb_delete(ifindex, *mac, *dst),
+            );
         }
 
         let want_neigh: BTreeMap<Ipv4Addr, Mac> = self
@@ -202,7 +222,12 @@ impl VxlanDriver {
         let present = self.io.neighbours(ifindex)?;
         for (ip, mac) in &want_neigh {
             if present.get(ip) != Some(mac) {
-                count(stats, &mut first, false, self.io.neigh_replace(ifindex, *ip, *mac));
+                count(
+                    stats,
+                    &mut first,
+                    false,
+                    self.io.neigh_replace(ifindex, *ip, *mac),
+                );
             }
         }
         for ip in present.keys().filter(|ip| !want_neigh.contains_key(*ip)) {
@@ -242,7 +267,10 @@ impl VxlanDriver {
             None => self.create(&name, &want)?,
             Some(VxlanLink { device: None, .. }) => return Err(VxlanError::NotVxlan { name }),
             Some(link) => {
-                let have = link.device.as_ref().map(|d| VxlanDevice { mtu, ..d.clone() });
+                let have = link
+                    .device
+                    .as_ref()
+                    .map(|d| VxlanDevice { mtu, ..d.clone() });
                 if have.as_ref() != Some(&want) || link.learning {
                     tracing::info!(device = %name, ifindex = link.ifindex, "recreating the VXLAN device: its settings changed");
                     self.io.delete(link.ifindex)?;
@@ -426,7 +454,11 @@ mod tests {
             t.neighbours[&ifindex].keys().copied().collect::<Vec<_>>(),
             vec![ip("10.244.2.1"), ip("10.244.3.1")]
         );
-        assert_eq!(t.addresses[&ifindex].len(), 1, "the stray address is removed");
+        assert_eq!(
+            t.addresses[&ifindex].len(),
+            1,
+            "the stray address is removed"
+        );
         // writes: fdb of the moved peer; deletes: gone fdb + stray fdb, gone neigh + stray neigh, address.
         assert_eq!(d.stats().writes - before.writes, 1);
         assert_eq!(d.stats().deletes - before.deletes, 5);
@@ -511,7 +543,11 @@ mod tests {
         d.set_desired(local(), peers(2));
         assert!(d.apply().is_err());
         let ifindex = d.ifindex().expect("the device was made");
-        assert_eq!(k.vxlan_table().fdb[&ifindex].len(), 2, "the other entries are written");
+        assert_eq!(
+            k.vxlan_table().fdb[&ifindex].len(),
+            2,
+            "the other entries are written"
+        );
         k.vxlan_table().failing.clear();
         d.apply().expect("the retry succeeds");
         assert_eq!(k.vxlan_table().neighbours[&ifindex].len(), 2);
