@@ -35,6 +35,7 @@ pub mod synthetic;
 pub mod testing;
 pub mod trace;
 pub mod uninstall;
+pub mod vxlan_config;
 
 #[cfg(test)]
 mod inprocess;
