@@ -187,13 +187,14 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
         lat.sort();
         let all: Vec<IpAddr> = by_host.values().flatten().copied().collect();
         let distinct: BTreeSet<&IpAddr> = all.iter().collect();
-        // Every address in a block whose affinity is its own host, or borrowed.
-        let affinity: BTreeMap<IpNetwork, Option<String>> = ipam
-            .blocks()
-            .await?
-            .into_iter()
-            .map(|b| (b.cidr, b.affinity))
-            .collect();
+        // Every address in a block whose affinity is its own host, or borrowed. The affinities are read per
+        // host: all blocks at once exceed etcd's 4 MiB response limit at this scale.
+        let mut affinity: BTreeMap<IpNetwork, Option<String>> = BTreeMap::new();
+        for host in by_host.keys() {
+            for a in ipam.host_affinities(host).await? {
+                affinity.insert(a.cidr, Some(format!("host:{}", a.host)));
+            }
+        }
         let (mut own, mut borrowed, mut outside) = (0usize, 0usize, 0usize);
         for (host, ips) in &by_host {
             let want = format!("host:{host}");
