@@ -37,6 +37,7 @@ pub mod synthetic;
 pub mod testing;
 pub mod trace;
 pub mod uninstall;
+pub mod vxlan_config;
 
 #[cfg(test)]
 mod inprocess;

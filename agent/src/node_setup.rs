@@ -149,14 +149,30 @@ pub fn write_conflist(
     cni_version: &str,
     tc_attach: attach::Mechanism,
 ) -> Result<PathBuf, SetupError> {
+    write_conflist_with_mtu(paths, families, cni_version, tc_attach, None)
+}
+
+/// As [`write_conflist`], with the pods' MTU when routing lowers it (vxlan mode: the VXLAN device's MTU,
+/// `dataplane::node_routes::NodeRoutes::pod_mtu`), so weir-cni gives every pod veth that MTU; `None` leaves
+/// weir-cni's default.
+pub fn write_conflist_with_mtu(
+    paths: &Paths,
+    families: &[&str],
+    cni_version: &str,
+    tc_attach: attach::Mechanism,
+    mtu: Option<u32>,
+) -> Result<PathBuf, SetupError> {
     let path = paths.cni_conf_dir.join(CNI_CONFLIST);
     let err = |source| SetupError::Conflist {
         path: path.clone(),
         source,
     };
     fs::create_dir_all(&paths.cni_conf_dir).map_err(err)?;
-    let text = serde_json::to_string_pretty(&conflist(paths, families, cni_version, tc_attach))
-        .map_err(|e| err(io::Error::other(e)))?;
+    let mut value = conflist(paths, families, cni_version, tc_attach);
+    if let Some(mtu) = mtu {
+        value["plugins"][0]["mtu"] = serde_json::json!(mtu);
+    }
+    let text = serde_json::to_string_pretty(&value).map_err(|e| err(io::Error::other(e)))?;
     crate::fsutil::write_atomic(&path, text.as_bytes()).map_err(err)?;
     Ok(path)
 }
@@ -218,5 +234,23 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
         assert_eq!(v["cniVersion"], "1.1.0");
+        assert!(
+            v["plugins"][0].get("mtu").is_none(),
+            "weir-cni's default MTU"
+        );
+        write_conflist_with_mtu(
+            &paths,
+            &["ipv4"],
+            DEFAULT_CNI_VERSION,
+            attach::Mechanism::Tcx,
+            Some(1450),
+        )
+        .expect("write");
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).expect("read")).expect("json");
+        assert_eq!(
+            v["plugins"][0]["mtu"], 1450,
+            "the pods' MTU follows the tunnel"
+        );
     }
 }

@@ -28,6 +28,12 @@ pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9972";
 /// The route protocol number of weir's routes to remote pod blocks (`ip route show proto 87`): the route
 /// driver owns exactly the routes carrying it. Unassigned in `/etc/iproute2/rt_protos`.
 pub const ROUTE_PROTOCOL: u8 = 87;
+/// Default name of the VXLAN device of `--routing vxlan` (never `weir…`: that prefix means a workload veth).
+pub const DEFAULT_VXLAN_DEVICE: &str = "wvx0";
+/// Default VNI of the VXLAN device.
+pub const DEFAULT_VXLAN_VNI: u32 = 87;
+/// Default UDP port of the VXLAN device (IANA's VXLAN port; Flannel's Linux default is 8472).
+pub const DEFAULT_VXLAN_PORT: u16 = 4789;
 
 /// Resolved paths of one agent instance.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -167,6 +173,7 @@ mod tests {
             Some(("eth0.100".to_owned(), "xdp_prefilter".to_owned()))
         );
         assert!(paths.owns(&paths.maps_dir()));
+        assert!(!DEFAULT_VXLAN_DEVICE.starts_with("weir") && DEFAULT_VXLAN_DEVICE.len() <= 15);
         assert!(!paths.owns(Path::new("/sys/fs/bpf/other")));
     }
 }

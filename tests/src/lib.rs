@@ -15,6 +15,8 @@
 //!   agent (x, y, z × a, b, c; outside hosts), its TCP/UDP/SCTP servers and probes, policy builders.
 //! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
+//! - `multinode`: the 3-node cluster harness (etcd, agents, pods through weir-cni).
+//! - `node_lab`: node namespaces on an underlay bridge, a pod behind each (route driver tests, bench).
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
 //! - `kube_api`: a minimal Kubernetes API server (lists, chunked watches, bookmarks, 410, faults).
@@ -35,6 +37,7 @@ pub mod image;
 pub mod kube_api;
 pub mod manifests;
 pub mod multinode;
+pub mod node_lab;
 pub mod names;
 pub mod netns;
 pub mod netpol;

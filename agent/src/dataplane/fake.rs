@@ -291,6 +291,8 @@ pub(crate) struct FakeKernel {
     pub(crate) xdp: Arc<Mutex<XdpState>>,
     pub(crate) ct: Arc<Mutex<CtState>>,
     routes: Arc<Mutex<RouteTable>>,
+    /// The VXLAN side (`fake_vxlan`).
+    pub(crate) vxlan: Arc<Mutex<super::fake_vxlan::VxlanTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
@@ -333,6 +335,11 @@ impl FakeKernel {
     /// The route table.
     pub(crate) fn routes(&self) -> MutexGuard<'_, RouteTable> {
         lock(&self.routes)
+    }
+
+    /// The VXLAN side: underlays, the device, its addresses and entries.
+    pub(crate) fn vxlan_table(&self) -> MutexGuard<'_, super::fake_vxlan::VxlanTable> {
+        lock(&self.vxlan)
     }
 
     /// The link table (addresses, faults).

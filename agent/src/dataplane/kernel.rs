@@ -18,6 +18,9 @@
 //! - [`MigrateIo`] and [`CtMapIo`]: the conntrack migration's map pins (create, rename, remove)
 //!   and raw batch reads and writes of one conntrack map of any layout
 //!   (`dataplane::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
+//! - [`RouteIo`]: weir's routes (`dataplane::netlink_routes::NetlinkRoutes`).
+//! - [`VxlanIo`]: the VXLAN device, its address, forwarding and neighbour entries
+//!   (`dataplane::netlink_vxlan::NetlinkVxlan`).
 
 use std::{collections::BTreeMap, hash::Hash, io, net::IpAddr, path::Path, path::PathBuf};
 
@@ -655,4 +658,150 @@ pub trait RouteIo: Send {
     fn replace(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
     /// Deletes the route to `dest` (of weir's protocol).
     fn delete(&mut self, dest: IpNetwork, hop: NextHop) -> Result<(), RouteError>;
+}
+
+/// A MAC address.
+pub type Mac = [u8; 6];
+
+/// The VXLAN device as the VXLAN driver wants it (and reads it back): what `ip -d link show` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VxlanDevice {
+    /// The VNI.
+    pub vni: u32,
+    /// The UDP destination port.
+    pub port: u16,
+    /// The underlay device's index (`dev`).
+    pub underlay_ifindex: u32,
+    /// The underlay source address (`local`).
+    pub local: std::net::Ipv4Addr,
+    /// The device's own MAC (derived from its VTEP address, so peers know it without asking).
+    pub mac: Mac,
+    /// The device MTU (the underlay's less the encapsulation overhead).
+    pub mtu: u32,
+}
+
+/// A VXLAN device read back from the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VxlanLink {
+    /// Its index.
+    pub ifindex: u32,
+    /// Its attributes (`None` when a link of that name exists but is not a VXLAN device).
+    pub device: Option<VxlanDevice>,
+    /// Whether it is administratively up.
+    pub up: bool,
+    /// Whether it learns source MACs (weir's device never does: its entries are static).
+    pub learning: bool,
+}
+
+/// An underlay device: the link the tunnel's UDP packets leave through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Underlay {
+    /// Its index.
+    pub ifindex: u32,
+    /// Its MTU.
+    pub mtu: u32,
+}
+
+/// A failure of the VXLAN side of the kernel seam.
+#[derive(Debug, thiserror::Error)]
+pub enum VxlanError {
+    /// A netlink request failed.
+    #[error("cannot {op} {what}: {source}")]
+    Netlink {
+        /// What was done.
+        op: &'static str,
+        /// On what (device, entry).
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The underlay device does not exist.
+    #[error(
+        "the VXLAN underlay device {name} does not exist; name an existing one with --vxlan-underlay"
+    )]
+    NoUnderlay {
+        /// The device name.
+        name: String,
+    },
+    /// A link of the VXLAN device's name exists and is not a VXLAN device: it is not weir's.
+    #[error(
+        "a link named {name} exists and is not a VXLAN device; weir never touches it: choose another name with --vxlan-device"
+    )]
+    NotVxlan {
+        /// The link name.
+        name: String,
+    },
+    /// The underlay MTU leaves no room for the encapsulation.
+    #[error(
+        "the underlay MTU {mtu} of {name} is too small for VXLAN ({overhead} bytes of encapsulation)"
+    )]
+    MtuTooSmall {
+        /// The underlay device.
+        name: String,
+        /// Its MTU.
+        mtu: u32,
+        /// The encapsulation overhead.
+        overhead: u32,
+    },
+}
+
+/// The VXLAN device and its entries, as the VXLAN driver sees them. Only IPv4 underlays and tunnel
+/// addresses: forwarding entries are `MAC → underlay address`, neighbour entries `VTEP address → MAC`, both
+/// permanent on the device.
+pub trait VxlanIo: Send {
+    /// The underlay device `name`, `None` when there is none.
+    fn underlay(&mut self, name: &str) -> Result<Option<Underlay>, VxlanError>;
+    /// The link named `name`, `None` when there is none.
+    fn vxlan(&mut self, name: &str) -> Result<Option<VxlanLink>, VxlanError>;
+    /// Creates the VXLAN device `name` (up, learning off); its index.
+    fn create(&mut self, name: &str, device: &VxlanDevice) -> Result<u32, VxlanError>;
+    /// Deletes link `ifindex`.
+    fn delete(&mut self, ifindex: u32) -> Result<(), VxlanError>;
+    /// Sets link `ifindex`'s MTU.
+    fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<(), VxlanError>;
+    /// Sets link `ifindex` up.
+    fn set_up(&mut self, ifindex: u32) -> Result<(), VxlanError>;
+    /// The IPv4 addresses (host prefixes included) on link `ifindex`.
+    fn addresses(
+        &mut self,
+        ifindex: u32,
+    ) -> Result<std::collections::BTreeSet<ipnetwork::Ipv4Network>, VxlanError>;
+    /// Adds an address to link `ifindex`.
+    fn add_address(&mut self, ifindex: u32, addr: ipnetwork::Ipv4Network)
+    -> Result<(), VxlanError>;
+    /// Removes an address from link `ifindex`.
+    fn delete_address(
+        &mut self,
+        ifindex: u32,
+        addr: ipnetwork::Ipv4Network,
+    ) -> Result<(), VxlanError>;
+    /// The device's permanent forwarding entries that have a destination: MAC → underlay address.
+    fn fdb(&mut self, ifindex: u32) -> Result<BTreeMap<Mac, std::net::Ipv4Addr>, VxlanError>;
+    /// Creates or replaces the forwarding entry for `mac`.
+    fn fdb_replace(
+        &mut self,
+        ifindex: u32,
+        mac: Mac,
+        dst: std::net::Ipv4Addr,
+    ) -> Result<(), VxlanError>;
+    /// Deletes the forwarding entry for `mac` towards `dst`.
+    fn fdb_delete(
+        &mut self,
+        ifindex: u32,
+        mac: Mac,
+        dst: std::net::Ipv4Addr,
+    ) -> Result<(), VxlanError>;
+    /// The device's permanent IPv4 neighbour entries: address → MAC.
+    fn neighbours(&mut self, ifindex: u32)
+    -> Result<BTreeMap<std::net::Ipv4Addr, Mac>, VxlanError>;
+    /// Creates or replaces the permanent neighbour entry for `ip`.
+    fn neigh_replace(
+        &mut self,
+        ifindex: u32,
+        ip: std::net::Ipv4Addr,
+        mac: Mac,
+    ) -> Result<(), VxlanError>;
+    /// Deletes the neighbour entry for `ip`.
+    fn neigh_delete(&mut self, ifindex: u32, ip: std::net::Ipv4Addr) -> Result<(), VxlanError>;
 }

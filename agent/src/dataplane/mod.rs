@@ -16,12 +16,15 @@ pub mod inspect;
 pub mod kernel;
 pub mod map_driver;
 pub mod netlink_routes;
+pub mod netlink_vxlan;
+pub mod node_routes;
 pub mod pins;
 pub mod plane;
 pub mod prefilter;
 pub mod retry;
 pub mod routes;
 pub mod tc_links;
+pub mod vxlan;
 
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(
@@ -34,3 +37,12 @@ pub mod tc_links;
 pub(crate) mod fake;
 #[cfg(test)]
 pub(crate) mod fake_ct;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the `testing` feature uses part of the fake kernel"
+    )
+)]
+pub(crate) mod fake_vxlan;

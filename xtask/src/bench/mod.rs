@@ -9,6 +9,7 @@ mod cri;
 mod datapath;
 mod ipam;
 mod k8s;
+mod multinode;
 mod policy;
 
 use std::path::Path;
@@ -27,6 +28,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("cri", cri::run),
     ("policy", policy::run),
     ("k8s", k8s::run),
+    ("multinode", multinode::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool, only: Option<&str>) -> Result<()> {
