@@ -43,9 +43,9 @@ use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
     hooks::wait_attached,
-    node_lab::NodeLab,
     names,
     netns::NetNs,
+    node_lab::NodeLab,
     pod::workload_name,
 };
 

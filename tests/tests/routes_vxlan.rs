@@ -23,9 +23,9 @@ use agent::{
     paths::ROUTE_PROTOCOL,
 };
 use tests::{
-    node_lab::{LabNode, NodeLab, eventually, tcp_connects},
     names,
     netns::NetNs,
+    node_lab::{LabNode, NodeLab, eventually, tcp_connects},
     privileged::require_root,
 };
 
