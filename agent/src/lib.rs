@@ -20,6 +20,7 @@ pub mod identity_store;
 pub mod install_cni;
 pub mod ipam_service;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod monitor;
 pub mod node;

@@ -72,6 +72,30 @@ impl Dataplane {
     /// existing links only once every map they read is written (a new object may bring new map
     /// versions). The error names every driver with work left.
     pub fn apply(&mut self) -> Result<(), ApplyError> {
+        let written_before = self.map_writes();
+        let result = self.apply_all();
+        if self.map_writes().saturating_sub(written_before) >= crate::memory::TRIM_AFTER_WRITES {
+            crate::memory::release_free();
+        }
+        result
+    }
+
+    /// Writes and deletes of every map driver so far.
+    fn map_writes(&self) -> u64 {
+        [
+            self.endpoints.stats(),
+            self.ident4.stats(),
+            self.ident6.stats(),
+            self.ipcache4.stats(),
+            self.ipcache6.stats(),
+            self.policy.stats(),
+        ]
+        .iter()
+        .map(|s| s.writes + s.deletes)
+        .sum()
+    }
+
+    fn apply_all(&mut self) -> Result<(), ApplyError> {
         let now = Instant::now();
         let mut left = Vec::new();
         let attach_new = self.attachments.apply_due(true, now);
