@@ -376,6 +376,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         tc_attach: config.tc_attach,
         kernel: Arc::clone(&inspect),
         monitor: crate::monitor::Monitor::default(),
+        pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
+            .then_some(server::POD_WAIT),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });

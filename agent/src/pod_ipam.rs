@@ -7,7 +7,12 @@
 //! directory's documents, or the API server's objects), as the loop last took them: an annotation
 //! changed on a running pod has no effect on its addresses (as Calico and Cilium).
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+    sync::Arc,
+};
 
 use ipam::{cidr::Family, model::pool::IpPool};
 use weir_api::AllocateRequest;
@@ -257,12 +262,15 @@ impl PodHints {
     }
 }
 
-/// The IPAM annotations of every pod and namespace of the source that has any (what the allocate
-/// handler reads from the loop's snapshot).
+/// The IPAM annotations of every pod and namespace of the source that has any, and which pods the
+/// source has at all (what the API reads from the loop's snapshot on CNI ADD).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IpamHints {
     pods: BTreeMap<(String, String), Annotations>,
     namespaces: BTreeMap<String, Annotations>,
+    /// Every Pod of the source, by (namespace, name); shared between snapshots and copied only
+    /// when a pod comes or goes (not when one is relabelled).
+    known: Arc<BTreeSet<(String, String)>>,
 }
 
 fn ipam_only(annotations: &Annotations) -> Option<Annotations> {
@@ -277,10 +285,24 @@ fn ipam_only(annotations: &Annotations) -> Option<Annotations> {
 impl IpamHints {
     /// Pod `key`'s annotations changed (`None`: gone).
     pub fn set_pod(&mut self, key: &(String, String), annotations: Option<&Annotations>) {
+        if annotations.is_some() != self.known.contains(key) {
+            let known = Arc::make_mut(&mut self.known);
+            if annotations.is_some() {
+                known.insert(key.clone());
+            } else {
+                known.remove(key);
+            }
+        }
         match annotations.and_then(ipam_only) {
             Some(a) => self.pods.insert(key.clone(), a),
             None => self.pods.remove(key),
         };
+    }
+
+    /// True when the source has the Pod `namespace/pod`.
+    #[must_use]
+    pub fn knows_pod(&self, namespace: &str, pod: &str) -> bool {
+        self.known.contains(&(namespace.to_owned(), pod.to_owned()))
     }
 
     /// Namespace `name`'s annotations changed (`None`: gone).
@@ -305,6 +327,7 @@ impl IpamHints {
                 .iter()
                 .filter_map(|(ns, a)| ipam_only(a).map(|a| (ns.clone(), a)))
                 .collect(),
+            known: Arc::new(set.pods.keys().cloned().collect()),
         })
     }
 

@@ -216,7 +216,12 @@ fn hints_keep_only_the_ipam_annotations_of_pods_and_namespaces_that_have_them() 
                 kind: Pod\nmetadata: {name: p, namespace: plain}\n\
                 spec: {containers: [{name: main}]}\n";
     let set = parse_str("t.yaml", text).expect("valid");
-    assert_eq!(*IpamHints::of(&set), IpamHints::default());
+    let hints = IpamHints::of(&set);
+    assert!(hints.knows_pod("plain", "p"), "the pod is known");
+    assert!(
+        !hints.knows_pod("plain", "q"),
+        "only the pods of the set are known"
+    );
     assert!(
         IpamHints::of(&set)
             .for_pod("plain", "p")

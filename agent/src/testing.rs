@@ -119,6 +119,7 @@ impl TestAgent {
             tc_attach: attach::Mechanism::Filter,
             kernel: Arc::new(kernel.clone()),
             monitor: crate::monitor::Monitor::default(),
+            pod_wait: None,
         });
         let socket = paths.api_socket.clone();
         let server = {

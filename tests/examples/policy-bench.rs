@@ -352,6 +352,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
         tc_attach: agent::attach::Mechanism::default(),
         kernel: Arc::new(agent::dataplane::inspect::PinnedInspect::new(&paths)),
         monitor: agent::monitor::Monitor::default(),
+        pod_wait: None,
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

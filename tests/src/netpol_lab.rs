@@ -211,6 +211,7 @@ impl Lab {
         let tcp_udp: Vec<u16> = vec![80, 81];
         let sctp: Vec<u16> = vec![80];
         let mut pods = Vec::new();
+        let mut served = BTreeMap::new();
         for ns_name in NAMESPACES {
             for pod_name in PODS {
                 let ns = NetNs::new();
@@ -224,9 +225,8 @@ impl Lab {
                     namespace: ns_name.to_owned(),
                     labels: pod_labels(pod_name),
                 };
-                register(&agent, &model, pod_name, &host, &handle, ip);
                 let servers = Servers::start(&ns, &tcp_udp, &sctp);
-                pods.push(LabPod {
+                let pod = LabPod {
                     model,
                     name: pod_name.to_owned(),
                     host,
@@ -234,7 +234,26 @@ impl Lab {
                     ip,
                     _servers: servers,
                     ns,
-                });
+                };
+                // On the Kubernetes source the agent registers a pod only once the watch has
+                // delivered its Pod (as kubelet's pods are on the API server before their sandbox).
+                if let Some(api) = &api {
+                    let object = pod_object(&pod);
+                    api.apply(object.clone());
+                    served.insert(
+                        ("Pod".to_owned(), (*ns_name).to_owned(), pod.name.clone()),
+                        object,
+                    );
+                }
+                register(
+                    &agent,
+                    &pod.model,
+                    &pod.name,
+                    &pod.host,
+                    &pod.handle,
+                    pod.ip,
+                );
+                pods.push(pod);
             }
         }
         let externals = EXTERNALS
@@ -255,7 +274,7 @@ impl Lab {
             externals,
             agent,
             api,
-            served: RefCell::new(BTreeMap::new()),
+            served: RefCell::new(served),
             dirs,
             _node: node,
             _root: root,

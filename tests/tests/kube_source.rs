@@ -144,9 +144,9 @@ fn nothing_is_written_before_every_initial_list_and_a_410_relist_writes_nothing(
     api.apply(node_object());
     api.apply(web_policy("web", "client"));
     let agent = start_agent(&root, &dirs, &node, &api);
-    let web = pod(&node, &agent, "web", "web");
-    let client = pod(&node, &agent, "client", "client");
-    let other = pod(&node, &agent, "other", "other");
+    let web = served_pod(&api, &node, &agent, "web", "web");
+    let client = served_pod(&api, &node, &agent, "client", "client");
+    let other = served_pod(&api, &node, &agent, "other", "other");
     let _listener = web
         .ns
         .run(|| TcpListener::bind("0.0.0.0:8080").expect("listen in web"));
@@ -269,9 +269,9 @@ fn the_api_server_down_changes_no_verdict_reports_stale_and_changes_made_meanwhi
     api.apply(node_object());
     api.apply(web_policy("web", "client"));
     let agent = start_agent(&root, &dirs, &node, &api);
-    let web = pod(&node, &agent, "web", "web");
-    let client = pod(&node, &agent, "client", "client");
-    let other = pod(&node, &agent, "other", "other");
+    let web = served_pod(&api, &node, &agent, "web", "web");
+    let client = served_pod(&api, &node, &agent, "client", "client");
+    let other = served_pod(&api, &node, &agent, "other", "other");
     let _listener = web
         .ns
         .run(|| TcpListener::bind("0.0.0.0:8080").expect("listen in web"));
@@ -355,6 +355,24 @@ fn the_api_server_down_changes_no_verdict_reports_stale_and_changes_made_meanwhi
     }
 }
 
+/// Pod `name` as kubelet meets it: its Pod object on the API server first (scheduled, no address
+/// yet), then its sandbox registered through the agent (which waits for the watch to deliver the
+/// Pod: labels come only from the Pod object), then its address in the Pod's status.
+fn served_pod<'a>(
+    api: &KubeApi,
+    node: &'a NetNs,
+    agent: &AgentProcess,
+    name: &str,
+    app: &str,
+) -> Pod<'a> {
+    api.apply(json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+           "spec": {"nodeName": "wt-node", "containers": [{"name": "c", "image": "pause"}]}}));
+    let pod = pod(node, agent, name, app);
+    api.apply(pod_object(name, &pod.ip, app));
+    pod
+}
+
 /// The Pod object of an API-registered pod (`agent_pod::pod` registers `default/NAME`).
 fn pod_object(name: &str, ip: &str, app: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
@@ -377,9 +395,9 @@ fn a_pod_label_change_through_the_api_server_flips_real_traffic() {
     api.apply(node_object());
     api.apply(web_policy("web", "client"));
     let agent = start_agent(&root, &dirs, &node, &api);
-    let web = pod(&node, &agent, "web", "web");
-    let client = pod(&node, &agent, "client", "client");
-    let other = pod(&node, &agent, "other", "other");
+    let web = served_pod(&api, &node, &agent, "web", "web");
+    let client = served_pod(&api, &node, &agent, "client", "client");
+    let other = served_pod(&api, &node, &agent, "other", "other");
     api.apply(pod_object("web", &web.ip, "web"));
     api.apply(pod_object("client", &client.ip, "client"));
     api.apply(pod_object("other", &other.ip, "other"));
@@ -451,9 +469,9 @@ fn an_invalid_policy_is_reported_by_name_and_the_rest_applies() {
     // Would let `other` in, but its port is out of range: refused, named, left out.
     api.apply(web_policy_on("bad", "other", 70_000));
     let agent = start_agent(&root, &dirs, &node, &api);
-    let web = pod(&node, &agent, "web", "web");
-    let client = pod(&node, &agent, "client", "client");
-    let other = pod(&node, &agent, "other", "other");
+    let web = served_pod(&api, &node, &agent, "web", "web");
+    let client = served_pod(&api, &node, &agent, "client", "client");
+    let other = served_pod(&api, &node, &agent, "other", "other");
     api.apply(pod_object("web", &web.ip, "web"));
     api.apply(pod_object("client", &client.ip, "client"));
     api.apply(pod_object("other", &other.ip, "other"));

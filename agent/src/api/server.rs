@@ -15,6 +15,7 @@ use axum::{
 };
 use serde::{Deserialize, de::DeserializeOwned};
 use tokio::net::UnixListener;
+use weir_api::code;
 
 use super::{
     error::ApiError,
@@ -37,6 +38,9 @@ use crate::{
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request waits for a host link the CNI just created to be seen.
 const LINK_TIMEOUT: Duration = Duration::from_secs(10);
+/// With `--source kubernetes`, how long a CNI request waits for the watch to deliver its Pod
+/// (kubelet creates the sandbox right after the pod is scheduled; the watch is usually ahead).
+pub const POD_WAIT: Duration = Duration::from_secs(10);
 /// Time budget of an allocation once it holds the per-host lock.
 const ALLOCATE_BUDGET: Duration = Duration::from_secs(30);
 
@@ -64,6 +68,36 @@ pub struct Api {
     pub kernel: Arc<dyn InspectIo>,
     /// The one reader of the drop events ring.
     pub monitor: crate::monitor::Monitor,
+    /// With a cluster source (`--source kubernetes`), how long a CNI request waits for the source
+    /// to deliver the Pod it names before it is refused (as cilium-cni waits): a pod's labels and
+    /// pool annotations come from its Pod object, never from the CNI. `None`: the standalone
+    /// source, where a pod without a Pod document takes its namespace's identity.
+    pub pod_wait: Option<Duration>,
+}
+
+/// Waits (bounded by `api.pod_wait`) until the source has the Pod `namespace/pod` the request
+/// names; answers 503
+/// `pod-unknown` (weir-cni: try again later) when it does not arrive.
+async fn wait_for_pod(api: &Api, namespace: &str, pod: &str) -> Result<(), ApiError> {
+    // A request that names no pod (a runtime other than kubelet, `weir ipam`) has no Pod to wait
+    // for: it takes its namespace's identity, as with the standalone source.
+    let Some(limit) = api.pod_wait.filter(|_| !pod.is_empty()) else {
+        return Ok(());
+    };
+    let mut snapshots = api.dataplane.subscribe();
+    let known = snapshots.wait_for(|s| s.ipam_hints.knows_pod(namespace, pod));
+    match tokio::time::timeout(limit, known).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(loop_error(LoopError::Stopped)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::POD_UNKNOWN,
+            format!(
+                "pod {namespace}/{pod} is not known to the Kubernetes source after {} s: its labels and pool annotations come from its Pod object, so the agent gives it no address or identity before the watch delivers it; check `weir status` (is the source stale?) and that the Pod exists on the API server",
+                limit.as_secs()
+            ),
+        )),
+    }
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -333,6 +367,12 @@ async fn put_endpoint(
             req.host_ifname
         )));
     }
+    let namespace = if req.namespace.is_empty() {
+        "default".to_owned()
+    } else {
+        req.namespace
+    };
+    wait_for_pod(&api, &namespace, &req.pod).await?;
     let endpoint = Endpoint {
         id: 0,
         container_id: req.container_id,
@@ -340,11 +380,7 @@ async fn put_endpoint(
         host_ifname: req.host_ifname,
         netns: req.netns,
         // A pod always has a namespace; without Kubernetes arguments it is `default`.
-        namespace: if req.namespace.is_empty() {
-            "default".to_owned()
-        } else {
-            req.namespace
-        },
+        namespace,
         pod: req.pod,
         labels: req.labels,
         handle: req.handle,
@@ -401,6 +437,7 @@ async fn allocate(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<Allocat
     } else {
         req.namespace.as_str()
     };
+    wait_for_pod(&api, namespace, &req.pod).await?;
     let hints = api
         .dataplane
         .snapshot()

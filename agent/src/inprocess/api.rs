@@ -79,6 +79,7 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         tc_attach: attach::Mechanism::default(),
         kernel: Arc::new(kernel.fake.clone()),
         monitor: crate::monitor::Monitor::default(),
+        pod_wait: None,
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -80,6 +80,7 @@ async fn serve() -> Served {
         tc_attach: attach::Mechanism::default(),
         kernel: Arc::new(kernel.fake.clone()),
         monitor: crate::monitor::Monitor::default(),
+        pod_wait: None,
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -7,4 +7,5 @@ mod api;
 mod converge;
 pub(crate) mod harness;
 mod inspect;
+mod pod_wait;
 mod pods;
