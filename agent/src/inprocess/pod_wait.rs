@@ -82,6 +82,12 @@ async fn a_cni_request_waits_for_its_pod_and_is_refused_when_the_source_never_de
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });
     let socket = paths.api_socket.clone();
+    let listening = tokio::time::timeout(Duration::from_secs(30), async {
+        while !socket.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    listening.await.expect("the API listens within 30 s");
     let send = |pods: &[&str]| {
         handle
             .send(Command::Policies {
