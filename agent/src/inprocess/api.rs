@@ -4,7 +4,6 @@
 //! `cargo xtask bench policy`, the test asserts only that the answers came during the apply.
 
 use std::{
-    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,11 +18,10 @@ use super::{
 use crate::{
     api::{
         client::{Client, Method},
-        server::{self, Api},
+        server,
         types::{AllocateResponse, EndpointRequest, EndpointView, Status},
     },
     applier,
-    ipam_service::IpamService,
     sources::link_source,
     synthetic::{self, Sizes},
 };
@@ -57,30 +55,7 @@ async fn status_and_a_cni_add_keep_answering_while_the_loop_applies_10000_endpoi
         kernel.fake.clone(),
         |_| {},
     ));
-    let ipam = IpamService::open(
-        &format!("embedded:{}", dir.path().join("ipam.redb").display()),
-        "wt-node",
-        BTreeMap::new(),
-        &[],
-        (26, 122),
-        Duration::from_secs(600),
-        &paths.state_dir,
-    )
-    .await
-    .expect("ipam");
-    let api = Arc::new(Api {
-        dataplane: handle.clone(),
-        ipam: Arc::new(ipam),
-        node: "wt-node".into(),
-        paths: paths.clone(),
-        ct: Arc::default(),
-        ct_ops: Arc::default(),
-        ct_layout: 2,
-        tc_attach: attach::Mechanism::default(),
-        kernel: Arc::new(kernel.fake.clone()),
-        monitor: crate::monitor::Monitor::default(),
-        pod_wait: None,
-    });
+    let api = Arc::new(harness::api(dir.path(), &paths, &kernel, handle.clone(), None).await);
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });
     let socket = paths.api_socket.clone();

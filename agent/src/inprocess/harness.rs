@@ -179,3 +179,39 @@ pub(crate) fn once_each(keys: Vec<AnyKey>) -> BTreeSet<AnyKey> {
     assert_eq!(set.len(), n, "a key was written more than once");
     set.into_iter().collect()
 }
+
+/// The API as the daemon builds it, over the loop `dataplane` and the fake kernel, with an embedded
+/// IPAM in `dir` for node `wt-node`; `pod_wait` is a cluster source's wait for the pods requests
+/// name (`None`: standalone).
+pub(crate) async fn api(
+    dir: &Path,
+    paths: &Paths,
+    kernel: &FakeKernel,
+    dataplane: crate::applier::LoopHandle,
+    pod_wait: Option<Duration>,
+) -> crate::api::server::Api {
+    let ipam = crate::ipam_service::IpamService::open(
+        &format!("embedded:{}", dir.join("ipam.redb").display()),
+        "wt-node",
+        BTreeMap::new(),
+        &[],
+        (26, 122),
+        Duration::from_secs(600),
+        &paths.state_dir,
+    )
+    .await
+    .expect("ipam");
+    crate::api::server::Api {
+        dataplane,
+        ipam: std::sync::Arc::new(ipam),
+        node: "wt-node".into(),
+        paths: paths.clone(),
+        ct: std::sync::Arc::default(),
+        ct_ops: std::sync::Arc::default(),
+        ct_layout: maps_schema::conntrack::LAYOUT,
+        tc_attach: attach::Mechanism::default(),
+        kernel: std::sync::Arc::new(kernel.fake.clone()),
+        monitor: crate::monitor::Monitor::default(),
+        pod_wait,
+    }
+}

@@ -20,7 +20,6 @@ use crate::{
         counters::CounterView,
         kernel::MapMeta,
     },
-    ipam_service::IpamService,
     observe::rule_hits::RuleHitsView,
     synthetic::{self, Sizes},
     trace::{TraceRequest, TraceResult},
@@ -57,30 +56,10 @@ async fn serve() -> Served {
     }
     let agent = Agent::start(&paths, &kernel);
     agent.ready().await;
-    let ipam = IpamService::open(
-        &format!("embedded:{}", dir.path().join("ipam.redb").display()),
-        "wt-node",
-        std::collections::BTreeMap::new(),
-        &[],
-        (26, 122),
-        Duration::from_secs(600),
-        &paths.state_dir,
-    )
-    .await
-    .expect("ipam");
     let ct = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let api = Arc::new(Api {
-        dataplane: agent.handle.clone(),
-        ipam: Arc::new(ipam),
-        node: "wt-node".into(),
-        paths: paths.clone(),
         ct: Arc::clone(&ct),
-        ct_ops: Arc::default(),
-        ct_layout: LAYOUT,
-        tc_attach: attach::Mechanism::default(),
-        kernel: Arc::new(kernel.fake.clone()),
-        monitor: crate::monitor::Monitor::default(),
-        pod_wait: None,
+        ..harness::api(dir.path(), &paths, &kernel, agent.handle.clone(), None).await
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

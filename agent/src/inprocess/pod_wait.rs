@@ -3,17 +3,16 @@
 //! never arrives: an address and an identity come only from the Pod object. The positive control:
 //! once the source delivers the Pod, the same request succeeds, also while it is already waiting.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use super::harness::{self, FakeKernel};
 use crate::{
     api::{
         client::{Client, ClientError, Method},
-        server::{self, Api},
+        server,
         types::AllocateResponse,
     },
     applier::{self, Command},
-    ipam_service::IpamService,
     policy::load,
 };
 
@@ -55,30 +54,7 @@ async fn a_cni_request_waits_for_its_pod_and_is_refused_when_the_source_never_de
     let kernel = FakeKernel::new();
     let node = harness::open_node(&paths, &kernel);
     let (handle, _thread) = applier::spawn(node).expect("loop");
-    let ipam = IpamService::open(
-        &format!("embedded:{}", dir.path().join("ipam.redb").display()),
-        "wt-node",
-        BTreeMap::new(),
-        &[],
-        (26, 122),
-        Duration::from_secs(600),
-        &paths.state_dir,
-    )
-    .await
-    .expect("ipam");
-    let api = Arc::new(Api {
-        dataplane: handle.clone(),
-        ipam: Arc::new(ipam),
-        node: "wt-node".into(),
-        paths: paths.clone(),
-        ct: Arc::default(),
-        ct_ops: Arc::default(),
-        ct_layout: 2,
-        tc_attach: attach::Mechanism::default(),
-        kernel: Arc::new(kernel.fake.clone()),
-        monitor: crate::monitor::Monitor::default(),
-        pod_wait: Some(WAIT),
-    });
+    let api = Arc::new(harness::api(dir.path(), &paths, &kernel, handle.clone(), Some(WAIT)).await);
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });
     let socket = paths.api_socket.clone();
