@@ -150,6 +150,22 @@ impl Cluster {
             .all(|k| self.objects.get(k).is_some_and(KindStore::synced))
     }
 
+    /// Every Node that converted, by name, once the Nodes' first list is in.
+    #[must_use]
+    pub fn nodes(&self) -> Option<BTreeMap<String, NodeInfo>> {
+        let store = self.objects.get(&Kind::Nodes).filter(|s| s.synced())?;
+        Some(
+            store
+                .live()
+                .values()
+                .filter_map(|object| match object {
+                    Object::Node(Ok(n)) => Some((n.name.clone(), n.clone())),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
     /// Objects known, by kind.
     #[must_use]
     pub fn counts(&self) -> BTreeMap<Kind, usize> {
