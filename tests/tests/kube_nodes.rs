@@ -7,7 +7,8 @@
 //!   reports for itself) via the address of its Node object, and `GET /v1/nodes` says they come from
 //!   Kubernetes; Nodes without an address or with an unparsable one are left out, and nothing panics;
 //! - a pod on A reaches a pod on B over TCP, and B's NetworkPolicy judges A's pods by the identities of
-//!   their Pod objects (one allowed, one not);
+//!   their Pod objects (one allowed, one not); A lists B's pod in `GET /v1/addresses` with B's identity
+//!   for it;
 //! - deleting B's Node object sweeps A's routes to B within a bound; re-adding it restores them.
 
 use std::{
@@ -223,6 +224,33 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
             got => Err(format!("(client, other) reached web: {got:?}")),
         },
     );
+
+    // `GET /v1/addresses` (`weir status --all-addresses`): A lists B's pod from its Pod object, with B's
+    // node and the identity B gives it itself (one cluster-wide identity per label set).
+    let web_on = |node: &Node| {
+        let addresses: Value = node
+            .cni
+            .agent
+            .as_ref()
+            .expect("running")
+            .api(Method::GET, "/v1/addresses", None)
+            .expect("addresses");
+        addresses
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["pod"] == "default/web")
+            .cloned()
+            .unwrap_or_else(|| panic!("{} does not list default/web: {addresses}", node.name))
+    };
+    let (on_a, on_b) = (web_on(cluster.node(0)), web_on(cluster.node(1)));
+    assert_eq!(
+        (&on_a["ip"], &on_a["node"]),
+        (&json!(web), &json!(b_name)),
+        "{on_a}"
+    );
+    assert!(on_a["identity"].is_u64(), "{on_a}");
+    assert_eq!(on_a["identity"], on_b["identity"], "A: {on_a}, B: {on_b}");
 
     // B's Node deleted: A sweeps its routes to B (and B's pod is unreachable from A), B keeps its own.
     assert!(api.delete("Node", "", b_name), "B's Node existed");
