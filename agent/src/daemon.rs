@@ -257,6 +257,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 dataplane_loop.clone(),
                 ipam.ipam().clone(),
                 objects,
+                config.node_expiry,
             ));
         }
         None => {}

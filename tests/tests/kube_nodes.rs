@@ -9,7 +9,9 @@
 //! - a pod on A reaches a pod on B over TCP, and B's NetworkPolicy judges A's pods by the identities of
 //!   their Pod objects (one allowed, one not); A lists B's pod in `GET /v1/addresses` with B's identity
 //!   for it;
-//! - deleting B's Node object sweeps A's routes to B within a bound; re-adding it restores them.
+//! - deleting B's Node object sweeps A's routes to B within a bound; re-adding it restores them;
+//! - B not Ready for a moment keeps its routes, not Ready for longer than `--node-expiry` is expired (swept,
+//!   `health: expired`), Ready again is routed again.
 
 use std::{
     collections::BTreeSet,
@@ -18,6 +20,7 @@ use std::{
 };
 
 use hyper::Method;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tests::{
     kube_api::KubeApi,
@@ -289,6 +292,49 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
         } else {
             Err("refused".into())
         }
+    });
+
+    // Readiness: B not Ready for less than --node-expiry (40 s by default) keeps its routes; for longer,
+    // it is expired and swept; Ready again, its routes return.
+    let b_ready = |status: &str, ago: i64| {
+        let now = Timestamp::now().as_second();
+        let since = Timestamp::from_second(now - ago).expect("a time");
+        let mut node = node_b("10.99.0.12");
+        node["status"]["conditions"] = json!([{"type": "Ready", "status": status,
+                                               "lastTransitionTime": since.to_string()}]);
+        node
+    };
+    api.apply(b_ready("Unknown", 0));
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_eq!(
+            routes_of(cluster.node(0)),
+            expected_routes(cluster.node(1)),
+            "B not Ready for a moment keeps its routes"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    api.apply(b_ready("False", 60));
+    wait_until(
+        "A sweeps the routes of B, not Ready for 60 s",
+        NODE_CHANGE,
+        || {
+            let have = routes_of(cluster.node(0));
+            if have.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("A still has {have:?}"))
+            }
+        },
+    );
+    let b_entry = nodes_of(cluster.node(0))
+        .into_iter()
+        .find(|n| n["name"] == b_name)
+        .expect("B is listed while it exists");
+    assert_eq!(b_entry["health"], "expired", "{b_entry}");
+    api.apply(b_ready("True", 0));
+    wait_until("A routes B's blocks once B is Ready", NODE_CHANGE, || {
+        converged(&cluster)
     });
     eprintln!(
         "Node deleted → routes swept in {} ms; re-added → restored in {} ms",

@@ -4,12 +4,18 @@
 //! [`LIST_EVERY`](crate::sources::nodes::LIST_EVERY) and sends the loop what changed as [`NodeDelta`]s —
 //! the same deltas the etcd node records make — then [`NodeDelta::Synced`] after the first full view. A
 //! Node deleted is gone (its routes are swept); a Node without an address is named in the log and left
-//! out. The agent never writes Node objects (kubelet does); this node's own is the one named `--node`.
+//! out; a Node whose Ready condition has not been True for `--node-expiry` is expired (alive again once
+//! Ready), its routes swept as an etcd record's whose heartbeat is too old. The agent never writes Node
+//! objects (kubelet does); this node's own is the one named `--node`.
 //! A datastore that does not answer changes nothing: the routes in place stay and the next round retries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::Node;
 use tokio::sync::watch;
 
 use crate::{
@@ -19,8 +25,35 @@ use crate::{
     sources::nodes::LIST_EVERY,
 };
 
+/// A converted Node: what the policy takes, and its readiness.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeNode {
+    /// Name, addresses (InternalIPs, then ExternalIPs), labels.
+    pub info: NodeInfo,
+    /// Since when (Unix seconds, its `lastTransitionTime`) its Ready condition is not True; `None` while
+    /// it is True, or with no Ready condition or transition time to judge by.
+    pub not_ready_since: Option<u64>,
+}
+
+/// When the Node's Ready condition stopped being True (`None`: it is True, or cannot be judged).
+#[must_use]
+pub fn not_ready_since(node: &Node) -> Option<u64> {
+    let ready = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    if ready.status == "True" {
+        return None;
+    }
+    let since = ready.last_transition_time.as_ref()?.0.as_second();
+    Some(u64::try_from(since).unwrap_or(0))
+}
+
 /// Every converted Node, by name (`None` until the Nodes' first list is in).
-pub type NodeObjects = Option<BTreeMap<String, NodeInfo>>;
+pub type NodeObjects = Option<BTreeMap<String, KubeNode>>;
 
 /// The source's end of the feed.
 pub type Feed = watch::Sender<NodeObjects>;
@@ -32,7 +65,7 @@ pub fn feed() -> (Feed, watch::Receiver<NodeObjects>) {
 }
 
 /// Publishes `nodes` when they differ from what the feed holds (no wake-up otherwise).
-pub fn publish(feed: &Feed, nodes: BTreeMap<String, NodeInfo>) {
+pub fn publish(feed: &Feed, nodes: BTreeMap<String, KubeNode>) {
     feed.send_if_modified(|held| {
         if held.as_ref() == Some(&nodes) {
             return false;
@@ -42,16 +75,26 @@ pub fn publish(feed: &Feed, nodes: BTreeMap<String, NodeInfo>) {
     });
 }
 
-/// The node records the Node objects make with `blocks` (by host name), and the names of the Nodes left
-/// out because they have no InternalIP or ExternalIP address.
+/// The node records the Node objects make with `blocks` (by host name) at `now` (Unix seconds; a Node not
+/// Ready for `expiry` is not alive), and the names of the Nodes left out because they have no InternalIP
+/// or ExternalIP address.
 #[must_use]
 pub fn records(
-    objects: &BTreeMap<String, NodeInfo>,
+    objects: &BTreeMap<String, KubeNode>,
     blocks: &BTreeMap<String, Vec<IpNetwork>>,
+    now: u64,
+    expiry: Duration,
 ) -> (BTreeMap<String, ClusterNode>, BTreeSet<String>) {
     let mut nodes = BTreeMap::new();
     let mut refused = BTreeSet::new();
-    for (name, info) in objects {
+    for (
+        name,
+        KubeNode {
+            info,
+            not_ready_since,
+        },
+    ) in objects
+    {
         if info.addresses.is_empty() {
             refused.insert(name.clone());
             continue;
@@ -65,21 +108,28 @@ pub fn records(
                 addresses: info.addresses.clone(),
                 labels: info.labels.clone(),
                 blocks: node_blocks,
-                // A Node is alive while it exists (its readiness is kubelet's and the node lifecycle
-                // controller's to judge).
-                alive: true,
-                heartbeat: 0,
+                alive: not_ready_since
+                    .is_none_or(|since| now.saturating_sub(since) < expiry.as_secs()),
+                // Not a heartbeat: when it stopped being Ready (0 while Ready).
+                heartbeat: not_ready_since.unwrap_or(0),
             },
         );
     }
     (nodes, refused)
 }
 
-/// Runs until the loop or the source is gone.
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs until the loop or the source is gone; a Node not Ready for `expiry` has no routes.
 pub async fn run<S: BlockStore>(
     dataplane: LoopHandle,
     store: S,
     mut objects: watch::Receiver<NodeObjects>,
+    expiry: Duration,
 ) {
     let mut blocks: Option<BTreeMap<String, Vec<IpNetwork>>> = None;
     let mut known = BTreeMap::new();
@@ -101,7 +151,7 @@ pub async fn run<S: BlockStore>(
             continue;
         };
         let Some(blocks) = &blocks else { continue };
-        let (listed, refused) = records(&current, blocks);
+        let (listed, refused) = records(&current, blocks, now(), expiry);
         for name in refused.difference(&refused_known) {
             tracing::warn!(node = %name, "Node has no InternalIP or ExternalIP address in status.addresses; it gets no routes until it has one");
         }
@@ -129,11 +179,16 @@ mod tests {
     use super::*;
     use ipam::{Ipam, store::memory::MemoryStore};
 
-    fn info(name: &str, addresses: &[&str]) -> NodeInfo {
-        NodeInfo {
-            name: name.into(),
-            addresses: addresses.iter().map(|a| a.parse().expect("ip")).collect(),
-            labels: BTreeMap::from([("zone".to_owned(), "z1".to_owned())]),
+    const EXPIRY: Duration = Duration::from_secs(40);
+
+    fn info(name: &str, addresses: &[&str]) -> KubeNode {
+        KubeNode {
+            info: NodeInfo {
+                name: name.into(),
+                addresses: addresses.iter().map(|a| a.parse().expect("ip")).collect(),
+                labels: BTreeMap::from([("zone".to_owned(), "z1".to_owned())]),
+            },
+            not_ready_since: None,
         }
     }
 
@@ -155,11 +210,11 @@ mod tests {
             ),
             ("gone".to_owned(), vec![net("10.244.9.0/26")]),
         ]);
-        let (nodes, refused) = records(&objects, &blocks);
+        let (nodes, refused) = records(&objects, &blocks, 1000, EXPIRY);
         assert_eq!(refused, BTreeSet::from(["bare".to_owned()]));
         assert_eq!(nodes.keys().collect::<Vec<_>>(), ["a", "b"]);
         let a = &nodes["a"];
-        assert_eq!(a.addresses, objects["a"].addresses);
+        assert_eq!(a.addresses, objects["a"].info.addresses);
         assert_eq!(a.labels["zone"], "z1");
         assert_eq!(
             a.blocks,
@@ -168,6 +223,33 @@ mod tests {
         );
         assert!(a.alive);
         assert!(nodes["b"].blocks.is_empty(), "a Node with no affinity yet");
+    }
+
+    #[test]
+    fn a_node_not_ready_for_the_expiry_is_not_alive() {
+        let yaml = |status: &str, since: &str| {
+            format!(
+                "kind: Node\nmetadata: {{name: n}}\nstatus: {{conditions: [{{type: MemoryPressure, status: \"False\"}}, {{type: Ready, status: \"{status}\", lastTransitionTime: \"{since}\"}}]}}\n"
+            )
+        };
+        let parse = |text: &str| -> Node { serde_norway::from_str(text).expect("a Node") };
+        let t = 1_780_000_000_u64; // 2026-05-28T20:26:40Z
+        let at = "2026-05-28T20:26:40Z";
+        assert_eq!(not_ready_since(&parse(&yaml("True", at))), None);
+        assert_eq!(not_ready_since(&parse(&yaml("False", at))), Some(t));
+        assert_eq!(not_ready_since(&parse(&yaml("Unknown", at))), Some(t));
+        assert_eq!(
+            not_ready_since(&parse("kind: Node\nmetadata: {name: n}\n")),
+            None,
+            "no condition yet: not judged"
+        );
+        let mut n = info("n", &["192.0.2.9"]);
+        n.not_ready_since = Some(t);
+        let objects = BTreeMap::from([("n".to_owned(), n)]);
+        let alive = |now| records(&objects, &BTreeMap::new(), now, EXPIRY).0["n"].alive;
+        assert!(alive(t + 39), "not ready for less than the expiry");
+        assert!(!alive(t + 40), "not ready for the expiry");
+        assert!(alive(t - 5), "a clock behind the transition");
     }
 
     #[test]
@@ -223,7 +305,10 @@ mod tests {
         assert_eq!(blocks, want, "every host's blocks, sorted");
         assert_eq!(blocks["a"].len(), 2, "20 addresses take two /28 blocks");
         let objects = BTreeMap::from([("a".to_owned(), info("a", &["192.0.2.1"]))]);
-        assert_eq!(records(&objects, &blocks).0["a"].blocks, want["a"]);
+        assert_eq!(
+            records(&objects, &blocks, 0, EXPIRY).0["a"].blocks,
+            want["a"]
+        );
 
         let local = ipam::store::AnyStore::Memory(MemoryStore::new());
         let e = crate::nodes::store::shared(&local).expect_err("a memory store is node-local");
