@@ -253,6 +253,50 @@ mod tests {
     }
 
     #[test]
+    fn the_source_hands_over_the_converted_nodes_once_their_list_is_in() {
+        use super::super::{cluster, watch::Change, watch::Kind};
+        let parse = |text: &str| -> Node { serde_norway::from_str(text).expect("a Node") };
+        let key = |name: &str| (String::new(), name.to_owned());
+        let good = parse(
+            "kind: Node\nmetadata: {name: a}\nstatus: {addresses: [{type: ExternalIP, address: 198.51.100.1}, {type: InternalIP, address: 192.0.2.1}], conditions: [{type: Ready, status: \"False\", lastTransitionTime: \"2026-05-28T20:26:40Z\"}]}\n",
+        );
+        let bad = parse(
+            "kind: Node\nmetadata: {name: b}\nstatus: {addresses: [{type: InternalIP, address: nope}]}\n",
+        );
+        let mut c = cluster::Cluster::default();
+        assert!(c.nodes().is_none());
+        c.take(Change::Init(Kind::Nodes));
+        c.take(Change::InitApply(
+            Kind::Nodes,
+            key("a"),
+            cluster::node(&good),
+        ));
+        c.take(Change::InitApply(
+            Kind::Nodes,
+            key("b"),
+            cluster::node(&bad),
+        ));
+        assert!(c.nodes().is_none(), "the list is under way");
+        c.take(Change::InitDone(Kind::Nodes));
+        let nodes = c.nodes().expect("listed");
+        assert_eq!(
+            nodes.keys().collect::<Vec<_>>(),
+            ["a"],
+            "the bad Node is refused"
+        );
+        assert_eq!(
+            nodes["a"].info.addresses,
+            [
+                "192.0.2.1".parse::<std::net::IpAddr>().expect("ip"),
+                "198.51.100.1".parse().expect("ip")
+            ]
+        );
+        assert_eq!(nodes["a"].not_ready_since, Some(1_780_000_000));
+        c.take(Change::Delete(Kind::Nodes, key("a")));
+        assert_eq!(c.nodes(), Some(BTreeMap::new()), "deleted");
+    }
+
+    #[test]
     fn the_feed_wakes_only_on_a_change() {
         let (tx, mut rx) = feed();
         assert!(rx.borrow().is_none());
