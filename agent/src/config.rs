@@ -153,7 +153,8 @@ pub struct AgentArgs {
     )]
     pub node_addresses: Vec<std::net::IpAddr>,
     /// Seconds a node record stays live without a heartbeat; the agent renews its own every third
-    /// of it, and other nodes sweep the routes to a node whose heartbeat is older.
+    /// of it, and other nodes sweep the routes to a node whose heartbeat is older. Under
+    /// `--source kubernetes`: how long a Node may be not Ready before its routes are swept.
     #[arg(long, env = "WEIR_NODE_EXPIRY", default_value_t = 40)]
     pub node_expiry: u64,
     /// Print the validated configuration as JSON and exit.

@@ -41,7 +41,9 @@ use crate::{
     ipam_service::{IpamService, IpamServiceError},
     metrics,
     node::{Node, NodeError},
-    node_setup, policy,
+    node_setup,
+    nodes::setup::NodeRecords,
+    policy,
     sources::link_source,
     sources::linkwatch,
 };
@@ -220,8 +222,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut node =
         Node::open_with_identities(&paths, dataplane, policies, policy_errors, identities)?;
     node.set_node_name(&config.node)?;
-    // With a shared etcd: node records, and routes to the other nodes' blocks.
-    let node_record = crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)?;
+    // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
+    // nodes' blocks.
+    let node_records = crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)?;
     if kube_client.is_some() {
         node.await_policy_source();
     }
@@ -238,12 +241,26 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ));
     }
 
-    if let Some(record) = node_record {
-        tokio::spawn(crate::sources::nodes::run(
-            dataplane_loop.clone(),
-            ipam.ipam().clone(),
-            record,
-        ));
+    let mut node_feed = None;
+    match node_records {
+        Some(NodeRecords::Etcd(record)) => {
+            tokio::spawn(crate::sources::nodes::run(
+                dataplane_loop.clone(),
+                ipam.ipam().clone(),
+                record,
+            ));
+        }
+        Some(NodeRecords::Kubernetes) => {
+            let (feed, objects) = crate::sources::kube::nodes::feed();
+            node_feed = Some(feed);
+            tokio::spawn(crate::sources::kube::nodes::run(
+                dataplane_loop.clone(),
+                ipam.ipam().clone(),
+                objects,
+                config.node_expiry,
+            ));
+        }
+        None => {}
     }
 
     // Link watcher → loop (restarted with backoff when it dies).
@@ -261,7 +278,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     match kube_client {
         // The API server's objects → loop: the whole set after each change, debounced.
         Some(client) => {
-            tokio::spawn(crate::sources::kube::run(dataplane_loop.clone(), client));
+            tokio::spawn(crate::sources::kube::run(
+                dataplane_loop.clone(),
+                client,
+                node_feed,
+            ));
         }
         // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
         None => {

@@ -270,18 +270,39 @@ impl Node {
                 })
             })
             .collect();
+        let identity = |ip: &IpAddr| {
+            match ip {
+                IpAddr::V4(v4) => self.dataplane.ident4.desired(&v4.octets()),
+                IpAddr::V6(v6) => self.dataplane.ident6.desired(&v6.octets()),
+            }
+            .map(|i| i.identity)
+        };
+        let mut known: BTreeSet<String> = out.iter().map(|a| a.pod.clone()).collect();
         for c in &self.cluster_pods {
+            known.insert(c.pod.key.clone());
             for ip in &c.pod.ips {
-                let identity = match ip {
-                    IpAddr::V4(v4) => self.dataplane.ident4.desired(&v4.octets()),
-                    IpAddr::V6(v6) => self.dataplane.ident6.desired(&v6.octets()),
-                }
-                .map(|i| i.identity);
                 out.push(AddressView {
                     ip: *ip,
-                    identity,
+                    identity: identity(ip),
                     node: c.node.clone(),
                     pod: c.pod.key.clone(),
+                });
+            }
+        }
+        // Other nodes' pods from the source's Pod objects (`--source kubernetes`).
+        for p in self.cluster.pods.values() {
+            let Some(remote) = pods::remote_pod(p, false, self.node_name.as_deref()) else {
+                continue;
+            };
+            if known.contains(&remote.key) {
+                continue;
+            }
+            for ip in &remote.ips {
+                out.push(AddressView {
+                    ip: *ip,
+                    identity: identity(ip),
+                    node: p.node.clone().unwrap_or_default(),
+                    pod: remote.key.clone(),
                 });
             }
         }

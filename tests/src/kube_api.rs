@@ -1,4 +1,4 @@
-//! A minimal Kubernetes API server for the tests: plain HTTP/1.1 on 127.0.0.1 (optionally bound
+//! A minimal Kubernetes API server for the tests: plain HTTP/1.1 on 127.0.0.1 or a given address (optionally bound
 //! inside a test namespace, where the agent's loopback is), speaking the wire protocol kube-rs's
 //! watcher uses for Pods, Namespaces, NetworkPolicies and Nodes:
 //!
@@ -20,7 +20,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::{BufRead as _, BufReader, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     sync::{
         Arc, Condvar, Mutex, MutexGuard,
@@ -116,7 +116,14 @@ impl KubeApi {
     /// Starts on 127.0.0.1 (inside `netns` when given: the agent's loopback) on a free port.
     #[must_use]
     pub fn start(netns: Option<&NetNs>) -> Self {
-        let listener = try_bind(netns.map(NetNs::name), 0).expect("listen on 127.0.0.1");
+        Self::start_at(netns, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Starts on `ip` (an address of `netns` when given, e.g. an infra namespace's bridge address that
+    /// several node namespaces reach) on a free port.
+    #[must_use]
+    pub fn start_at(netns: Option<&NetNs>, ip: IpAddr) -> Self {
+        let listener = try_bind(netns.map(NetNs::name), ip, 0).expect("listen");
         let addr = listener.local_addr().expect("local address");
         let dir = tempfile::Builder::new()
             .prefix("wt-kube")
@@ -204,7 +211,7 @@ impl KubeApi {
     pub fn start_again(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let listener = loop {
-            match try_bind(self.netns.as_deref(), self.addr.port()) {
+            match try_bind(self.netns.as_deref(), self.addr.ip(), self.addr.port()) {
                 Ok(l) => break l,
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;
@@ -332,11 +339,11 @@ fn kubeconfig_text(addr: SocketAddr) -> String {
     )
 }
 
-/// Binds 127.0.0.1:`port` inside namespace `netns` (by name: a thread that entered it binds;
+/// Binds `ip`:`port` inside namespace `netns` (by name: a thread that entered it binds;
 /// the socket stays in that namespace), or in the test's own.
-fn try_bind(netns: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
+fn try_bind(netns: Option<&str>, ip: IpAddr, port: u16) -> std::io::Result<TcpListener> {
     let Some(name) = netns else {
-        return TcpListener::bind(("127.0.0.1", port));
+        return TcpListener::bind((ip, port));
     };
     let path = format!("/run/netns/{name}");
     thread::scope(|scope| {
@@ -345,7 +352,7 @@ fn try_bind(netns: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
                 let file = std::fs::File::open(&path)?;
                 nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(std::io::Error::from)?;
-                TcpListener::bind(("127.0.0.1", port))
+                TcpListener::bind((ip, port))
             })
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -132,16 +132,17 @@ pub fn status(args: StatusArgs) -> Result<()> {
             }
             if !detail.nodes.is_empty() {
                 println!(
-                    "{:<24} {:<8} {:<7} {:<28} BLOCKS",
-                    "NODE", "HEALTH", "ROUTES", "ADDRESSES"
+                    "{:<24} {:<11} {:<8} {:<7} {:<28} BLOCKS",
+                    "NODE", "SOURCE", "HEALTH", "ROUTES", "ADDRESSES"
                 );
             }
             for n in &detail.nodes {
                 let addresses: Vec<String> = n.addresses.iter().map(ToString::to_string).collect();
                 let blocks: Vec<String> = n.blocks.iter().map(ToString::to_string).collect();
                 println!(
-                    "{:<24} {:<8} {:<7} {:<28} {}",
+                    "{:<24} {:<11} {:<8} {:<7} {:<28} {}",
                     n.name,
+                    n.source,
                     n.health,
                     n.routes,
                     addresses.join(","),

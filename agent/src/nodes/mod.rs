@@ -1,7 +1,8 @@
 //! Nodes of the cluster (DESIGN.md → "Nodes and routing"): every node has a record — in standalone mode with
-//! an `etcd:` datastore, a [`ipam::model::NodeRecord`] its agent renews — and its pod blocks are its IPAM block
-//! affinities. `store` reads them behind a small trait, `sources::nodes` turns them into deltas for the loop,
-//! and `routing` keeps the route driver's desired routes from them.
+//! an `etcd:` datastore, a [`ipam::model::NodeRecord`] its agent renews; under `--source kubernetes`, its
+//! Node object (kubelet writes it) — and its pod blocks are its IPAM block affinities. `store` reads them
+//! behind a small trait, `sources::nodes` (etcd records) or `sources::kube::nodes` (Node objects) turns them
+//! into deltas for the loop, and `routing` keeps the route driver's desired routes from them.
 
 pub mod routing;
 pub mod setup;
@@ -11,6 +12,26 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
+
+/// Where the node records come from (`weir status` shows it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeSource {
+    /// Node records in etcd, renewed by their agents.
+    #[default]
+    Etcd,
+    /// Kubernetes Node objects.
+    Kubernetes,
+}
+
+impl std::fmt::Display for NodeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Etcd => "etcd",
+            Self::Kubernetes => "kubernetes",
+        })
+    }
+}
 
 /// A node as the loop knows it: its record and its blocks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

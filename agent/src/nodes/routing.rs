@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
-use super::{ClusterNode, NodeDelta};
+use super::{ClusterNode, NodeDelta, NodeSource};
 use crate::dataplane::routes::{NextHop, RouteDriver, RouteError};
 
 /// A node as `weir status` shows it.
@@ -27,6 +27,9 @@ pub struct NodeStatus {
     pub health: String,
     /// Its last heartbeat (Unix seconds).
     pub heartbeat: u64,
+    /// Where its record comes from.
+    #[serde(default)]
+    pub source: NodeSource,
 }
 
 /// The desired routes to every remote, live node's blocks (native routing). A block of this node, or a
@@ -62,6 +65,7 @@ pub struct NodeRoutes {
     nodes: BTreeMap<String, ClusterNode>,
     synced: bool,
     driver: RouteDriver,
+    source: NodeSource,
 }
 
 impl NodeRoutes {
@@ -73,7 +77,15 @@ impl NodeRoutes {
             nodes: BTreeMap::new(),
             synced: false,
             driver,
+            source: NodeSource::Etcd,
         }
+    }
+
+    /// The same, its records coming from `source` (what the status says).
+    #[must_use]
+    pub fn with_source(mut self, source: NodeSource) -> Self {
+        self.source = source;
+        self
     }
 
     /// Takes one delta; the desired routes follow.
@@ -143,6 +155,7 @@ impl NodeRoutes {
                 }
                 .to_owned(),
                 heartbeat: n.heartbeat,
+                source: self.source,
             })
             .collect()
     }

@@ -1,14 +1,15 @@
 //! The agent's node routing at start: with an `etcd:` datastore, this node's record (its addresses from
-//! `--node-address`, or the source address of its route to etcd) and the route driver in the node; with
-//! any other datastore, nothing (one node, or Kubernetes nodes whose routing is not weir's yet).
+//! `--node-address`, or the source address of its route to etcd) and the route driver in the node; under
+//! `--source kubernetes` with a shared datastore (etcd or Kubernetes), the route driver with the Node
+//! objects as records (kubelet writes this node's); with a node-local datastore, nothing (one node).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _, UdpSocket};
 
 use ipam::{model::NodeRecord, store::AnyStore};
 
-use super::routing::NodeRoutes;
+use super::{NodeSource, routing::NodeRoutes};
 use crate::{
-    config::{Config, RoutingMode},
+    config::{Config, RoutingMode, SourceMode},
     dataplane::{netlink_routes::NetlinkRoutes, routes::RouteDriver, routes::RouteError},
     node::Node,
 };
@@ -38,17 +39,36 @@ pub enum RoutingSetupError {
     Routes(#[from] RouteError),
 }
 
-/// Sets up routing on `node` when `store` is a shared etcd; returns this node's record for the nodes source.
+/// Where the routed node's records come from, for the nodes source to start.
+#[derive(Debug)]
+pub enum NodeRecords {
+    /// This node's record in etcd (renewed by `sources::nodes`).
+    Etcd(NodeRecord),
+    /// The Node objects (`sources::kube::nodes`).
+    Kubernetes,
+}
+
+/// Sets up routing on `node` when `store` is shared: a shared etcd, or under `--source kubernetes` etcd or
+/// the Kubernetes datastore; returns where the node records come from.
 pub fn routing(
     config: &Config,
     store: &AnyStore,
     node: &mut Node,
-) -> Result<Option<NodeRecord>, RoutingSetupError> {
-    if !matches!(store, AnyStore::Etcd(_)) {
+) -> Result<Option<NodeRecords>, RoutingSetupError> {
+    let kube = config.source == SourceMode::Kubernetes;
+    if kube && let Err(e) = super::store::shared(store) {
+        tracing::info!(reason = %e, "node routing off");
+        return Ok(None);
+    }
+    if !kube && !matches!(store, AnyStore::Etcd(_)) {
         return Ok(None);
     }
     if config.routing == RoutingMode::Vxlan {
         return Err(RoutingSetupError::VxlanUnavailable);
+    }
+    if kube {
+        install(config, node, NodeSource::Kubernetes, &[])?;
+        return Ok(Some(NodeRecords::Kubernetes));
     }
     let addresses = if config.node_addresses.is_empty() {
         let endpoint = first_etcd_endpoint(&config.datastore);
@@ -56,20 +76,31 @@ pub fn routing(
     } else {
         config.node_addresses.clone()
     };
-    // The route table's own runtime cannot start inside the agent's: open it on a thread of its own (same
-    // network namespace); the loop's thread, outside any runtime, uses it from then on.
-    let routes = std::thread::scope(|scope| scope.spawn(NetlinkRoutes::open).join())
-        .map_err(|_| RoutingSetupError::OpenPanicked)??;
-    let driver = RouteDriver::new(Box::new(routes));
-    node.set_routing(NodeRoutes::new(&config.node, driver));
-    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, "node routing on");
-    Ok(Some(NodeRecord {
+    install(config, node, NodeSource::Etcd, &addresses)?;
+    Ok(Some(NodeRecords::Etcd(NodeRecord {
         name: config.node.clone(),
         addresses,
         labels: config.node_labels.iter().cloned().collect(),
         heartbeat: 0,
         expiry: config.node_expiry.as_secs(),
-    }))
+    })))
+}
+
+/// Puts the route driver in `node`, its records from `source`.
+fn install(
+    config: &Config,
+    node: &mut Node,
+    source: NodeSource,
+    addresses: &[IpAddr],
+) -> Result<(), RoutingSetupError> {
+    // The route table's own runtime cannot start inside the agent's: open it on a thread of its own (same
+    // network namespace); the loop's thread, outside any runtime, uses it from then on.
+    let routes = std::thread::scope(|scope| scope.spawn(NetlinkRoutes::open).join())
+        .map_err(|_| RoutingSetupError::OpenPanicked)??;
+    let driver = RouteDriver::new(Box::new(routes));
+    node.set_routing(NodeRoutes::new(&config.node, driver).with_source(source));
+    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, "node routing on");
+    Ok(())
 }
 
 /// `host:port` of the first URL of `etcd:URL[,URL…]`.

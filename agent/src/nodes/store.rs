@@ -1,14 +1,17 @@
-//! Where node records live, behind one small trait: the nodes source heartbeats this node's record and lists
-//! every node with its blocks. The real store is the IPAM's datastore (`ipam::Ipam`, an `etcd:` one); tests
-//! use the same code over the IPAM's memory store.
+//! Where node records and blocks live, behind two small traits: the nodes source heartbeats this node's
+//! record and lists every node with its blocks ([`NodeStore`]); the Kubernetes nodes source, whose records
+//! are Node objects, lists only the blocks ([`BlockStore`]). The real store is the IPAM's datastore
+//! (`ipam::Ipam` over any store: etcd, Kubernetes custom resources); tests use the same code over the
+//! IPAM's memory store.
 
 use std::{collections::BTreeMap, future::Future};
 
 use ipam::{
     Ipam, IpamError,
     model::{EndpointRecord, NodeRecord},
-    store::Store,
+    store::{AnyStore, Store},
 };
+use ipnetwork::IpNetwork;
 
 use super::ClusterNode;
 
@@ -24,6 +27,48 @@ pub enum NodeStoreError {
         #[source]
         source: IpamError,
     },
+    /// The datastore is this node's own: other nodes' affinities are not in it.
+    #[error(
+        "the {backend} datastore is this node's own and holds no other node's block affinities, so no route to another node's pods can be made; use --datastore etcd:URL or --datastore kubernetes (WEIR_DATASTORE) on every node"
+    )]
+    NodeLocal {
+        /// The datastore's backend.
+        backend: &'static str,
+    },
+}
+
+/// Whether `store` is shared by the cluster's nodes (so its affinities say where every node's blocks are).
+pub fn shared(store: &AnyStore) -> Result<(), NodeStoreError> {
+    match store {
+        AnyStore::Etcd(_) | AnyStore::Kubernetes(_) => Ok(()),
+        AnyStore::Embedded(_) | AnyStore::Memory(_) => Err(NodeStoreError::NodeLocal {
+            backend: store.backend(),
+        }),
+    }
+}
+
+/// Every node's pod blocks: its confirmed IPAM block affinities.
+pub trait BlockStore: Send + Sync + 'static {
+    /// Every host's blocks, by host name, each list sorted.
+    fn blocks(
+        &self,
+    ) -> impl Future<Output = Result<BTreeMap<String, Vec<IpNetwork>>, NodeStoreError>> + Send;
+}
+
+impl<S: Store + Clone> BlockStore for Ipam<S> {
+    async fn blocks(&self) -> Result<BTreeMap<String, Vec<IpNetwork>>, NodeStoreError> {
+        let mut hosts =
+            self.blocks_by_host()
+                .await
+                .map_err(|source| NodeStoreError::Datastore {
+                    what: "list the block affinities",
+                    source,
+                })?;
+        for blocks in hosts.values_mut() {
+            blocks.sort();
+        }
+        Ok(hosts)
+    }
 }
 
 /// Node records and block affinities.
@@ -89,18 +134,11 @@ impl<S: Store + Clone> NodeStore for Ipam<S> {
                 what: "list the node records",
                 source,
             })?;
-        let mut blocks =
-            self.blocks_by_host()
-                .await
-                .map_err(|source| NodeStoreError::Datastore {
-                    what: "list the block affinities",
-                    source,
-                })?;
+        let mut blocks = BlockStore::blocks(self).await?;
         Ok(records
             .into_iter()
             .map(|(name, r)| {
-                let mut node_blocks = blocks.remove(&name).unwrap_or_default();
-                node_blocks.sort();
+                let node_blocks = blocks.remove(&name).unwrap_or_default();
                 let node = ClusterNode {
                     alive: r.alive(now),
                     name: r.name,

@@ -427,16 +427,15 @@ pub fn node(n: &Node) -> Result<NodeInfo, ConvertError> {
         field: "metadata.name".into(),
         hint: "give the Node a name",
     })?;
-    let mut addresses = Vec::new();
-    for (i, a) in n
+    let listed = n
         .status
         .as_ref()
         .and_then(|s| s.addresses.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
-        if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
+        .unwrap_or_default();
+    let mut addresses = Vec::new();
+    // InternalIP first (the next hop other nodes route this node's blocks through), then ExternalIP.
+    for kind in ["InternalIP", "ExternalIP"] {
+        for (i, a) in listed.iter().enumerate().filter(|(_, a)| a.type_ == kind) {
             let ip = address(&a.address, &format!("status.addresses[{i}].address"))?;
             if !addresses.contains(&ip) {
                 addresses.push(ip);

@@ -353,6 +353,19 @@ fn a_node_converts_and_bad_addresses_are_named() {
         ],
         "host names skipped, duplicates once"
     );
+    let ordered = node(&object::<Node>(
+        "kind: Node\nmetadata: {name: n}\nstatus: {addresses: [{type: ExternalIP, address: 198.51.100.7}, {type: InternalIP, address: \"fd00::7\"}, {type: InternalIP, address: 10.0.0.7}]}\n",
+    ))
+    .expect("valid");
+    assert_eq!(
+        ordered.addresses,
+        vec![
+            "fd00::7".parse::<IpAddr>().expect("ip"),
+            "10.0.0.7".parse().expect("ip"),
+            "198.51.100.7".parse().expect("ip")
+        ],
+        "InternalIPs (both families, in order) before ExternalIPs"
+    );
     let message = node(&object::<Node>("kind: Node\nmetadata: {name: n}\nstatus: {addresses: [{type: InternalIP, address: bad}]}\n"))
         .expect_err("bad")
         .to_string();

@@ -141,7 +141,7 @@ impl Pod {
 pub struct NodeInfo {
     /// Name.
     pub name: String,
-    /// `status.addresses` that are IP addresses (InternalIP, ExternalIP), in order.
+    /// `status.addresses` that are IP addresses: the InternalIPs, then the ExternalIPs, each in order.
     pub addresses: Vec<IpAddr>,
     /// Labels.
     pub labels: Labels,

@@ -10,6 +10,7 @@ use k8s_openapi::api::{
 };
 
 use super::{
+    nodes::KubeNode,
     store::{Key, KindStore},
     watch::{Change, Kind},
 };
@@ -17,7 +18,7 @@ use crate::policy::{
     convert,
     delta::{Delta, NamespaceObject, ObjectChange},
     load::PolicyFileError,
-    model::{NodeInfo, Pod as PodInfo, Policy, PolicySet},
+    model::{Pod as PodInfo, Policy, PolicySet},
 };
 
 /// A converted object (by `policy::convert`, as the standalone directory's), or why it could
@@ -30,8 +31,8 @@ pub enum Object {
     Namespace(Result<NamespaceObject, String>),
     /// A Pod.
     Pod(Result<PodInfo, String>),
-    /// A Node.
-    Node(Result<NodeInfo, String>),
+    /// A Node (with its readiness, for the node records).
+    Node(Result<KubeNode, String>),
 }
 
 /// Converts a NetworkPolicy.
@@ -58,7 +59,14 @@ pub fn pod(pod: &Pod) -> Object {
 
 /// Converts a Node.
 pub fn node(node: &Node) -> Object {
-    Object::Node(convert::node(node).map_err(|e| e.to_string()))
+    Object::Node(
+        convert::node(node)
+            .map(|info| KubeNode {
+                info,
+                not_ready_since: super::nodes::not_ready_since(node),
+            })
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// Every kind's objects.
@@ -130,7 +138,7 @@ impl Cluster {
             Kind::Nodes => ObjectChange::Node(
                 key.1.clone(),
                 match object {
-                    Some(Object::Node(Ok(n))) => Some(n.clone()),
+                    Some(Object::Node(Ok(n))) => Some(n.info.clone()),
                     _ => None,
                 },
             ),
@@ -148,6 +156,22 @@ impl Cluster {
         Kind::ALL
             .iter()
             .all(|k| self.objects.get(k).is_some_and(KindStore::synced))
+    }
+
+    /// Every Node that converted, by name, once the Nodes' first list is in.
+    #[must_use]
+    pub fn nodes(&self) -> Option<BTreeMap<String, KubeNode>> {
+        let store = self.objects.get(&Kind::Nodes).filter(|s| s.synced())?;
+        Some(
+            store
+                .live()
+                .values()
+                .filter_map(|object| match object {
+                    Object::Node(Ok(n)) => Some((n.info.name.clone(), n.clone())),
+                    _ => None,
+                })
+                .collect(),
+        )
     }
 
     /// Objects known, by kind.
@@ -188,7 +212,7 @@ impl Cluster {
                         set.pods.insert(key.clone(), p.clone());
                     }
                     Object::Node(Ok(n)) => {
-                        set.nodes.insert(key.1.clone(), n.clone());
+                        set.nodes.insert(key.1.clone(), n.info.clone());
                     }
                     Object::Policy(Err(e))
                     | Object::Namespace(Err(e))

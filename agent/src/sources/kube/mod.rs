@@ -7,6 +7,9 @@
 //! the objects it found changed, come or gone — nothing when nothing changed. Conversion errors
 //! are logged naming the object, which is left out; the rest is applied.
 //!
+//! Under a shared datastore the Nodes are also the node records (`nodes`): every converted Node
+//! reaches the nodes task, which joins them with the block affinities into the loop's node deltas.
+//!
 //! When the API server is unreachable the dataplane keeps its last state (nothing is sent) and
 //! the loop is told the source is stale (`Command::SourceStale`: `/readyz` and `weir status`
 //! report it) until the API server answers again; the watchers resume within their backoff.
@@ -14,6 +17,7 @@
 mod backoff;
 mod client;
 mod cluster;
+pub mod nodes;
 mod store;
 mod watch;
 
@@ -80,8 +84,9 @@ pub enum KubeError {
     Client(#[source] kube::Error),
 }
 
-/// Runs the source until the loop is gone.
-pub async fn run(dataplane_loop: LoopHandle, client: kube::Client) {
+/// Runs the source until the loop is gone; every converted Node goes to `nodes` when given (the node
+/// records of `nodes::run`).
+pub async fn run(dataplane_loop: LoopHandle, client: kube::Client, nodes: Option<nodes::Feed>) {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(watch::forward(
         Api::<Pod>::all(client.clone()),
@@ -107,7 +112,12 @@ pub async fn run(dataplane_loop: LoopHandle, client: kube::Client) {
         cluster::node,
         tx,
     ));
-    Source::default().run(&dataplane_loop, rx, &client).await;
+    Source {
+        nodes,
+        ..Source::default()
+    }
+    .run(&dataplane_loop, rx, &client)
+    .await;
 }
 
 /// The source's state between events.
@@ -120,6 +130,8 @@ struct Source {
     told_stale: bool,
     /// The first set was sent (in sync).
     sent: bool,
+    /// Where the Nodes go as node records.
+    nodes: Option<nodes::Feed>,
 }
 
 impl Source {
@@ -139,6 +151,13 @@ impl Source {
                     // Everything queued joins this batch.
                     while let Ok(change) = rx.try_recv() {
                         self.take(change, &mut touched);
+                    }
+                    // The Nodes to the nodes task: at their first list, then when one changed.
+                    if let Some(feed) = &self.nodes
+                        && (feed.borrow().is_none() || touched.iter().any(|(k, _)| *k == Kind::Nodes))
+                        && let Some(objects) = self.cluster.nodes()
+                    {
+                        nodes::publish(feed, objects);
                     }
                     if self.send(dataplane_loop, touched).is_err() {
                         return;
