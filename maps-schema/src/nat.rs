@@ -51,7 +51,19 @@ pub const TIMEOUT_ICMP_SECS: u64 = crate::conntrack::TIMEOUT_ICMP_SECS;
 /// A NAT key: a packet's tuple as the program sees it (addresses in network byte order, ports
 /// in host byte order; ICMP echo as conntrack has it: a request `(id, 0)`, a reply `(0, id)`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
 pub struct Nat4Key {
     /// Source address.
     pub saddr: [u8; 4],

@@ -293,6 +293,9 @@ pub(crate) struct FakeKernel {
     routes: Arc<Mutex<RouteTable>>,
     /// The VXLAN side (`fake_vxlan`).
     pub(crate) vxlan: Arc<Mutex<super::fake_vxlan::VxlanTable>>,
+    /// The masquerade side (`fake_masq`).
+    #[cfg(test)]
+    pub(crate) masq: Arc<Mutex<super::fake_masq::MasqTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
@@ -340,6 +343,12 @@ impl FakeKernel {
     /// The VXLAN side: underlays, the device, its addresses and entries.
     pub(crate) fn vxlan_table(&self) -> MutexGuard<'_, super::fake_vxlan::VxlanTable> {
         lock(&self.vxlan)
+    }
+
+    /// The masquerade side: interfaces, link pins, program ids.
+    #[cfg(test)]
+    pub(crate) fn masq_table(&self) -> MutexGuard<'_, super::fake_masq::MasqTable> {
+        lock(&self.masq)
     }
 
     /// The link table (addresses, faults).

@@ -5,6 +5,7 @@
 //! - [`MapIo`]: one BPF map (hash, LRU hash, LPM trie): read back, write, delete.
 //! - [`Attacher`]: the endpoint programs on workload links (`tc_links::TcLinks`).
 //! - [`XdpIo`]: the XDP prefilter on named interfaces (`prefilter::PinnedXdp`).
+//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`masquerade::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`conntrack::PinnedCt`: batch lookups and deletes).
 //! - [`CountersIo`]: the per-CPU verdict counters (`counters::PinnedCounters`).
@@ -172,6 +173,26 @@ pub trait XdpIo: Send {
     fn attach(&mut self, ifname: &str) -> Result<attach::AttachMode, KernelError>;
     /// Removes the pin of `ifname` (detaching its link).
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError>;
+}
+
+/// The masquerade's attachments (`masquerade::PinnedHostTc`): `masq_egress` at tc egress and
+/// `masq_ingress` at tc ingress of each interface `--masquerade-interfaces` names, as tcx links
+/// pinned at `links/<ifname>:<program>`; and what the driver needs to know of those interfaces.
+pub trait HostTcIo: Send {
+    /// (interface, program) of every masquerade link pin.
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError>;
+    /// The program the pinned link of (`ifname`, `program`) runs, if its pin opens.
+    fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32>;
+    /// True when that pinned link runs on the interface of that name now (not on a deleted one).
+    fn pin_is_live(&self, ifname: &str, program: &str) -> bool;
+    /// The id of `program` as this agent loaded it.
+    fn current(&self, program: &str) -> u32;
+    /// The index and the first IPv4 address of `ifname`; `None` when there is no such interface.
+    fn interface(&self, ifname: &str) -> Option<(u32, Option<std::net::Ipv4Addr>)>;
+    /// Attaches the current `program` to `ifname` (through an existing pin: replaced atomically).
+    fn attach(&mut self, ifname: &str, program: &str) -> Result<attach::AttachMode, KernelError>;
+    /// Removes the pin of (`ifname`, `program`), detaching its link.
+    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
 }
 
 /// The conntrack maps of one layout (`ct4`/`ct6`) and the programs' created-entries counter.
