@@ -349,6 +349,62 @@ pub fn partner_key(key: &Nat4Key, value: &Nat4Entry) -> Nat4Key {
     }
 }
 
+/// One masqueraded flow as operators read it (`weir bpf nat list`): its egress entry and, when
+/// present, its ingress entry.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NatView {
+    /// Protocol number.
+    pub protocol: u8,
+    /// The pod's end (`address:port`; the echo identifier for ICMP).
+    pub pod: String,
+    /// The remote end.
+    pub remote: String,
+    /// What the pod's end becomes on the wire (the node address and NAT port).
+    pub translated: String,
+    /// The reverse (ingress) entry is there: replies are translated back.
+    pub reverse: bool,
+    /// `FLAG_*` bits of both entries.
+    pub flags: u16,
+    /// Seconds since the last packet either way.
+    pub idle_secs: u64,
+    /// Seconds since the flow was translated first.
+    pub age_secs: u64,
+}
+
+/// The masqueraded flows of the NAT map at `now_ns`, ordered by pod then remote.
+pub fn list_nat(
+    io: &dyn MapIo<Nat4Key, Nat4Entry>,
+    now_ns: u64,
+) -> Result<Vec<NatView>, KernelError> {
+    let entries = io.read_all()?;
+    let index: HashMap<Nat4Key, Nat4Entry> = entries.iter().copied().collect();
+    let secs = |ns: u64| now_ns.saturating_sub(ns) / 1_000_000_000;
+    let mut out: Vec<(Nat4Key, NatView)> = entries
+        .iter()
+        .filter(|(k, _)| k.direction == DIR_EGRESS)
+        .map(|(k, v)| {
+            let partner = index.get(&partner_key(k, v));
+            let last = partner.map_or(v.last_seen_ns, |p| p.last_seen_ns.max(v.last_seen_ns));
+            let end = |a: [u8; 4], p: u16| format!("{}:{p}", Ipv4Addr::from(a));
+            (
+                *k,
+                NatView {
+                    protocol: k.protocol,
+                    pod: end(k.saddr, k.sport),
+                    remote: end(k.daddr, k.dport),
+                    translated: end(v.addr, v.port),
+                    reverse: partner.is_some(),
+                    flags: v.flags | partner.map_or(0, |p| p.flags),
+                    idle_secs: secs(last),
+                    age_secs: secs(v.created_ns),
+                },
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out.into_iter().map(|(_, v)| v).collect())
+}
+
 /// How often the masquerade thread looks at its inputs, reads everything back, and sweeps.
 const POLL: Duration = Duration::from_millis(200);
 const RESYNC: Duration = Duration::from_secs(60);
@@ -821,6 +877,40 @@ mod tests {
             "partners find each other"
         );
         [(egress, fwd), (reverse, rev)]
+    }
+
+    #[test]
+    fn the_list_shows_each_flow_once_with_its_translation() {
+        let nat: FakeMap<Nat4Key, Nat4Entry> = FakeMap::new("nat4_v1");
+        let [egress, ingress] = pair(40_000, 61_234, 90, 95, 0);
+        let [lonely, _] = pair(40_001, 61_235, 80, 0, 0);
+        nat.preload(&[egress, ingress, lonely]);
+        let got = list_nat(&nat, 100 * 1_000_000_000).expect("list");
+        assert_eq!(
+            got,
+            vec![
+                NatView {
+                    protocol: 6,
+                    pod: "10.244.0.5:40000".into(),
+                    remote: "198.51.100.1:80".into(),
+                    translated: "192.0.2.7:61234".into(),
+                    reverse: true,
+                    flags: 0,
+                    idle_secs: 5,
+                    age_secs: 100,
+                },
+                NatView {
+                    protocol: 6,
+                    pod: "10.244.0.5:40001".into(),
+                    remote: "198.51.100.1:80".into(),
+                    translated: "192.0.2.7:61235".into(),
+                    reverse: false,
+                    flags: 0,
+                    idle_secs: 20,
+                    age_secs: 100,
+                },
+            ]
+        );
     }
 
     #[test]
