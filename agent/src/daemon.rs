@@ -428,7 +428,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the pools for the masquerade; keeping the last set")
+                        tracing::warn!(error = %e, "cannot read the pools for the masquerade; keeping the last set");
                     }
                 }
             }

@@ -527,7 +527,10 @@ mod tests {
             let c = parse(&with("ipMasq", value)).expect("ipMasq is accepted");
             assert_eq!(c.ip_masq, expected);
         }
-        assert!(parse(&with("ipMasq", json!("yes"))).is_err(), "but it is a boolean");
+        assert!(
+            parse(&with("ipMasq", json!("yes"))).is_err(),
+            "but it is a boolean"
+        );
     }
 
     #[test]

@@ -177,7 +177,8 @@ mod tests {
         for attempt in 1..PORT_COUNT * 2 {
             let p = port_candidate([10, 0, 0, 2], [192, 0, 2, 1], 40_000, 80, 6, attempt);
             assert!((PORT_MIN..=PORT_MAX).contains(&p));
-            let expected = PORT_MIN as u32 + (u32::from(first - PORT_MIN) + attempt) % PORT_COUNT;
+            let expected =
+                u32::from(PORT_MIN) + (u32::from(first - PORT_MIN) + attempt) % PORT_COUNT;
             assert_eq!(u32::from(p), expected);
         }
     }

@@ -134,7 +134,14 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     let outside = NetNs::new();
     let node_ns = NetNs::new();
     let wire = VethPair::new(&outside, "x", &node_ns, "m");
-    outside.exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", &wire.a]);
+    outside.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{OUTSIDE}/24"),
+        "dev",
+        &wire.a,
+    ]);
     node_ns.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.b]);
     // The outside could reach the pools through the node: an untranslated flow would work.
     outside.exec(&["ip", "route", "add", POOL, "via", &NODE.to_string()]);
@@ -190,7 +197,9 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     });
     let total = PODS * FLOWS_PER_POD;
     assert!(
-        peers(&accepted, total).iter().all(|p| *p == IpAddr::V4(NODE)),
+        peers(&accepted, total)
+            .iter()
+            .all(|p| *p == IpAddr::V4(NODE)),
         "every flow arrives from the node"
     );
     let listed = weir(&node, &["bpf", "nat", "list"]);

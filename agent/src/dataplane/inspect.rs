@@ -78,8 +78,10 @@ impl InspectIo for PinnedInspect {
 
     fn nat(
         &self,
-    ) -> Result<Box<dyn super::kernel::MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError>
-    {
+    ) -> Result<
+        Box<dyn super::kernel::MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>,
+        KernelError,
+    > {
         let name = maps_schema::maps::NAT4;
         Ok(Box::new(super::kernel::PinnedHash::open(
             name,

@@ -251,7 +251,9 @@ pub trait InspectIo: TraceIo + Send + Sync {
     /// The conntrack maps of layout `layout`.
     fn conntrack(&self, layout: u32) -> Box<dyn CtIo>;
     /// The masquerade NAT map (`nat4_v1`), read for `weir bpf nat list`.
-    fn nat(&self) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError>;
+    fn nat(
+        &self,
+    ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError>;
     /// The drop events ring buffer's records from now on (call inside the runtime). The ring has
     /// one consumer position, so one reader per agent (`monitor::Monitor`).
     fn drop_events(&self) -> Result<RecordStream, KernelError>;

@@ -84,6 +84,9 @@ impl From<MasqInterfaceError> for KernelError {
     }
 }
 
+/// (interface, program, how it was attached).
+pub type AttachedMode = (String, String, AttachMode);
+
 /// The masquerade's drivers: the interface and CIDR maps, and the program attachments.
 pub struct MasqDriver {
     io: Box<dyn HostTcIo>,
@@ -160,7 +163,7 @@ impl MasqDriver {
     }
 
     /// How each (interface, program) was attached by the applies so far.
-    pub fn modes(&self) -> Vec<(String, String, AttachMode)> {
+    pub fn modes(&self) -> Vec<AttachedMode> {
         self.modes
             .iter()
             .map(|((i, p), m)| (i.clone(), p.clone(), *m))
@@ -401,7 +404,7 @@ pub fn list_nat(
             )
         })
         .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.sort_by_key(|a| a.0);
     Ok(out.into_iter().map(|(_, v)| v).collect())
 }
 
@@ -435,7 +438,7 @@ impl Masquerade {
         paths: &Paths,
         specs: &[MasqSpec],
         pools: &[Ipv4Network],
-    ) -> Result<(Self, Vec<(String, String, AttachMode)>), MasqueradeError> {
+    ) -> Result<(Self, Vec<AttachedMode>), MasqueradeError> {
         use super::kernel::{PinnedHash, PinnedLpm};
         use maps_schema::maps::{MASQ_CIDR4, MASQ_IF, NAT4};
         let driver = MasqDriver::new(
@@ -601,7 +604,11 @@ impl HostTcIo for PinnedHostTc {
         let addr = nix::ifaddrs::getifaddrs().ok().and_then(|mut addrs| {
             addrs.find_map(|a| {
                 (a.interface_name == ifname)
-                    .then(|| a.address?.as_sockaddr_in().map(|s| s.ip()))
+                    .then(|| {
+                        a.address?
+                            .as_sockaddr_in()
+                            .map(nix::sys::socket::SockaddrIn::ip)
+                    })
                     .flatten()
             })
         });
