@@ -377,3 +377,34 @@ fn pool_destinations_node_traffic_and_strangers_pass_untouched() {
     assert_eq!((rc, &out), (TC_ACT_OK, &f));
     assert_eq!(lab.counter(PASS), before);
 }
+
+#[test]
+fn the_agents_sweep_keeps_fresh_pairs_and_removes_idle_ones_from_the_real_map() {
+    use agent::dataplane::{
+        conntrack::now_ns,
+        kernel::PinnedHash,
+        masquerade::{list_nat, sweep_nat},
+    };
+    use maps_schema::nat::TIMEOUT_UDP_SECS;
+    if !require_root("the_agents_sweep_keeps_fresh_pairs_and_removes_idle_ones_from_the_real_map") {
+        return;
+    }
+    let mut lab = Lab::new();
+    let (_, out) = lab.run(MASQ_EGRESS, &frame(POD, REMOTE, UDP, &udp(40_000, 53)));
+    assert_eq!(src_of(&out).0, NODE);
+    assert_eq!(lab.nat_len(), 2, "the pair the program wrote");
+    let pin = lab._root.paths().map_pin(maps::NAT4);
+    let mut nat: PinnedHash<Nat4Key, Nat4Entry> =
+        PinnedHash::open(maps::NAT4, &pin).expect("open the pinned nat map");
+    let listed = list_nat(&nat, now_ns()).expect("list");
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].reverse && listed[0].idle_secs < 5, "{listed:?}");
+    // Now: the programs' clock and the agent's agree, the pair is fresh.
+    let kept = sweep_nat(&mut nat, now_ns()).expect("sweep");
+    assert_eq!((kept.entries, kept.deleted), (2, 0));
+    // Past the UDP timeout: both entries go.
+    let later = now_ns() + (TIMEOUT_UDP_SECS + 1) * 1_000_000_000;
+    let swept = sweep_nat(&mut nat, later).expect("sweep");
+    assert_eq!((swept.entries, swept.deleted), (2, 2));
+    assert_eq!(lab.nat_len(), 0);
+}
