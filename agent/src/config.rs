@@ -90,6 +90,13 @@ pub struct AgentArgs {
     /// reloaded when it changes; a bad line is logged as FILE:LINE and the last good set stays.
     #[arg(long, env = "WEIR_PREFILTER_DENY_FILE")]
     pub prefilter_deny_file: Option<PathBuf>,
+    /// Interfaces whose outgoing pod traffic to destinations outside the IPv4 pools is
+    /// masqueraded by BPF (`masq_egress`/`masq_ingress`), comma-separated `IFNAME` or
+    /// `IFNAME=ADDRESS` (the address to translate to; default: the interface's first IPv4
+    /// address). None by default: the agent never touches a host interface it was not told to.
+    /// See docs/masquerade.md.
+    #[arg(long, env = "WEIR_MASQUERADE_INTERFACES", value_delimiter = ',')]
+    pub masquerade_interfaces: Vec<String>,
     /// How the endpoint programs attach to workload veths: `filter` (clsact + `cls_bpf`
     /// direct-action filters at weir's priority and handle; the default: a tenth of tcx's attach
     /// cost, see BENCHMARKS.md) or `tcx` (pinned tcx links). The conflist the agent writes tells
@@ -228,6 +235,8 @@ pub struct Config {
     pub prefilter_deny: Vec<String>,
     /// The deny file (hot reloaded).
     pub prefilter_deny_file: Option<PathBuf>,
+    /// The masquerade interfaces and the address each translates to (if named).
+    pub masquerade_interfaces: Vec<crate::dataplane::masquerade::MasqSpec>,
     /// How the endpoint programs attach.
     pub tc_attach: attach::Mechanism,
     /// Metrics address.
@@ -408,6 +417,17 @@ impl AgentArgs {
                 ));
             }
         }
+        let mut masquerade_interfaces = Vec::new();
+        for item in &self.masquerade_interfaces {
+            let spec = crate::dataplane::masquerade::parse_spec(item).ok_or_else(|| {
+                invalid(
+                    "--masquerade-interfaces (WEIR_MASQUERADE_INTERFACES)",
+                    item,
+                    "write IFNAME or IFNAME=IPV4-ADDRESS, e.g. eth0 or eth0=192.0.2.10 (names are 1-15 characters without '/' or spaces)",
+                )
+            })?;
+            masquerade_interfaces.push(spec);
+        }
         let mut prefilter_deny = Vec::new();
         for cidr in &self.prefilter_deny {
             let net = crate::dataplane::prefilter::parse_cidr(cidr).ok_or_else(|| {
@@ -561,6 +581,7 @@ impl AgentArgs {
             prefilter_interfaces: self.prefilter_interfaces.clone(),
             prefilter_deny,
             prefilter_deny_file: self.prefilter_deny_file.clone(),
+            masquerade_interfaces,
             tc_attach: self.tc_attach,
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
@@ -635,6 +656,24 @@ mod tests {
         assert_eq!(config.paths, Paths::default());
         assert_eq!(config.datastore, "embedded:/var/lib/weir/ipam.redb");
         assert!(config.prefilter_interfaces.is_empty());
+        assert!(
+            config.masquerade_interfaces.is_empty(),
+            "no interface masquerades unless named"
+        );
+        let masq = parse(&[
+            "--node",
+            "n1",
+            "--masquerade-interfaces",
+            "eth0,eth1=192.0.2.10",
+        ])
+        .expect("names and name=address are valid");
+        assert_eq!(
+            serde_json::to_value(&masq.masquerade_interfaces).expect("serialises"),
+            serde_json::json!([
+                {"ifname": "eth0", "address": null},
+                {"ifname": "eth1", "address": "192.0.2.10"}
+            ])
+        );
         assert_eq!(config.metrics.port(), 9972);
         let json = serde_json::to_value(&config).expect("config serialises");
         assert_eq!(json["paths"]["bpf_root"], "/sys/fs/bpf/weir");
@@ -738,6 +777,19 @@ mod tests {
             (
                 vec!["--node", "n1", "--prefilter-interfaces", "a/b"],
                 "--prefilter-interfaces",
+            ),
+            (
+                vec![
+                    "--node",
+                    "n1",
+                    "--masquerade-interfaces",
+                    "eth0=2001:db8::1",
+                ],
+                "--masquerade-interfaces",
+            ),
+            (
+                vec!["--node", "n1", "--masquerade-interfaces", "a/b"],
+                "--masquerade-interfaces",
             ),
             (
                 vec!["--node", "n1", "--prefilter-deny", "10.0.0.0/33"],

@@ -72,6 +72,9 @@ pub enum DaemonError {
     /// The prefilter could not be set up.
     #[error(transparent)]
     Prefilter(#[from] PrefilterError),
+    /// The masquerade could not be set up.
+    #[error(transparent)]
+    Masquerade(#[from] crate::dataplane::masquerade::MasqueradeError),
     /// The persisted state could not be restored.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -122,6 +125,8 @@ pub struct Started<'a> {
     pub programs: Vec<(String, u32, bool)>,
     /// Prefilter attachments.
     pub prefilter: Vec<(String, AttachMode)>,
+    /// Masquerade attachments: (interface, program, how).
+    pub masquerade: Vec<(String, String, AttachMode)>,
     /// Endpoints restored from the registry.
     pub endpoints: usize,
     /// The conntrack layout in use.
@@ -415,6 +420,42 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     // Ready: tell the runtime how to use us.
     let pools = ipam.pools().await?;
+    // The masquerade: programs on the named interfaces, the pools' CIDRs, the NAT sweep, on its
+    // own thread; the pools are polled here (they change through `weir ipam pool`).
+    let masquerade = {
+        let v4 = masquerade_pools;
+        let (masq, modes) = crate::dataplane::masquerade::Masquerade::start(
+            &paths,
+            &config.masquerade_interfaces,
+            &v4(&pools),
+        )?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _masq_thread = masq
+            .spawn(rx, Arc::clone(&stop))
+            .map_err(io_err("start the masquerade thread"))?;
+        let ipam = Arc::clone(&ipam);
+        let mut last = v4(&pools);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                match ipam.pools().await {
+                    Ok(now) => {
+                        let now = v4(&now);
+                        if now != last {
+                            last.clone_from(&now);
+                            if tx.send(now).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the pools for the masquerade; keeping the last set");
+                    }
+                }
+            }
+        });
+        modes
+    };
     let mut families = Vec::new();
     for (family, v4) in [("ipv4", true), ("ipv6", false)] {
         if pools
@@ -452,6 +493,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         loaded: loader::report(&*inspect, &paths, ct_layout),
         programs: program_report,
         prefilter,
+        masquerade,
         endpoints: restored,
         ct_layout,
         migration,
@@ -495,4 +537,12 @@ async fn wait_for_shutdown(
             Err(DaemonError::Failing(failing.map(|s| s.applied.failures).unwrap_or(MAX_FAILURES)))
         }
     }
+}
+
+/// The IPv4 pool CIDRs the masquerade keeps its hands off (disabled pools too: their pods remain).
+fn masquerade_pools(pools: &[crate::ipam_service::PoolStatus]) -> Vec<ipnetwork::Ipv4Network> {
+    pools
+        .iter()
+        .filter_map(|p| p.cidr.parse::<ipnetwork::Ipv4Network>().ok())
+        .collect()
 }

@@ -156,6 +156,9 @@ pub struct Config {
     pub allocation_expiry_secs: Option<u64>,
     /// GC: the attachments to keep (`cni.dev/valid-attachments`, or `cni.dev/attachments`).
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// `ipMasq`: accepted for compatibility and only logged; the agent's
+    /// `--masquerade-interfaces` does the masquerading (docs/masquerade.md).
+    pub ip_masq: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -278,13 +281,6 @@ impl Config {
                 ),
             ));
         }
-        if raw.ip_masq == Some(true) {
-            return Err(ConfigError::Unsupported {
-                key: "ipMasq".to_owned(),
-                value: "true".to_owned(),
-                hint: "weir does not masquerade pod traffic yet; remove ipMasq or set it to false",
-            });
-        }
         let (pools, families) = parse_ipam(raw.ipam.as_ref())?;
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         let min_mtu = if families.ipv6 { 1280 } else { 68 };
@@ -349,6 +345,7 @@ impl Config {
             agent_timeout: Duration::from_secs(agent_timeout_secs),
             allocation_expiry_secs: raw.allocation_expiry_secs,
             valid_attachments: raw.valid_attachments.or(raw.attachments),
+            ip_masq: raw.ip_masq.unwrap_or(false),
         })
     }
 
@@ -521,6 +518,19 @@ mod tests {
         assert_eq!(c.mtu, DEFAULT_MTU);
         assert!(c.families.ipv4 && !c.families.ipv6);
         assert_eq!(c.handle("abc"), "weir-net.abc");
+        assert!(!c.ip_masq);
+    }
+
+    #[test]
+    fn ip_masq_is_accepted_for_compatibility() {
+        for (value, expected) in [(json!(true), true), (json!(false), false)] {
+            let c = parse(&with("ipMasq", value)).expect("ipMasq is accepted");
+            assert_eq!(c.ip_masq, expected);
+        }
+        assert!(
+            parse(&with("ipMasq", json!("yes"))).is_err(),
+            "but it is a boolean"
+        );
     }
 
     #[test]
@@ -605,11 +615,6 @@ mod tests {
                     .into_bytes(),
                 Code::InvalidConfig,
                 "ipam.pools",
-            ),
-            (
-                with("ipMasq", json!(true)).to_string().into_bytes(),
-                Code::UnsupportedField,
-                "ipMasq",
             ),
             (
                 with("runtimeConfig", json!({"ips": ["nope"]}))

@@ -8,7 +8,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 
-use crate::{counters::Verdict, endpoint, prefilter};
+use crate::{counters::Verdict, endpoint, masq, prefilter};
 
 /// tc ingress of a host-side workload veth: packets leaving the pod.
 #[classifier]
@@ -29,6 +29,18 @@ pub fn xdp_prefilter(ctx: XdpContext) -> u32 {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
     }
+}
+
+/// tc egress of a masquerade interface: pod traffic to outside the pools gets the node address.
+#[classifier]
+pub fn masq_egress(ctx: TcContext) -> i32 {
+    tc_action(masq::try_masq_egress(&ctx))
+}
+
+/// tc ingress of a masquerade interface: replies to masqueraded flows go back to the pod.
+#[classifier]
+pub fn masq_ingress(ctx: TcContext) -> i32 {
+    tc_action(masq::try_masq_ingress(&ctx))
 }
 
 #[inline(always)]

@@ -186,7 +186,7 @@ fn stateful<F: Family>(
 /// [`CT_CLOCK`] slot: `jiffies` is one load (the verifier inlines the helper), and the clock helper
 /// runs only on a CPU's first packet of a tick.
 #[inline(always)]
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     // SAFETY: helpers without arguments.
     let jiffies = unsafe { bpf_jiffies64() };
     let Some(cache) = CT_CLOCK.get_ptr_mut(0) else {

@@ -16,6 +16,7 @@ mod ipv4;
 mod ipv6;
 mod l4;
 mod maps;
+mod masq;
 mod parse;
 mod policy;
 mod prefilter;

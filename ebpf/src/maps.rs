@@ -6,12 +6,12 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use maps_schema::{
-    ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, PolicyKey,
-    PolicyValue, PrefilterEntry, TraceConfig,
+    ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, MasqCidr,
+    MasqInterface, Nat4Entry, Nat4Key, PolicyKey, PolicyValue, PrefilterEntry, TraceConfig,
     maps::{
         BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_CLOCK_MAX, CT_EVENTS_MAX, CT_MAX,
-        DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, POLICY_MAX, PREFILTER_MAX,
-        RULE_HITS_MAX, TRACE_MAX,
+        DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX, MASQ_IF_MAX,
+        NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
     },
 };
 
@@ -112,3 +112,21 @@ pub(crate) static RULE_HITS: PerCpuArray<CounterValue, { RULE_HITS_MAX as usize 
 #[btf_map(name = "trace_v1", pin_by_name)]
 pub(crate) static TRACE: Array<TraceConfig, { TRACE_MAX as usize }, { BPF_F_RDONLY_PROG }> =
     Array::new();
+
+/// Masquerade entries, both directions of each flow (`maps_schema::nat`); written by the programs.
+#[btf_map(name = "nat4_v1", pin_by_name)]
+pub(crate) static NAT4: LruHashMap<Nat4Key, Nat4Entry, { NAT_MAX as usize }> = LruHashMap::new();
+
+/// ifindex → the address that masquerade interface translates to; agent-written.
+#[btf_map(name = "masq_if_v1", pin_by_name)]
+pub(crate) static MASQ_IF: HashMap<u32, MasqInterface, { MASQ_IF_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// IPv4 pool CIDRs: masqueraded sources, never-masqueraded destinations; agent-written.
+#[btf_map(name = "masq_cidr4_v1", pin_by_name)]
+pub(crate) static MASQ_CIDR4: LpmTrie<[u8; 4], MasqCidr, { MASQ_CIDR_MAX as usize }, AGENT_LPM> =
+    LpmTrie::new();
+
+/// NAT events (created, collisions, exhausted, insert failures), per CPU.
+#[btf_map(name = "nat_events_v1", pin_by_name)]
+pub(crate) static NAT_EVENTS: PerCpuArray<u64, { NAT_EVENTS_MAX as usize }> = PerCpuArray::new();

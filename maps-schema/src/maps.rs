@@ -87,6 +87,26 @@ pub const TRACE: &str = "trace_v1";
 /// Slots in [`TRACE`].
 pub const TRACE_MAX: u32 = 1;
 
+/// [`crate::Nat4Key`] → [`crate::Nat4Entry`], LRU: masquerade entries, both directions of each
+/// flow ([`crate::nat`]). Written by the programs, swept by the agent.
+pub const NAT4: &str = "nat4_v1";
+/// Default size of [`NAT4`] (two entries per masqueraded flow).
+pub const NAT_MAX: u32 = 131_072;
+/// ifindex → [`crate::MasqInterface`]: the interfaces `masq_egress`/`masq_ingress` run on and
+/// the address each masquerades to. Written by the agent.
+pub const MASQ_IF: &str = "masq_if_v1";
+/// Default size of [`MASQ_IF`].
+pub const MASQ_IF_MAX: u32 = 64;
+/// IPv4 pool CIDR (LPM) → [`crate::MasqCidr`]: masqueraded sources, never-masqueraded
+/// destinations. Written by the agent from the IPAM pools.
+pub const MASQ_CIDR4: &str = "masq_cidr4_v1";
+/// Default size of [`MASQ_CIDR4`].
+pub const MASQ_CIDR_MAX: u32 = 1_024;
+/// NAT events by [`crate::nat::EVENT_CREATED`] … → per-CPU `u64` count, written by the programs.
+pub const NAT_EVENTS: &str = "nat_events_v1";
+/// Slots in [`NAT_EVENTS`].
+pub const NAT_EVENTS_MAX: u32 = 4;
+
 /// Every map in the object, in the order `weir bpf maps` lists them.
 pub const ALL: &[&str] = &[
     ENDPOINTS,
@@ -105,6 +125,10 @@ pub const ALL: &[&str] = &[
     DROP_EVENTS,
     RULE_HITS,
     TRACE,
+    NAT4,
+    MASQ_IF,
+    MASQ_CIDR4,
+    NAT_EVENTS,
 ];
 
 /// The pin name of map `name` at version `version` (`ct4`, 2 → `ct4_v2`).

@@ -7,8 +7,19 @@ pub const TO_ENDPOINT: &str = "to_endpoint";
 /// XDP on the interfaces named by `--prefilter-interfaces`.
 pub const XDP_PREFILTER: &str = "xdp_prefilter";
 
+/// tc egress of the interfaces named by `--masquerade-interfaces`: SNAT of pod traffic.
+pub const MASQ_EGRESS: &str = "masq_egress";
+/// tc ingress of the same interfaces: replies translated back.
+pub const MASQ_INGRESS: &str = "masq_ingress";
+
 /// Every program in the object.
-pub const ALL: &[&str] = &[FROM_ENDPOINT, TO_ENDPOINT, XDP_PREFILTER];
+pub const ALL: &[&str] = &[
+    FROM_ENDPOINT,
+    TO_ENDPOINT,
+    XDP_PREFILTER,
+    MASQ_EGRESS,
+    MASQ_INGRESS,
+];
 
 /// Host-side workload veths start with this prefix; any such link is a workload interface.
 pub const WORKLOAD_LINK_PREFIX: &str = "weir";

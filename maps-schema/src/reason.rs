@@ -10,6 +10,8 @@ pub const DIR_FROM_ENDPOINT: u32 = 0;
 pub const DIR_TO_ENDPOINT: u32 = 1;
 /// Packets seen by `xdp_prefilter`.
 pub const DIR_PREFILTER: u32 = 2;
+/// Packets seen by `masq_egress` and `masq_ingress` (the masquerade interfaces).
+pub const DIR_MASQUERADE: u32 = 3;
 /// Number of directions.
 pub const DIRECTIONS: u32 = 4;
 
@@ -40,6 +42,10 @@ pub const DROP_IPV6_ROUTING_HEADER: u32 = 10;
 pub const DROP_EXT_HEADER_LIMIT: u32 = 11;
 /// Dropped: a new flow could not be recorded in conntrack (map full or busy).
 pub const DROP_CT_INSERT_FAILED: u32 = 12;
+/// Dropped: a new masqueraded flow found no free NAT port in [`crate::nat::PORT_RETRIES`] tries.
+pub const DROP_NAT_PORT_EXHAUSTED: u32 = 13;
+/// Dropped: a new masqueraded flow could not be recorded in the NAT map (full or busy).
+pub const DROP_NAT_INSERT_FAILED: u32 = 14;
 
 /// Passed: a packet of a flow this side already approved (conntrack).
 pub const PASS_ESTABLISHED: u32 = 32;
@@ -50,11 +56,17 @@ pub const PASS_NEIGHBOUR: u32 = 34;
 /// Passed: the endpoint is isolated in this direction and a policy entry allowed the new flow
 /// (or the peer is the node itself, whose traffic may always enter a pod).
 pub const PASS_POLICY: u32 = 35;
+/// Passed: a pod's packet to outside the pools, its source translated to the node address.
+pub const PASS_MASQUERADED: u32 = 36;
+/// Passed: a reply to a masqueraded flow, its destination translated back to the pod.
+pub const PASS_REVERSE_NAT: u32 = 37;
 
 /// Note: an IPv4 header with options (the packet still gets its verdict).
 pub const NOTE_IPV4_OPTIONS: u32 = 48;
 /// Note: IPv6 extension headers were walked (the packet still gets its verdict).
 pub const NOTE_IPV6_EXT_HEADERS: u32 = 49;
+/// Note: a new masqueraded flow's first NAT port candidate was taken (another was tried).
+pub const NOTE_NAT_PORT_COLLISION: u32 = 50;
 
 /// IPv6 extension headers walked before the upper-layer header.
 pub const MAX_IPV6_EXT_HEADERS: u32 = 4;
@@ -92,12 +104,17 @@ pub const fn name(reason: u32) -> &'static str {
         DROP_IPV6_ROUTING_HEADER => "ipv6-routing-header",
         DROP_EXT_HEADER_LIMIT => "too-many-extension-headers",
         DROP_CT_INSERT_FAILED => "conntrack-insert-failed",
+        DROP_NAT_PORT_EXHAUSTED => "nat-port-exhausted",
+        DROP_NAT_INSERT_FAILED => "nat-insert-failed",
         PASS_ESTABLISHED => "pass-established",
         PASS_RELATED => "pass-related",
         PASS_NEIGHBOUR => "pass-neighbour",
         PASS_POLICY => "pass-policy",
+        PASS_MASQUERADED => "pass-masqueraded",
+        PASS_REVERSE_NAT => "pass-reverse-nat",
         NOTE_IPV4_OPTIONS => "note-ipv4-options",
         NOTE_IPV6_EXT_HEADERS => "note-ipv6-extension-headers",
+        NOTE_NAT_PORT_COLLISION => "note-nat-port-collision",
         _ => "unknown-reason",
     }
 }
@@ -109,6 +126,7 @@ pub const fn direction_name(direction: u32) -> &'static str {
         DIR_FROM_ENDPOINT => "from-endpoint",
         DIR_TO_ENDPOINT => "to-endpoint",
         DIR_PREFILTER => "prefilter",
+        DIR_MASQUERADE => "masquerade",
         _ => "unknown-direction",
     }
 }
@@ -128,12 +146,17 @@ pub const ALL: &[u32] = &[
     DROP_IPV6_ROUTING_HEADER,
     DROP_EXT_HEADER_LIMIT,
     DROP_CT_INSERT_FAILED,
+    DROP_NAT_PORT_EXHAUSTED,
+    DROP_NAT_INSERT_FAILED,
     PASS_ESTABLISHED,
     PASS_RELATED,
     PASS_NEIGHBOUR,
     PASS_POLICY,
+    PASS_MASQUERADED,
+    PASS_REVERSE_NAT,
     NOTE_IPV4_OPTIONS,
     NOTE_IPV6_EXT_HEADERS,
+    NOTE_NAT_PORT_COLLISION,
 ];
 
 #[cfg(test)]

@@ -188,7 +188,6 @@ fn bad_input_returns_the_right_code_and_a_useful_message() {
             2,
             "ipam.type",
         ),
-        (ok_add.clone(), b(with("ipMasq", json!(true))), 2, "ipMasq"),
         (
             ok_add.clone(),
             b(with("ipam", json!({"families": ["ipv5"]}))),

@@ -124,6 +124,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/ipam/ops", post(ipam_ops))
         .route("/v1/bpf/maps", get(bpf_maps))
         .route("/v1/bpf/ct", get(ct_list).delete(ct_flush))
+        .route("/v1/bpf/nat", get(nat_list))
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
         .route("/v1/policy/rules", get(crate::observe::api::rules))
@@ -252,6 +253,19 @@ async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
 async fn ct_list(State(api): State<Arc<Api>>) -> ApiResult<Vec<CtView>> {
     let ct = api.kernel.conntrack(api.ct_layout);
     Ok(Json(blocking(move || conntrack::list_with(&*ct)).await?))
+}
+
+async fn nat_list(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::dataplane::masquerade::NatView>> {
+    let kernel = Arc::clone(&api.kernel);
+    Ok(Json(
+        blocking(move || {
+            let nat = kernel.nat()?;
+            crate::dataplane::masquerade::list_nat(&*nat, conntrack::now_ns())
+        })
+        .await?,
+    ))
 }
 
 async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response, ApiError> {

@@ -234,6 +234,11 @@ enum BpfCommand {
         #[command(subcommand)]
         command: CtCommand,
     },
+    /// The masquerade's NAT entries (`--masquerade-interfaces`).
+    Nat {
+        #[command(subcommand)]
+        command: NatCommand,
+    },
     /// Convert the pinned conntrack maps back to an older layout before an older weir starts
     /// (a rollback keeps every flow). Run it as root with no agent running; it works on the pins
     /// directly.
@@ -253,6 +258,12 @@ enum CtCommand {
     List,
     /// Delete every conntrack entry (established flows re-evaluate policy on their next packet).
     Flush,
+}
+
+#[derive(Debug, Subcommand)]
+enum NatCommand {
+    /// Every masqueraded flow: the pod's end, the remote end, what the pod's end became.
+    List,
 }
 
 /// Runs `weir bpf …`.
@@ -325,6 +336,32 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
                     e.flags,
                     format!("{}s", e.idle_secs),
                     e.age_secs
+                );
+            }
+            Ok(())
+        }
+        BpfCommand::Nat {
+            command: NatCommand::List,
+        } => {
+            let flows: Vec<agent::dataplane::masquerade::NatView> =
+                rt.block_on(client.get("/v1/bpf/nat", "the NAT list"))?;
+            if matches!(args.common.output, Output::Json) {
+                return print_json(&flows);
+            }
+            println!(
+                "{:<6} {:<22} {:<22} {:<22} {:<8} {:<8} AGE",
+                "PROTO", "POD", "REMOTE", "TRANSLATED", "REVERSE", "IDLE"
+            );
+            for f in &flows {
+                println!(
+                    "{:<6} {:<22} {:<22} {:<22} {:<8} {:<8} {}s",
+                    f.protocol,
+                    f.pod,
+                    f.remote,
+                    f.translated,
+                    if f.reverse { "yes" } else { "missing" },
+                    format!("{}s", f.idle_secs),
+                    f.age_secs
                 );
             }
             Ok(())

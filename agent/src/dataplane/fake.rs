@@ -293,6 +293,11 @@ pub(crate) struct FakeKernel {
     routes: Arc<Mutex<RouteTable>>,
     /// The VXLAN side (`fake_vxlan`).
     pub(crate) vxlan: Arc<Mutex<super::fake_vxlan::VxlanTable>>,
+    /// The NAT map `InspectIo::nat` reads (created on first use).
+    nat: Arc<Mutex<Option<FakeMap<maps_schema::Nat4Key, maps_schema::Nat4Entry>>>>,
+    /// The masquerade side (`fake_masq`).
+    #[cfg(test)]
+    pub(crate) masq: Arc<Mutex<super::fake_masq::MasqTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
@@ -340,6 +345,19 @@ impl FakeKernel {
     /// The VXLAN side: underlays, the device, its addresses and entries.
     pub(crate) fn vxlan_table(&self) -> MutexGuard<'_, super::fake_vxlan::VxlanTable> {
         lock(&self.vxlan)
+    }
+
+    /// The NAT map `InspectIo::nat` reads; clones share it.
+    pub(crate) fn nat_map(&self) -> FakeMap<maps_schema::Nat4Key, maps_schema::Nat4Entry> {
+        lock(&self.nat)
+            .get_or_insert_with(|| self.map(maps_schema::maps::NAT4))
+            .clone()
+    }
+
+    /// The masquerade side: interfaces, link pins, program ids.
+    #[cfg(test)]
+    pub(crate) fn masq_table(&self) -> MutexGuard<'_, super::fake_masq::MasqTable> {
+        lock(&self.masq)
     }
 
     /// The link table (addresses, faults).
@@ -768,6 +786,11 @@ impl InspectIo for FakeKernel {
     }
     fn conntrack(&self, _layout: u32) -> Box<dyn CtIo> {
         Box::new(self.clone())
+    }
+    fn nat(
+        &self,
+    ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError> {
+        Ok(Box::new(self.nat_map()))
     }
     fn drop_events(&self) -> Result<RecordStream, KernelError> {
         if self.dropping() {

@@ -76,6 +76,19 @@ impl InspectIo for PinnedInspect {
         Box::new(PinnedCt::new(&self.paths, layout))
     }
 
+    fn nat(
+        &self,
+    ) -> Result<
+        Box<dyn super::kernel::MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>,
+        KernelError,
+    > {
+        let name = maps_schema::maps::NAT4;
+        Ok(Box::new(super::kernel::PinnedHash::open(
+            name,
+            &self.paths.map_pin(name),
+        )?))
+    }
+
     fn drop_events(&self) -> Result<RecordStream, KernelError> {
         let name = maps_schema::maps::DROP_EVENTS;
         let pin = self.paths.map_pin(name);

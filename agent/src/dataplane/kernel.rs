@@ -5,6 +5,7 @@
 //! - [`MapIo`]: one BPF map (hash, LRU hash, LPM trie): read back, write, delete.
 //! - [`Attacher`]: the endpoint programs on workload links (`tc_links::TcLinks`).
 //! - [`XdpIo`]: the XDP prefilter on named interfaces (`prefilter::PinnedXdp`).
+//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`masquerade::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`conntrack::PinnedCt`: batch lookups and deletes).
 //! - [`CountersIo`]: the per-CPU verdict counters (`counters::PinnedCounters`).
@@ -174,6 +175,26 @@ pub trait XdpIo: Send {
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError>;
 }
 
+/// The masquerade's attachments (`masquerade::PinnedHostTc`): `masq_egress` at tc egress and
+/// `masq_ingress` at tc ingress of each interface `--masquerade-interfaces` names, as tcx links
+/// pinned at `links/<ifname>:<program>`; and what the driver needs to know of those interfaces.
+pub trait HostTcIo: Send {
+    /// (interface, program) of every masquerade link pin.
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError>;
+    /// The program the pinned link of (`ifname`, `program`) runs, if its pin opens.
+    fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32>;
+    /// True when that pinned link runs on the interface of that name now (not on a deleted one).
+    fn pin_is_live(&self, ifname: &str, program: &str) -> bool;
+    /// The id of `program` as this agent loaded it.
+    fn current(&self, program: &str) -> u32;
+    /// The index and the first IPv4 address of `ifname`; `None` when there is no such interface.
+    fn interface(&self, ifname: &str) -> Option<(u32, Option<std::net::Ipv4Addr>)>;
+    /// Attaches the current `program` to `ifname` (through an existing pin: replaced atomically).
+    fn attach(&mut self, ifname: &str, program: &str) -> Result<attach::AttachMode, KernelError>;
+    /// Removes the pin of (`ifname`, `program`), detaching its link.
+    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
+}
+
 /// The conntrack maps of one layout (`ct4`/`ct6`) and the programs' created-entries counter.
 pub trait CtIo: Send {
     /// Every IPv4 entry.
@@ -229,6 +250,10 @@ pub trait InspectIo: TraceIo + Send + Sync {
     fn counter_array(&self, name: &str) -> Result<Box<dyn CountersIo>, KernelError>;
     /// The conntrack maps of layout `layout`.
     fn conntrack(&self, layout: u32) -> Box<dyn CtIo>;
+    /// The masquerade NAT map (`nat4_v1`), read for `weir bpf nat list`.
+    fn nat(
+        &self,
+    ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError>;
     /// The drop events ring buffer's records from now on (call inside the runtime). The ring has
     /// one consumer position, so one reader per agent (`monitor::Monitor`).
     fn drop_events(&self) -> Result<RecordStream, KernelError>;

@@ -15,6 +15,7 @@ pub mod endpoints;
 pub mod inspect;
 pub mod kernel;
 pub mod map_driver;
+pub mod masquerade;
 pub mod netlink_routes;
 pub mod netlink_vxlan;
 pub mod node_routes;
@@ -37,6 +38,8 @@ pub mod vxlan;
 pub(crate) mod fake;
 #[cfg(test)]
 pub(crate) mod fake_ct;
+#[cfg(test)]
+pub(crate) mod fake_masq;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(
     not(test),

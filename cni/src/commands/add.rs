@@ -97,6 +97,11 @@ pub(super) async fn add(
     }
     let config = &adopted;
     tracing::info!(handle = %att.handle, ips = ?allocation.allocation.ips, "allocated");
+    if config.ip_masq {
+        tracing::debug!(
+            "ipMasq is set: weir-cni writes no masquerade rule; the agent's --masquerade-interfaces masquerades pod traffic"
+        );
+    }
     let ips = allocation.allocation.ips;
     failpoint("after-allocate").await;
 
