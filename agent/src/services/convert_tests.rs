@@ -41,7 +41,7 @@ fn a_service_and_its_slice_convert() {
     let ready: Vec<bool> = slice
         .endpoints
         .iter()
-        .map(|e| e.serves_new_flows())
+        .map(super::model::Endpoint::serves_new_flows)
         .collect();
     assert_eq!(ready, [true, false, true], "absent conditions: ready");
     assert!(slice.endpoints[1].serving && slice.endpoints[1].terminating);
