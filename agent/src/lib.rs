@@ -31,6 +31,7 @@ pub mod paths;
 pub mod pod_ipam;
 pub mod policy;
 pub mod reference;
+pub mod services;
 pub mod snapshot;
 pub mod sources;
 pub mod synthetic;

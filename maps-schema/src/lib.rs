@@ -21,6 +21,7 @@ pub mod prefilter;
 pub mod programs;
 pub mod reason;
 pub mod rules;
+pub mod service;
 pub mod trace;
 
 pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1};

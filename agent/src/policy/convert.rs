@@ -43,7 +43,7 @@ pub enum ConvertError {
 }
 
 impl ConvertError {
-    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Invalid {
             field: field.into(),
             reason: reason.into(),
@@ -240,7 +240,7 @@ enum Port {
 }
 
 /// A protocol name (absent: TCP) as its IP protocol number.
-fn protocol(name: Option<&str>, field: &str) -> Result<u8, ConvertError> {
+pub(crate) fn protocol(name: Option<&str>, field: &str) -> Result<u8, ConvertError> {
     match name.unwrap_or("TCP") {
         "TCP" => Ok(6),
         "UDP" => Ok(17),
@@ -252,7 +252,7 @@ fn protocol(name: Option<&str>, field: &str) -> Result<u8, ConvertError> {
     }
 }
 
-fn port_number(n: i32, field: &str) -> Result<u16, ConvertError> {
+pub(crate) fn port_number(n: i32, field: &str) -> Result<u16, ConvertError> {
     u16::try_from(n)
         .ok()
         .filter(|n| *n > 0)
@@ -261,7 +261,7 @@ fn port_number(n: i32, field: &str) -> Result<u16, ConvertError> {
 
 /// A port name as upstream validates it (`IsValidPortName`, an IANA service name): at most 15
 /// characters of `a-z`, `0-9` and `-`, at least one letter, no `-` at either end or twice in a row.
-fn valid_port_name(name: &str) -> Result<(), String> {
+pub(crate) fn valid_port_name(name: &str) -> Result<(), String> {
     let problem = if name.is_empty() || name.len() > 15 {
         Some("must be 1 to 15 characters")
     } else if !name
@@ -351,7 +351,7 @@ pub fn weir_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn address(text: &str, field: &str) -> Result<IpAddr, ConvertError> {
+pub(crate) fn address(text: &str, field: &str) -> Result<IpAddr, ConvertError> {
     text.parse()
         .map_err(|_| ConvertError::invalid(field, format!("{text:?} is not an IP address")))
 }

@@ -55,6 +55,18 @@ pub fn merge(mut now: Loaded, last: &Loaded) -> Loaded {
             ObjectRef::Node(name) => last.set.nodes.get(name).cloned().map(|n| {
                 now.set.nodes.insert(name.clone(), n);
             }),
+            ObjectRef::Service(ns, name) => {
+                let key = (ns.clone(), name.clone());
+                last.set.services.get(&key).cloned().map(|s| {
+                    now.set.services.insert(key, s);
+                })
+            }
+            ObjectRef::EndpointSlice(ns, name) => {
+                let key = (ns.clone(), name.clone());
+                last.set.endpoint_slices.get(&key).cloned().map(|s| {
+                    now.set.endpoint_slices.insert(key, s);
+                })
+            }
         };
         if kept.is_some() {
             if let Some(line) = last.lines.get(&object) {

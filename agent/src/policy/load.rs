@@ -10,7 +10,8 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Node, Pod, Service},
+    discovery::v1::EndpointSlice,
     networking::v1::NetworkPolicy,
 };
 use serde::Deserialize as _;
@@ -82,6 +83,10 @@ pub enum ObjectRef {
     Pod(String, String),
     /// A Node.
     Node(String),
+    /// A Service (namespace, name).
+    Service(String, String),
+    /// An EndpointSlice (namespace, name).
+    EndpointSlice(String, String),
 }
 
 /// What a read of the directory found: the valid objects (and the file of each), the reports,
@@ -146,6 +151,8 @@ fn object_ref(kind: &str, value: &serde_norway::Value) -> Option<ObjectRef> {
         "Namespace" => Some(ObjectRef::Namespace(name)),
         "Pod" => Some(ObjectRef::Pod(namespace(), name)),
         "Node" => Some(ObjectRef::Node(name)),
+        "Service" => Some(ObjectRef::Service(namespace(), name)),
+        "EndpointSlice" => Some(ObjectRef::EndpointSlice(namespace(), name)),
         _ => None,
     }
 }
@@ -162,7 +169,7 @@ fn document_lines(text: &str) -> Vec<usize> {
 }
 
 /// The kinds a policy directory may hold.
-pub const SUPPORTED_KINDS: &str = "NetworkPolicy, Namespace, Pod and Node";
+pub const SUPPORTED_KINDS: &str = "NetworkPolicy, Namespace, Pod, Node, Service and EndpointSlice";
 
 fn parse<T: serde::de::DeserializeOwned>(
     value: serde_norway::Value,
@@ -254,6 +261,20 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
                 .and_then(|node| convert::node(&node).map_err(|e| e.to_string()))
                 .map(|node| {
                     set.nodes.insert(node.name.clone(), node);
+                }),
+            "Service" => parse::<Service>(value, "v1 Service")
+                .and_then(|s| crate::services::convert::service(&s).map_err(|e| e.to_string()))
+                .map(|s| {
+                    set.services
+                        .insert((s.namespace.clone(), s.name.clone()), s);
+                }),
+            "EndpointSlice" => parse::<EndpointSlice>(value, "discovery.k8s.io/v1 EndpointSlice")
+                .and_then(|s| {
+                    crate::services::convert::endpoint_slice(&s).map_err(|e| e.to_string())
+                })
+                .map(|s| {
+                    set.endpoint_slices
+                        .insert((s.namespace.clone(), s.name.clone()), s);
                 }),
             "" => Err(format!(
                 "the document has no `kind`; write one of {SUPPORTED_KINDS}"
@@ -418,7 +439,7 @@ spec:
             "bad.yaml",
             "kind: Namespace\nmetadata: {name: a}\n---\nkind: Service\n",
         )
-        .expect_err("service");
+        .expect_err("a Service without a name");
         assert_eq!(errors[0].line, 4, "the failing document's first line");
     }
 }

@@ -1,6 +1,6 @@
 //! The validated cluster model (what `convert` produces from Kubernetes objects, `load` and the
 //! Kubernetes watchers assemble, and `compile`/`calc` consume): NetworkPolicies, Namespaces' labels,
-//! Pods and Nodes.
+//! Pods, Nodes, Services and EndpointSlices.
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -161,4 +161,8 @@ pub struct PolicySet {
     pub pods: BTreeMap<(String, String), Pod>,
     /// Nodes, by name.
     pub nodes: BTreeMap<String, NodeInfo>,
+    /// Services, by (namespace, name).
+    pub services: crate::services::desired::Services,
+    /// EndpointSlices, by (namespace, name).
+    pub endpoint_slices: crate::services::desired::Slices,
 }

@@ -6,7 +6,7 @@
 //! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses) — the real
 //!   `LinkIo` of the kernel seam — and `link_source`, the supervisor over that seam that
 //!   restarts it;
-//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy, Namespace, Pod and Node YAML);
+//! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy, Namespace, Pod, Node, Service and EndpointSlice YAML);
 //! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
 //!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
 

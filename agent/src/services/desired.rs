@@ -1,0 +1,167 @@
+//! The service maps' desired contents (IPv4), computed from the model with no kernel I/O: every
+//! frontend (cluster IP, port, protocol) of every Service, its ready backends in slot order
+//! (sorted by address and port, so the order does not depend on the slices' order), and reverse
+//! NAT. Ids are stable: a frontend or backend keeps its id for as long as it exists, so one
+//! Service changing changes only its own keys; freed ids are reused lowest first.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use maps_schema::service::{
+    Backend4, MAX_SLOTS, RevNat4, SVC_FLAG_AFFINITY, SlotKey, SlotValue, Svc4Key, Svc4Value,
+};
+
+use super::model::{EndpointSlice, Service, ServicePort, SessionAffinity, TargetPort};
+
+/// Services by (namespace, name).
+pub type Services = BTreeMap<(String, String), Service>;
+/// EndpointSlices by (namespace, name).
+pub type Slices = BTreeMap<(String, String), EndpointSlice>;
+
+/// What the four service maps should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// `svc4`.
+    pub frontends: BTreeMap<Svc4Key, Svc4Value>,
+    /// `svc_slots`.
+    pub slots: BTreeMap<SlotKey, SlotValue>,
+    /// `svc_backends4`.
+    pub backends: BTreeMap<u32, Backend4>,
+    /// `svc_revnat4`.
+    pub revnat: BTreeMap<u32, RevNat4>,
+}
+
+/// Stable id allocation across computations.
+#[derive(Clone, Debug, Default)]
+pub struct Ids {
+    services: BTreeMap<Svc4Key, u32>,
+    backends: BTreeMap<Backend4, u32>,
+}
+
+fn keep_or_allocate<K: Ord + Copy>(ids: &mut BTreeMap<K, u32>, wanted: &BTreeSet<K>) {
+    ids.retain(|k, _| wanted.contains(k));
+    let mut used: BTreeSet<u32> = ids.values().copied().collect();
+    let mut next = 1u32;
+    for k in wanted {
+        if ids.contains_key(k) {
+            continue;
+        }
+        while used.contains(&next) {
+            next += 1;
+        }
+        ids.insert(*k, next);
+        used.insert(next);
+    }
+}
+
+/// The backends' port for one Service port on one slice: the slice's port of the Service port's
+/// name and protocol; a slice listing no port at all falls back to a numbered `targetPort`.
+fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
+    if let Some(p) = slice
+        .ports
+        .iter()
+        .find(|p| p.name == port.name && p.protocol == port.protocol)
+    {
+        return Some(p.port);
+    }
+    match (&port.target, slice.ports.is_empty()) {
+        (TargetPort::Number(n), true) => Some(*n),
+        _ => None,
+    }
+}
+
+/// The ready IPv4 backends of one Service port, sorted, at most [`MAX_SLOTS`].
+fn backends_of(service: &Service, port: &ServicePort, slices: &Slices) -> Vec<Backend4> {
+    let mut set = BTreeSet::new();
+    for slice in slices
+        .values()
+        .filter(|s| s.namespace == service.namespace && s.service == service.name)
+    {
+        let Some(target) = backend_port(port, slice) else {
+            continue;
+        };
+        for e in slice.endpoints.iter().filter(|e| e.serves_new_flows()) {
+            for addr in &e.addresses {
+                if let IpAddr::V4(v4) = addr {
+                    set.insert(Backend4 {
+                        addr: v4.octets(),
+                        port: target,
+                        protocol: port.protocol,
+                        pad: 0,
+                    });
+                }
+            }
+        }
+    }
+    set.into_iter().take(MAX_SLOTS as usize).collect()
+}
+
+/// Computes the desired maps, keeping ids stable through `ids`.
+#[must_use]
+pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids) -> Desired {
+    let mut frontends: Vec<(Svc4Key, RevNat4, Vec<Backend4>, &Service)> = Vec::new();
+    for service in services.values() {
+        for ip in &service.cluster_ips {
+            let IpAddr::V4(v4) = ip else { continue };
+            for port in &service.ports {
+                let key = Svc4Key {
+                    addr: v4.octets(),
+                    port: port.port,
+                    protocol: port.protocol,
+                    pad: 0,
+                };
+                let revnat = RevNat4 {
+                    addr: v4.octets(),
+                    port: port.port,
+                    pad: 0,
+                };
+                frontends.push((key, revnat, backends_of(service, port, slices), service));
+            }
+        }
+    }
+    let wanted_services: BTreeSet<Svc4Key> = frontends.iter().map(|f| f.0).collect();
+    let wanted_backends: BTreeSet<Backend4> =
+        frontends.iter().flat_map(|f| f.2.iter().copied()).collect();
+    keep_or_allocate(&mut ids.services, &wanted_services);
+    keep_or_allocate(&mut ids.backends, &wanted_backends);
+    let mut desired = Desired::default();
+    for (key, revnat, backends, service) in frontends {
+        let Some(&service_id) = ids.services.get(&key) else {
+            continue;
+        };
+        let (flags, affinity_timeout_secs) = match service.affinity {
+            SessionAffinity::None => (0, 0),
+            SessionAffinity::ClientIp { timeout_seconds } => (SVC_FLAG_AFFINITY, timeout_seconds),
+        };
+        let mut count: u16 = 0;
+        for backend in &backends {
+            let Some(&backend_id) = ids.backends.get(backend) else {
+                continue;
+            };
+            desired.slots.insert(
+                SlotKey {
+                    service_id,
+                    slot: count,
+                    pad: 0,
+                },
+                SlotValue { backend_id },
+            );
+            desired.backends.insert(backend_id, *backend);
+            count += 1;
+        }
+        desired.frontends.insert(
+            key,
+            Svc4Value {
+                service_id,
+                backend_count: count,
+                flags,
+                affinity_timeout_secs,
+                pad: 0,
+            },
+        );
+        desired.revnat.insert(service_id, revnat);
+    }
+    desired
+}

@@ -1,0 +1,174 @@
+//! The desired service maps: frontends, slot order, stable ids, only ready endpoints, and that a
+//! change to one Service touches only its keys.
+
+use std::collections::BTreeSet;
+
+use maps_schema::service::{Backend4, SVC_FLAG_AFFINITY, SlotKey, Svc4Key};
+
+use super::desired::{Desired, Ids, compute};
+use crate::policy::{load::parse_str, model::PolicySet};
+
+fn service(name: &str, vip: &str) -> String {
+    format!(
+        "kind: Service\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{clusterIP: {vip}, ports: [{{name: http, port: 80, targetPort: http}}]}}\n"
+    )
+}
+
+fn slice(service: &str, endpoints: &[(&str, bool)]) -> String {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|(a, ready)| format!("- {{addresses: [{a}], conditions: {{ready: {ready}}}}}\n"))
+        .collect();
+    format!(
+        "kind: EndpointSlice\nmetadata: {{name: {service}-1, namespace: prod, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{}",
+        eps.concat()
+    )
+}
+
+fn set(docs: &[String]) -> PolicySet {
+    parse_str("s.yaml", &docs.join("---\n")).expect("valid")
+}
+
+fn run(set: &PolicySet, ids: &mut Ids) -> Desired {
+    compute(&set.services, &set.endpoint_slices, ids)
+}
+
+fn key(vip: [u8; 4]) -> Svc4Key {
+    Svc4Key {
+        addr: vip,
+        port: 80,
+        protocol: 6,
+        pad: 0,
+    }
+}
+
+/// The backends of a frontend in slot order.
+fn slot_backends(d: &Desired, vip: [u8; 4]) -> Vec<Backend4> {
+    let f = d.frontends[&key(vip)];
+    (0..f.backend_count)
+        .map(|slot| {
+            let id = d.slots[&SlotKey {
+                service_id: f.service_id,
+                slot,
+                pad: 0,
+            }]
+                .backend_id;
+            d.backends[&id]
+        })
+        .collect()
+}
+
+#[test]
+fn ready_endpoints_fill_the_slots_in_address_order() {
+    let s = set(&[
+        service("web", "10.96.0.10"),
+        slice(
+            "web",
+            &[("10.0.0.3", true), ("10.0.0.1", true), ("10.0.0.2", false)],
+        ),
+    ]);
+    let d = run(&s, &mut Ids::default());
+    let got: Vec<([u8; 4], u16)> = slot_backends(&d, [10, 96, 0, 10])
+        .iter()
+        .map(|b| (b.addr, b.port))
+        .collect();
+    assert_eq!(got, [([10, 0, 0, 1], 8080), ([10, 0, 0, 3], 8080)]);
+    let f = d.frontends[&key([10, 96, 0, 10])];
+    assert_eq!(d.revnat[&f.service_id].addr, [10, 96, 0, 10]);
+    assert_eq!(d.revnat[&f.service_id].port, 80);
+    assert_eq!(d.slots.len(), 2, "only ready endpoints serve");
+}
+
+#[test]
+fn a_service_without_ready_backends_keeps_a_frontend_with_none() {
+    let s = set(&[
+        service("web", "10.96.0.10"),
+        slice("web", &[("10.0.0.1", false)]),
+    ]);
+    let d = run(&s, &mut Ids::default());
+    assert_eq!(d.frontends[&key([10, 96, 0, 10])].backend_count, 0);
+    assert!(d.slots.is_empty() && d.backends.is_empty());
+}
+
+#[test]
+fn one_service_changing_changes_only_its_keys_and_ids_stay() {
+    let before = set(&[
+        service("web", "10.96.0.10"),
+        slice("web", &[("10.0.0.1", true), ("10.0.0.2", true)]),
+        service("db", "10.96.0.20"),
+        slice("db", &[("10.0.1.1", true), ("10.0.1.2", true)]),
+    ]);
+    let mut ids = Ids::default();
+    let a = run(&before, &mut ids);
+    let again = run(&before, &mut ids);
+    assert_eq!(a, again, "unchanged input: identical maps");
+    // web loses a backend; db is untouched.
+    let after = set(&[
+        service("web", "10.96.0.10"),
+        slice("web", &[("10.0.0.2", true)]),
+        service("db", "10.96.0.20"),
+        slice("db", &[("10.0.1.1", true), ("10.0.1.2", true)]),
+    ]);
+    let b = run(&after, &mut ids);
+    let db = a.frontends[&key([10, 96, 0, 20])];
+    assert_eq!(
+        b.frontends[&key([10, 96, 0, 20])],
+        db,
+        "db's frontend as it was"
+    );
+    assert_eq!(
+        slot_backends(&a, [10, 96, 0, 20]),
+        slot_backends(&b, [10, 96, 0, 20])
+    );
+    let changed_slots: BTreeSet<u32> = a
+        .slots
+        .iter()
+        .filter(|(k, v)| b.slots.get(k) != Some(v))
+        .chain(b.slots.iter().filter(|(k, v)| a.slots.get(k) != Some(v)))
+        .map(|(k, _)| k.service_id)
+        .collect();
+    let web_id = a.frontends[&key([10, 96, 0, 10])].service_id;
+    assert_eq!(
+        changed_slots,
+        BTreeSet::from([web_id]),
+        "only web's slots change"
+    );
+    // The surviving web backend keeps its backend id.
+    let id_of = |d: &Desired, addr: [u8; 4]| {
+        d.backends
+            .iter()
+            .find(|(_, b)| b.addr == addr)
+            .map(|(id, _)| *id)
+    };
+    assert_eq!(id_of(&a, [10, 0, 0, 2]), id_of(&b, [10, 0, 0, 2]));
+    assert_eq!(
+        id_of(&b, [10, 0, 0, 1]),
+        None,
+        "the removed backend is gone"
+    );
+    assert_eq!(b.frontends[&key([10, 96, 0, 10])].service_id, web_id);
+}
+
+#[test]
+fn affinity_is_carried_and_a_slice_of_another_service_is_ignored() {
+    let s = set(&[
+        "kind: Service\nmetadata: {name: web, namespace: prod}\nspec: {clusterIP: 10.96.0.10, sessionAffinity: ClientIP, ports: [{port: 80}]}\n".to_owned(),
+        "kind: EndpointSlice\nmetadata: {name: w, namespace: prod, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.0.0.1]}]\n".to_owned(),
+        "kind: EndpointSlice\nmetadata: {name: o, namespace: other, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.0.9.9]}]\n".to_owned(),
+    ]);
+    let d = run(&s, &mut Ids::default());
+    let f = d.frontends[&key([10, 96, 0, 10])];
+    assert_eq!(f.flags & SVC_FLAG_AFFINITY, SVC_FLAG_AFFINITY);
+    assert_eq!(f.affinity_timeout_secs, 10_800);
+    let backends = slot_backends(&d, [10, 96, 0, 10]);
+    assert_eq!(
+        backends.len(),
+        1,
+        "the other namespace's slice is not web's"
+    );
+    assert_eq!(
+        (backends[0].addr, backends[0].port),
+        ([10, 0, 0, 1], 80),
+        "a portless slice: the numbered targetPort"
+    );
+}

@@ -1,0 +1,252 @@
+//! ClusterIP service maps (layout v1, IPv4): frontend → service, (service, slot) → backend id,
+//! backend id → address and port, service id → frontend (reverse NAT). Written by the agent from
+//! desired state; the programs only read them. Addresses in network byte order, ports in host
+//! byte order (as conntrack).
+//!
+//! Not yet declared by the eBPF object (so not yet in [`crate::maps::ALL`]); the datapath slice
+//! that reads them adds them there.
+
+use crate::{assert_size, user_pod};
+
+/// [`Svc4Key`] → [`Svc4Value`]: frontends. Written by the agent.
+pub const SVC4: &str = "svc4_v1";
+/// [`SlotKey`] → [`SlotValue`]: each service's backends in slot order. Written by the agent.
+pub const SVC_SLOTS: &str = "svc_slots_v1";
+/// backend id (`u32`) → [`Backend4`]. Written by the agent.
+pub const SVC_BACKENDS4: &str = "svc_backends4_v1";
+/// service id (`u32`) → [`RevNat4`]: what a reply's source is rewritten back to. Written by the
+/// agent.
+pub const SVC_REVNAT4: &str = "svc_revnat4_v1";
+/// Default size of [`SVC4`] and [`SVC_REVNAT4`].
+pub const SVC_MAX: u32 = 65_536;
+/// Default size of [`SVC_SLOTS`] and [`SVC_BACKENDS4`].
+pub const SVC_BACKENDS_MAX: u32 = 262_144;
+/// Most backends one frontend spreads over (a slot index is a `u16`).
+pub const MAX_SLOTS: u32 = 65_535;
+
+/// [`Svc4Value::flags`]: `sessionAffinity: ClientIP` (the hash covers the client address only).
+pub const SVC_FLAG_AFFINITY: u16 = 1;
+
+/// A frontend: cluster IP, port, IP protocol.
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
+pub struct Svc4Key {
+    /// The cluster IP.
+    pub addr: [u8; 4],
+    /// The Service port.
+    pub port: u16,
+    /// IP protocol number (TCP 6, UDP 17, SCTP 132).
+    pub protocol: u8,
+    /// Explicit padding (zero).
+    pub pad: u8,
+}
+assert_size!(Svc4Key, 8);
+
+/// A frontend's service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Svc4Value {
+    /// The service id (one per frontend; the key of [`SVC_REVNAT4`] and of its [`SlotKey`]s).
+    pub service_id: u32,
+    /// How many backend slots it has; 0: no ready backend (the packet is rejected).
+    pub backend_count: u16,
+    /// [`SVC_FLAG_AFFINITY`], …
+    pub flags: u16,
+    /// `ClientIP` affinity timeout in seconds (0 without affinity).
+    pub affinity_timeout_secs: u32,
+    /// Explicit padding (zero).
+    pub pad: u32,
+}
+assert_size!(Svc4Value, 16);
+
+/// One backend slot of a service.
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
+pub struct SlotKey {
+    /// The service id.
+    pub service_id: u32,
+    /// The slot, `0..backend_count`.
+    pub slot: u16,
+    /// Explicit padding (zero).
+    pub pad: u16,
+}
+assert_size!(SlotKey, 8);
+
+/// The backend in a slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SlotValue {
+    /// The backend id (key of [`SVC_BACKENDS4`]).
+    pub backend_id: u32,
+}
+assert_size!(SlotValue, 4);
+
+/// A backend: where the frontend's traffic goes.
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
+pub struct Backend4 {
+    /// The backend's address.
+    pub addr: [u8; 4],
+    /// The backend's port.
+    pub port: u16,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Explicit padding (zero).
+    pub pad: u8,
+}
+assert_size!(Backend4, 8);
+
+/// Reverse NAT: the frontend a reply's source is rewritten back to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RevNat4 {
+    /// The cluster IP.
+    pub addr: [u8; 4],
+    /// The Service port.
+    pub port: u16,
+    /// Explicit padding (zero).
+    pub pad: u16,
+}
+assert_size!(RevNat4, 8);
+
+user_pod!(Svc4Key, Svc4Value, SlotKey, SlotValue, Backend4, RevNat4);
+
+/// A flow's hash for backend selection (FNV-1a over the tuple, then a final mix): the same for
+/// every packet of the flow, so the conntrack entry and a re-selection agree. With affinity only
+/// the client address counts, so a client's flows share a backend.
+#[must_use]
+pub const fn flow_hash(
+    saddr: [u8; 4],
+    sport: u16,
+    daddr: [u8; 4],
+    dport: u16,
+    protocol: u8,
+    affinity: bool,
+) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut bytes = [0u8; 13];
+    let mut n = 4;
+    bytes[0] = saddr[0];
+    bytes[1] = saddr[1];
+    bytes[2] = saddr[2];
+    bytes[3] = saddr[3];
+    if !affinity {
+        let s = sport.to_be_bytes();
+        let d = dport.to_be_bytes();
+        bytes[4] = s[0];
+        bytes[5] = s[1];
+        bytes[6] = daddr[0];
+        bytes[7] = daddr[1];
+        bytes[8] = daddr[2];
+        bytes[9] = daddr[3];
+        bytes[10] = d[0];
+        bytes[11] = d[1];
+        bytes[12] = protocol;
+        n = 13;
+    }
+    let mut i = 0;
+    while i < n {
+        h ^= bytes[i] as u32;
+        h = h.wrapping_mul(0x0100_0193);
+        i += 1;
+    }
+    // murmur3's finaliser, so nearby ports land on different slots.
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+/// The slot a flow with `hash` takes among `backend_count` slots; None when there is no backend
+/// (the packet is rejected).
+#[must_use]
+pub const fn backend_slot(hash: u32, backend_count: u16) -> Option<u16> {
+    if backend_count == 0 {
+        None
+    } else {
+        Some((hash % backend_count as u32) as u16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flow_keeps_its_slot_and_flows_spread() {
+        let client = [10, 0, 0, 5];
+        let vip = [10, 96, 0, 10];
+        let first = flow_hash(client, 40_000, vip, 80, 6, false);
+        assert_eq!(
+            first,
+            flow_hash(client, 40_000, vip, 80, 6, false),
+            "stable"
+        );
+        let mut per_slot = [0u32; 3];
+        let flows = 3000u32;
+        for port in 0..flows {
+            let sport = 30_000 + port as u16;
+            let slot = backend_slot(flow_hash(client, sport, vip, 80, 6, false), 3).expect("slot");
+            per_slot[slot as usize] += 1;
+        }
+        // Each slot within 20% of a fair share.
+        let fair = flows / 3;
+        for n in per_slot {
+            assert!(n > fair * 8 / 10 && n < fair * 12 / 10, "{per_slot:?}");
+        }
+    }
+
+    #[test]
+    fn affinity_ignores_ports_and_no_backend_has_no_slot() {
+        let client = [10, 0, 0, 5];
+        let vip = [10, 96, 0, 10];
+        assert_eq!(
+            flow_hash(client, 1, vip, 80, 6, true),
+            flow_hash(client, 2, vip, 80, 6, true)
+        );
+        assert_ne!(
+            flow_hash(client, 1, vip, 80, 6, false),
+            flow_hash(client, 2, vip, 80, 6, false)
+        );
+        assert_eq!(backend_slot(7, 0), None);
+        assert_eq!(backend_slot(7, 4), Some(3));
+    }
+}
