@@ -3,6 +3,7 @@
 //! affinities. `store` reads them behind a small trait, `sources::nodes` turns them into deltas for the loop,
 //! and `routing` keeps the route driver's desired routes from them.
 
+pub mod records;
 pub mod routing;
 pub mod setup;
 pub mod store;

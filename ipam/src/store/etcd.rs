@@ -18,6 +18,7 @@
 //! says where the time went (queue, read txn, CAS txn, lost races).
 
 mod commit;
+mod follow;
 
 pub use commit::{EtcdPercentiles, EtcdStats};
 

@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 pub mod overlay;
+pub mod watch;
 
 pub use any::{AnyStore, Datastore};
 
@@ -209,6 +210,16 @@ pub enum StoreError {
         written: String,
         /// Keys not written.
         unwritten: String,
+    },
+    /// A watch asked for changes after a revision the datastore has compacted away.
+    #[error(
+        "the datastore has compacted the history up to revision {compacted} (asked to watch from {asked}): list again"
+    )]
+    Compacted {
+        /// The revision asked for.
+        asked: u64,
+        /// The oldest revision still kept.
+        compacted: u64,
     },
     /// A fault injected by a test.
     #[error("injected datastore fault ({what})")]
