@@ -260,6 +260,17 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
     ) -> impl Future<Output = Result<Vec<(String, Versioned)>, StoreError>> + Send;
 
+    /// [`Store::list`], where the answer may lag the newest writes a little (etcd: served by the member without
+    /// a consensus round, which under write load waits behind in-flight fsyncs). Only for listings whose use a
+    /// later compare-and-swap checks (the allocation hot path's affinity index). The default is [`Store::list`].
+    fn list_relaxed(
+        &self,
+        kind: Kind,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Versioned)>, StoreError>> + Send {
+        self.list(kind, prefix)
+    }
+
     /// Applies every operation atomically, or none with [`StoreError::Conflict`] naming the first failed check.
     /// Stores without multi-key transactions (Kubernetes) apply them in order, each one compare-and-swap.
     fn txn(&self, ops: Vec<Op>) -> impl Future<Output = Result<(), StoreError>> + Send;
