@@ -98,7 +98,7 @@ async fn a_listing_then_its_changes_and_compaction_ends_the_watch() {
         .expect("etcd watches");
     match next(&mut stale).await {
         Err(StoreError::Compacted { compacted, .. }) => {
-            assert!(compacted >= at.0, "compacted at {compacted}")
+            assert!(compacted >= at.0, "compacted at {compacted}");
         }
         other => panic!("not a compaction: {other:?}"),
     }

@@ -234,7 +234,7 @@ impl<S: NodeStore, O: Output> Follower<S, O> {
         match self.store.heartbeat(&self.record).await {
             Ok(()) => self.renew_at = tokio::time::Instant::now() + self.renew_every,
             Err(e) => {
-                tracing::warn!(error = %e, "node records: cannot renew this node's record; retrying")
+                tracing::warn!(error = %e, "node records: cannot renew this node's record; retrying");
             }
         }
     }
@@ -275,7 +275,7 @@ impl<S: NodeStore, O: Output> Follower<S, O> {
         {
             Ok(()) => self.published = Some(local),
             Err(e) => {
-                tracing::warn!(error = %e, "endpoint records: cannot publish this node's; retrying")
+                tracing::warn!(error = %e, "endpoint records: cannot publish this node's; retrying");
             }
         }
     }

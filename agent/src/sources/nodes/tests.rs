@@ -96,12 +96,15 @@ async fn without_a_watch_the_store_is_listed_again_and_a_deleted_record_goes() {
     assert_eq!(interval(Duration::from_secs(3)), Duration::from_secs(1));
 }
 
+/// The sending end of a watch the fake opened.
+type WatchTx = mpsc::Sender<Result<Vec<RecordChange>, NodeStoreError>>;
+
 /// A store that lists `state` and hands the test every watch it opens.
 #[derive(Clone)]
 struct Fake {
     state: Arc<Mutex<RecordListing>>,
     lists: Arc<AtomicUsize>,
-    watches: mpsc::UnboundedSender<(u64, mpsc::Sender<Result<Vec<RecordChange>, NodeStoreError>>)>,
+    watches: mpsc::UnboundedSender<(u64, WatchTx)>,
 }
 
 impl NodeStore for Fake {
