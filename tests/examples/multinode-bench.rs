@@ -1,17 +1,21 @@
 //! `cargo xtask bench multinode`: weir across nodes on one kernel (DESIGN.md → "Nodes and routing").
 //! - IPAM at scale against a real etcd (`ipam::testing::EtcdServer`): 1,000 simulated hosts × 100
-//!   allocations, hosts as concurrent clients of the IPAM library in bounded batches; duplicates, allocation
-//!   p99, etcd's own WAL fsync p99 over the same run (its `/metrics`), and every address checked against its
-//!   host's own blocks (affinity `host:<name>`; borrowed addresses are counted and reported).
+//!   allocations, hosts as concurrent clients of the IPAM library (through one client by default; each its
+//!   own with `--ipam-client-per-host`) in bounded batches; duplicates, allocation p99, etcd's own WAL fsync
+//!   p99 over the same run (its `/metrics`), every address checked against its host's own blocks (affinity
+//!   `host:<name>`; borrowed addresses are counted and reported), and where the time went (rounds, lost CAS
+//!   txns, queueing, mean read and CAS txn times).
 //! - Route convergence: 50 simulated peers, each a namespace with an underlay link and its own route
 //!   driver (`NodeRoutes`, native) in process holding the other peers' blocks; a new node with 4 blocks is
 //!   handed to all of them at once, and the figure is the time until every peer's driver has written its
 //!   routes to the kernel (checked afterwards with `ip route show proto 87` in each namespace).
 //! - Throughput, one TCP stream for 5 s (this program's own sender and receiver sockets, created inside the
-//!   namespaces): pod → pod across two node namespaces on an underlay bridge, with one real `weir agent` per
-//!   node namespace whose programs are attached to the pods' `weir…` veths (checked with bpftool), routed by
-//!   the route driver in process in native and then in vxlan mode; against the same stream between the node
-//!   namespaces' underlay addresses without weir (run before and after the pod streams, the better kept).
+//!   namespaces), each against the same stream between its node namespaces' underlay addresses without weir
+//!   (run before and after the pod stream, the better kept). Native: two real `weir agent`s on an etcd
+//!   datastore with node records (`tests::multinode::Cluster`), pods through `weir-cni`, routes written by the
+//!   agents' loops. VXLAN: one real `weir agent` per node namespace whose programs are attached to the pods'
+//!   veths (checked with bpftool), routed by the route driver in process (the agent's `--routing vxlan` is
+//!   not wired on this branch; [`through_agents`] takes it once it is).
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, 1 s streams.
 
@@ -34,7 +38,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use ipam::{
     AssignArgs, Ipam,
     model::{IpPool, IpUse},
-    store::etcd::EtcdStore,
+    store::etcd::{EtcdStats, EtcdStore},
     testing::EtcdServer,
 };
 use ipnetwork::{IpNetwork, Ipv4Network};
@@ -43,6 +47,7 @@ use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bpf::PinRoot,
     hooks::wait_attached,
+    multinode::Cluster,
     names,
     netns::NetNs,
     node_lab::NodeLab,
@@ -50,6 +55,8 @@ use tests::{
 };
 
 struct Sizes {
+    /// Every simulated host allocates through its own client (`--ipam-client-per-host`, for comparison).
+    per_host_client: bool,
     hosts: usize,
     per_host: usize,
     batch: usize,
@@ -141,7 +148,8 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
         .build()?;
     rt.block_on(async {
         let server = EtcdServer::start()?;
-        let ipam = Ipam::new(EtcdStore::connect(&[server.url().to_owned()]).await?);
+        let url = server.url().to_owned();
+        let ipam = Ipam::new(EtcdStore::connect(std::slice::from_ref(&url)).await?);
         ipam.add_pool(IpPool {
             name: "bench".into(),
             cidr: "10.0.0.0/12".parse()?,
@@ -156,10 +164,30 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
         let start = Instant::now();
         let mut lat = Vec::with_capacity(sizes.hosts * sizes.per_host);
         let mut by_host: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        // The hosts share one client (one connection, one group committer: their writes share rounds, up to
+        // etcd's 128 operations a txn). `--ipam-client-per-host` gives each host its own, as agents have: on
+        // this machine (etcd on the same two shared cores) that is slower, since every write is then its own
+        // txn (see BENCHMARKS.md).
+        let mut sum = EtcdStats::default();
         for first in (0..sizes.hosts).step_by(sizes.batch) {
+            let mut clients = Vec::new();
+            for _ in first..(first + sizes.batch).min(sizes.hosts) {
+                clients.push(if sizes.per_host_client {
+                    Ipam::new(EtcdStore::connect(std::slice::from_ref(&url)).await?)
+                } else {
+                    ipam.clone()
+                });
+            }
+            // Every client's settings cache synced before the clock runs, as in a running agent.
+            for c in &clients {
+                let live = Instant::now();
+                while !c.store().settings_cache_live() {
+                    ensure!(live.elapsed() < Duration::from_secs(10), "a client's settings cache is not live after 10 s");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
             let mut tasks = Vec::new();
-            for h in first..(first + sizes.batch).min(sizes.hosts) {
-                let ipam = ipam.clone();
+            for (h, ipam) in (first..).zip(clients) {
                 let per_host = sizes.per_host;
                 tasks.push(tokio::spawn(async move {
                     let host = format!("host{h:04}");
@@ -173,14 +201,30 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
                         lat.push(t.elapsed());
                         ips.extend(r.ips());
                     }
-                    anyhow::Ok((host, ips, lat))
+                    anyhow::Ok((host, ips, lat, ipam.store().stats()))
                 }));
             }
             for t in tasks {
-                let (host, ips, l) = t.await??;
+                let (host, ips, l, stats) = t.await??;
                 lat.extend(l);
                 by_host.insert(host, ips);
+                if sizes.per_host_client {
+                    sum = EtcdStats {
+                        jobs: sum.jobs + stats.jobs,
+                        rounds: sum.rounds + stats.rounds,
+                        cas_txns: sum.cas_txns + stats.cas_txns,
+                        lost: sum.lost + stats.lost,
+                        queued_ns: sum.queued_ns + stats.queued_ns,
+                        read_ns: sum.read_ns + stats.read_ns,
+                        cas_ns: sum.cas_ns + stats.cas_ns,
+                        reads: sum.reads + stats.reads,
+                        reads_ns: sum.reads_ns + stats.reads_ns,
+                    };
+                }
             }
+        }
+        if !sizes.per_host_client {
+            sum = ipam.store().stats();
         }
         let secs = start.elapsed().as_secs_f64();
         let fsync_after = wal_fsync(server.url())?;
@@ -235,6 +279,17 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
             "ipam_borrowed": borrowed,
             "ipam_outside_blocks": outside,
             "ipam_blocks": affinity.len(),
+            "ipam_clients": if sizes.per_host_client { "one per host" } else { "one shared" },
+            // Where the time went: group-commit rounds, writes per round, CAS txns lost to another writer, and
+            // the mean wait of a write for its round.
+            "ipam_etcd_rounds": sum.rounds,
+            "ipam_etcd_writes_per_round": round3(sum.jobs as f64 / sum.rounds.max(1) as f64),
+            "ipam_etcd_cas_lost": sum.lost,
+            "ipam_etcd_queue_mean_ms": round3(sum.queued_ns as f64 / 1e6 / sum.jobs.max(1) as f64),
+            "ipam_etcd_read_txn_mean_ms": round3(sum.read_ns as f64 / 1e6 / sum.rounds.max(1) as f64),
+            "ipam_etcd_cas_mean_ms": round3(sum.cas_ns as f64 / 1e6 / sum.rounds.max(1) as f64),
+            "ipam_etcd_plain_read_mean_ms": round3(sum.reads_ns as f64 / 1e6 / sum.reads.max(1) as f64),
+            "ipam_etcd_reads_per_alloc": round3(sum.reads as f64 / expected.max(1) as f64),
         }))
     })
 }
@@ -455,8 +510,53 @@ fn apply_routes(lab: &NodeLab, mode: &dyn Fn(usize) -> RoutingMode, device: &str
     Ok(())
 }
 
-/// Throughput pod → pod across the nodes (native, vxlan) against the bare underlay.
-fn throughput(secs: Duration) -> Result<Value> {
+/// How long the agents' routes may take to appear (a node record and its blocks reach the other agent's loop
+/// through its etcd watch).
+const ROUTES_BOUND: Duration = Duration::from_secs(30);
+
+/// Native mode through node records: two real `weir agent`s (`tests::multinode::Cluster`: node namespaces on
+/// an underlay bridge, etcd in the infra namespace, `--datastore etcd:…`), one pod each through `weir-cni`,
+/// the routes to the other node's block written by each agent's own loop from the node records. Returns
+/// (underlay bit/s, the better of two runs between the node namespaces; pod → pod bit/s).
+///
+/// `extra` are the agents' routing flags: once `--routing vxlan` is wired into the agent, the vxlan figure
+/// comes from here too by calling this with `&["--routing", "vxlan"]` instead of [`vxlan_in_process`].
+fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
+    let mut flags = vec!["--node-expiry", "30"];
+    flags.extend_from_slice(extra);
+    let mut cluster = Cluster::new(&flags);
+    cluster.add_node().add_pod("default", "bench-a");
+    let b_ip: Ipv4Addr = cluster.add_node().add_pod("default", "bench-b").parse()?;
+    // Each node routes the other's block, from its agent (weir's routes, protocol 87), and nothing else does.
+    for (me, other) in [(0, 1), (1, 0)] {
+        let via = cluster.node(other).address.clone();
+        let deadline = Instant::now() + ROUTES_BOUND;
+        while !cluster
+            .node(me)
+            .weir_routes()
+            .iter()
+            .any(|r| r.contains(&format!("via {via}")))
+        {
+            ensure!(
+                Instant::now() < deadline,
+                "node {me} has no weir route via node {other} ({via}) after {ROUTES_BOUND:?}: {:?}",
+                cluster.node(me).weir_routes()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let b_addr: Ipv4Addr = b.address.parse()?;
+    let underlay_before = stream(&a.cni.ns, &b.cni.ns, b_addr, 5211, secs)?;
+    let pod = stream(&a.pods[0].0.ns, &b.pods[0].0.ns, b_ip, 5212, secs)?;
+    let underlay = underlay_before.max(stream(&a.cni.ns, &b.cni.ns, b_addr, 5213, secs)?);
+    Ok((underlay, pod))
+}
+
+/// VXLAN mode as before node records: two node namespaces (`NodeLab`) with one real `weir agent` each whose
+/// programs are on the pods' veths, and the route driver run in process in each namespace. Returns (underlay
+/// bit/s, the better of two runs; pod → pod bit/s).
+fn vxlan_in_process(secs: Duration) -> Result<(f64, f64)> {
     let lab = NodeLab::new(2, |_| Some(workload_name()));
     let device = names::unique("vx");
     // One agent per node, its registry naming the node's pod so its programs go on the pod's veth.
@@ -488,11 +588,7 @@ fn throughput(secs: Duration) -> Result<Value> {
         agents.push((agent, root, dirs));
     }
     let (a, b) = (&lab.nodes[0], &lab.nodes[1]);
-    // The underlay is measured before and after the pod streams and the better run kept, so load from
-    // elsewhere on the machine during one run does not flatter the ratios.
     let underlay_before = stream(&a.ns, &b.ns, b.address, 5201, secs)?;
-    apply_routes(&lab, &|_| RoutingMode::Native, &device)?;
-    let native = stream(&a.pod, &b.pod, b.pod_ip, 5202, secs)?;
     apply_routes(
         &lab,
         &|i| {
@@ -513,13 +609,26 @@ fn throughput(secs: Duration) -> Result<Value> {
     );
     let underlay = underlay_before.max(stream(&a.ns, &b.ns, b.address, 5204, secs)?);
     drop(agents);
+    Ok((underlay, vxlan))
+}
+
+/// Throughput pod → pod across the nodes (native through node records and the agents' routes; vxlan with
+/// the driver in process), each against the bare underlay of its own lab. The underlay is measured before
+/// and after the pod stream and the better run kept, so load from elsewhere on the machine during one run
+/// does not flatter the ratios.
+fn throughput(secs: Duration) -> Result<Value> {
+    let (native_underlay, native) = through_agents(secs, &[])?;
+    let (vxlan_underlay, vxlan) = vxlan_in_process(secs)?;
     Ok(json!({
         "stream_s": secs.as_secs_f64(),
-        "underlay_gbps": round3(underlay / 1e9),
+        "underlay_gbps": round3(native_underlay / 1e9),
         "native_gbps": round3(native / 1e9),
+        "native_routes": "weir agents, etcd node records",
+        "vxlan_underlay_gbps": round3(vxlan_underlay / 1e9),
         "vxlan_gbps": round3(vxlan / 1e9),
-        "native_throughput_ratio": round3(native / underlay),
-        "vxlan_throughput_ratio": round3(vxlan / underlay),
+        "vxlan_routes": "route driver in process",
+        "native_throughput_ratio": round3(native / native_underlay),
+        "vxlan_throughput_ratio": round3(vxlan / vxlan_underlay),
     }))
 }
 
@@ -534,14 +643,20 @@ fn tx_packets(ns: &NetNs, dev: &str) -> Result<u64> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let smoke = args.iter().any(|a| a == "--smoke");
+    let per_host_client = args.iter().any(|a| a == "--ipam-client-per-host");
+    // Only the IPAM part (no namespaces, no root needed): for measuring it on its own.
+    let ipam_only = args.iter().any(|a| a == "--ipam-only");
     let out = args
         .iter()
         .position(|a| a == "--out")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from)
-        .context("usage: multinode-bench --out FILE [--smoke]")?;
+        .context(
+            "usage: multinode-bench --out FILE [--smoke] [--ipam-only] [--ipam-client-per-host]",
+        )?;
     let sizes = if smoke {
         Sizes {
+            per_host_client,
             hosts: 20,
             per_host: 10,
             batch: 10,
@@ -550,6 +665,7 @@ fn main() -> Result<()> {
         }
     } else {
         Sizes {
+            per_host_client,
             hosts: 1000,
             per_host: 100,
             batch: 50,
@@ -558,11 +674,16 @@ fn main() -> Result<()> {
         }
     };
     let mut figures = serde_json::Map::new();
-    for part in [
-        throughput(sizes.stream)?,
-        route_convergence(sizes.peers)?,
-        ipam_scale(&sizes)?,
-    ] {
+    let parts = if ipam_only {
+        vec![ipam_scale(&sizes)?]
+    } else {
+        vec![
+            throughput(sizes.stream)?,
+            route_convergence(sizes.peers)?,
+            ipam_scale(&sizes)?,
+        ]
+    };
+    for part in parts {
         if let Value::Object(m) = part {
             figures.extend(m);
         }
@@ -579,6 +700,27 @@ fn main() -> Result<()> {
             "etcd_wal_fsync_p99_ms",
             "etcd's own WAL fsync p99 ms, same run",
         ),
+        ("ipam_clients", "IPAM: clients"),
+        ("ipam_p50_ms", "IPAM: allocation p50 ms"),
+        (
+            "ipam_etcd_writes_per_round",
+            "IPAM: writes per group-commit round",
+        ),
+        (
+            "ipam_etcd_cas_lost",
+            "IPAM: CAS txns lost to another writer",
+        ),
+        ("ipam_etcd_queue_mean_ms", "IPAM: mean wait for a round, ms"),
+        (
+            "ipam_etcd_reads_per_alloc",
+            "IPAM: plain etcd reads per allocation",
+        ),
+        ("ipam_etcd_plain_read_mean_ms", "IPAM: plain read mean ms"),
+        (
+            "ipam_etcd_read_txn_mean_ms",
+            "IPAM: round's read txn mean ms",
+        ),
+        ("ipam_etcd_cas_mean_ms", "IPAM: round's CAS txn mean ms"),
         (
             "ipam_borrowed",
             "IPAM: addresses outside their host's blocks",
@@ -587,7 +729,15 @@ fn main() -> Result<()> {
             "route_converge_s",
             "routes: new node routed on every peer, s (<= 1)",
         ),
-        ("underlay_gbps", "throughput: underlay, Gbit/s"),
+        ("underlay_gbps", "throughput: underlay (native lab), Gbit/s"),
+        (
+            "native_gbps",
+            "throughput: native pod->pod via agents' routes, Gbit/s",
+        ),
+        (
+            "vxlan_underlay_gbps",
+            "throughput: underlay (vxlan lab), Gbit/s",
+        ),
         (
             "native_throughput_ratio",
             "throughput: native pod->pod / underlay (>= 0.9)",

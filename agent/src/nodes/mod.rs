@@ -4,6 +4,7 @@
 //! behind a small trait, `sources::nodes` (etcd records) or `sources::kube::nodes` (Node objects) turns them
 //! into deltas for the loop, and `routing` keeps the route driver's desired routes from them.
 
+pub mod records;
 pub mod routing;
 pub mod setup;
 pub mod store;

@@ -3,17 +3,42 @@
 //! are Node objects, lists only the blocks ([`BlockStore`]). The real store is the IPAM's datastore
 //! (`ipam::Ipam` over any store: etcd, Kubernetes custom resources); tests use the same code over the
 //! IPAM's memory store.
+//!
+//! Following: [`NodeStore::list_records`] reads every record at one revision and [`NodeStore::watch_records`]
+//! follows their changes from there (etcd); a store without a watch answers `None` and is listed again.
 
 use std::{collections::BTreeMap, future::Future};
 
 use ipam::{
     Ipam, IpamError,
-    model::{EndpointRecord, NodeRecord},
-    store::{AnyStore, Store},
+    model::{AffinityState, BlockAffinity, EndpointRecord, NodeRecord},
+    store::{
+        AnyStore, Key, Kind, Revision, Store, StoreError,
+        watch::{Change, WatchStore},
+    },
+};
+use tokio::sync::mpsc;
+
+use super::{
+    ClusterNode,
+    records::{RecordChange, Records},
 };
 use ipnetwork::IpNetwork;
 
-use super::ClusterNode;
+/// The kinds the nodes source follows.
+const FOLLOWED: [Kind; 3] = [Kind::Node, Kind::Affinity, Kind::Endpoint];
+
+/// Every followed record, and the revision they were read at (`None`: the store cannot watch from it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordListing {
+    /// The records.
+    pub records: Records,
+    /// The revision of the read.
+    pub revision: Option<u64>,
+}
+
+/// The changes after a listing, one batch per watch response; an error ends the watch.
+pub type RecordChanges = mpsc::Receiver<Result<Vec<RecordChange>, NodeStoreError>>;
 
 /// A node-store failure.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +60,9 @@ pub enum NodeStoreError {
         /// The datastore's backend.
         backend: &'static str,
     },
+    /// The datastore's watch stopped without saying why.
+    #[error("the datastore's watch of the node records ended; listing them again")]
+    WatchEnded,
 }
 
 /// Whether `store` is shared by the cluster's nodes (so its affinities say where every node's blocks are).
@@ -71,6 +99,20 @@ impl<S: Store + Clone> BlockStore for Ipam<S> {
     }
 }
 
+impl NodeStoreError {
+    /// Whether a watch ended because the revision it followed from was compacted (list again at once).
+    #[must_use]
+    pub fn is_compacted(&self) -> bool {
+        matches!(
+            self,
+            Self::Datastore {
+                source: IpamError::Store(StoreError::Compacted { .. }),
+                ..
+            }
+        )
+    }
+}
+
 /// Node records and block affinities.
 pub trait NodeStore: Send + Sync + 'static {
     /// Writes this node's record (its heartbeat).
@@ -92,9 +134,116 @@ pub trait NodeStore: Send + Sync + 'static {
     /// Every node's endpoint records.
     fn endpoints(&self)
     -> impl Future<Output = Result<Vec<EndpointRecord>, NodeStoreError>> + Send;
+    /// Every node record, block affinity and endpoint record, read at one revision.
+    fn list_records(&self) -> impl Future<Output = Result<RecordListing, NodeStoreError>> + Send;
+    /// Their changes after revision `after`; `None`: the store cannot watch (list again instead).
+    fn watch_records(
+        &self,
+        after: u64,
+    ) -> impl Future<Output = Result<Option<RecordChanges>, NodeStoreError>> + Send;
 }
 
-impl<S: Store + Clone> NodeStore for Ipam<S> {
+/// A stored row as a record change (`value`: `None` when deleted).
+fn record_change(
+    kind: Kind,
+    name: String,
+    value: Option<&[u8]>,
+) -> Result<RecordChange, StoreError> {
+    fn decode<T: serde::de::DeserializeOwned>(
+        kind: Kind,
+        name: &str,
+        v: &[u8],
+    ) -> Result<T, StoreError> {
+        serde_json::from_slice(v).map_err(|source| StoreError::Corrupt {
+            key: Key::new(kind, name).to_string(),
+            source,
+        })
+    }
+    Ok(match kind {
+        Kind::Node => {
+            let record = value
+                .map(|v| decode::<NodeRecord>(kind, &name, v))
+                .transpose()?;
+            RecordChange::Node(name, record)
+        }
+        Kind::Endpoint => {
+            let record = value
+                .map(|v| decode::<EndpointRecord>(kind, &name, v))
+                .transpose()?;
+            RecordChange::Endpoint(name, record)
+        }
+        _ => {
+            let affinity = value
+                .map(|v| decode::<BlockAffinity>(kind, &name, v))
+                .transpose()?;
+            let block = affinity
+                .filter(|a| !a.deleted && a.state == AffinityState::Confirmed)
+                .map(|a| (a.host, a.cidr));
+            RecordChange::Block(name, block)
+        }
+    })
+}
+
+fn datastore(what: &'static str) -> impl Fn(StoreError) -> NodeStoreError {
+    move |e| NodeStoreError::Datastore {
+        what,
+        source: IpamError::Store(e),
+    }
+}
+
+impl<S: Store + WatchStore + Clone> NodeStore for Ipam<S> {
+    async fn list_records(&self) -> Result<RecordListing, NodeStoreError> {
+        let what = "list the node records, block affinities and endpoint records";
+        let listing = self
+            .store()
+            .list_at(FOLLOWED.to_vec())
+            .await
+            .map_err(datastore(what))?;
+        let mut records = Records::default();
+        for (kind, rows) in listing.rows {
+            for (name, v) in rows {
+                records.apply(record_change(kind, name, Some(&v.value)).map_err(datastore(what))?);
+            }
+        }
+        Ok(RecordListing {
+            records,
+            revision: listing.revision.map(|r| r.0),
+        })
+    }
+
+    async fn watch_records(&self, after: u64) -> Result<Option<RecordChanges>, NodeStoreError> {
+        let what = "watch the node records, block affinities and endpoint records";
+        let Some(mut changes) = self
+            .store()
+            .watch(FOLLOWED.to_vec(), Revision(after))
+            .await
+            .map_err(datastore(what))?
+        else {
+            return Ok(None);
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(batch) = changes.recv().await {
+                let decoded = batch.and_then(|b| {
+                    b.into_iter()
+                        .map(
+                            |Change {
+                                 kind, name, value, ..
+                             }| {
+                                record_change(kind, name, value.as_deref())
+                            },
+                        )
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                let failed = decoded.is_err();
+                if tx.send(decoded.map_err(datastore(what))).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Some(rx))
+    }
+
     async fn heartbeat(&self, record: &NodeRecord) -> Result<(), NodeStoreError> {
         self.put_node(record)
             .await

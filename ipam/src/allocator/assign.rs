@@ -142,7 +142,7 @@ impl<S: Store + Clone> Ipam<S> {
 
         // 1. The host's own blocks, found through its affinities (an index, not a scan of every block).
         let mut owned = 0u32;
-        let mut affs = self.host_affinities(&args.host).await?;
+        let mut affs = self.host_affinities_relaxed(&args.host).await?;
         affs.sort_by_key(|a| a.cidr);
         for aff in affs.into_iter().filter(|a| Family::of(&a.cidr) == family) {
             let state = if aff.state == AffinityState::Confirmed {

@@ -325,6 +325,24 @@ impl<S: Store + Clone> Ipam<S> {
             .collect())
     }
 
+    /// [`Self::host_affinities`] from a listing that may lag the newest writes a little ([`Store::list_relaxed`]):
+    /// for allocation, where every block taken is then compare-and-swapped with its affinity checked, so a
+    /// stale row costs at most a retry or one more block, never an address.
+    pub(crate) async fn host_affinities_relaxed(
+        &self,
+        host: &str,
+    ) -> Result<Vec<BlockAffinity>, IpamError> {
+        let prefix = BlockAffinity::host_prefix(host);
+        let mut out = Vec::new();
+        for (name, v) in self.store.list_relaxed(Kind::Affinity, &prefix).await? {
+            let a: BlockAffinity = super::decode(&Key::new(Kind::Affinity, name), &v.value)?;
+            if !a.deleted && a.host == host {
+                out.push(a);
+            }
+        }
+        Ok(out)
+    }
+
     /// Releases every affinity of `host`, best effort; returns the last error.
     pub async fn release_host_affinities(
         &self,

@@ -155,6 +155,19 @@ impl Store for AnyStore {
         }
     }
 
+    async fn list_relaxed(
+        &self,
+        kind: Kind,
+        prefix: &str,
+    ) -> Result<Vec<(String, Versioned)>, StoreError> {
+        match self {
+            Self::Memory(s) => s.list_relaxed(kind, prefix).await,
+            Self::Embedded(s) => s.list_relaxed(kind, prefix).await,
+            Self::Etcd(s) => s.list_relaxed(kind, prefix).await,
+            Self::Kubernetes(s) => s.list_relaxed(kind, prefix).await,
+        }
+    }
+
     async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
         match self {
             Self::Memory(s) => s.txn(ops).await,

@@ -18,6 +18,7 @@
 //! says where the time went (queue, read txn, CAS txn, lost races).
 
 mod commit;
+mod follow;
 
 pub use commit::{EtcdPercentiles, EtcdStats};
 
@@ -391,43 +392,15 @@ impl Store for EtcdStore {
     }
 
     async fn list(&self, kind: Kind, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
-        if let Some(m) = self.settings.cached(kind) {
-            return Ok(m
-                .range(prefix.to_owned()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect());
-        }
-        let mut kv = self.client.kv_client();
-        let base = path(kind, "");
-        let t = std::time::Instant::now();
-        let resp = kv
-            .get(
-                format!("{base}{prefix}"),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        self.counters.read(t);
-        let mut out: Vec<(String, Versioned)> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let name = std::str::from_utf8(kv.key())
-                    .ok()?
-                    .strip_prefix(&base)?
-                    .to_owned();
-                Some((
-                    name,
-                    Versioned {
-                        value: kv.value().to_vec(),
-                        revision: rev(kv.mod_revision()),
-                    },
-                ))
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        self.list_with(kind, prefix, false).await
+    }
+
+    async fn list_relaxed(
+        &self,
+        kind: Kind,
+        prefix: &str,
+    ) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.list_with(kind, prefix, true).await
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
@@ -438,7 +411,6 @@ impl Store for EtcdStore {
             }),
         }
     }
-
     async fn read_modify_write<T, F>(&self, keys: Vec<Key>, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
@@ -469,6 +441,56 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
+    /// A prefix listing, from the settings cache when it can; `serializable`: without a consensus round.
+    async fn list_with(
+        &self,
+        kind: Kind,
+        prefix: &str,
+        serializable: bool,
+    ) -> Result<Vec<(String, Versioned)>, StoreError> {
+        if let Some(m) = self.settings.cached(kind) {
+            return Ok(m
+                .range(prefix.to_owned()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect());
+        }
+        let mut kv = self.client.kv_client();
+        let base = path(kind, "");
+        let t = std::time::Instant::now();
+        let resp = kv
+            .get(
+                format!("{base}{prefix}"),
+                Some(if serializable {
+                    GetOptions::new().with_prefix().with_serializable()
+                } else {
+                    GetOptions::new().with_prefix()
+                }),
+            )
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        self.counters.read(t);
+        let mut out: Vec<(String, Versioned)> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = std::str::from_utf8(kv.key())
+                    .ok()?
+                    .strip_prefix(&base)?
+                    .to_owned();
+                Some((
+                    name,
+                    Versioned {
+                        value: kv.value().to_vec(),
+                        revision: rev(kv.mod_revision()),
+                    },
+                ))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
     /// One conditional txn over `ops`.
     async fn cas(&self, ops: &[Op]) -> Result<Cas, StoreError> {
         let or_else: Vec<TxnOp> = ops

@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 pub mod overlay;
+pub mod watch;
 
 pub use any::{AnyStore, Datastore};
 
@@ -210,6 +211,16 @@ pub enum StoreError {
         /// Keys not written.
         unwritten: String,
     },
+    /// A watch asked for changes after a revision the datastore has compacted away.
+    #[error(
+        "the datastore has compacted the history up to revision {compacted} (asked to watch from {asked}): list again"
+    )]
+    Compacted {
+        /// The revision asked for.
+        asked: u64,
+        /// The oldest revision still kept.
+        compacted: u64,
+    },
     /// A fault injected by a test.
     #[error("injected datastore fault ({what})")]
     Injected {
@@ -248,6 +259,17 @@ pub trait Store: Send + Sync + 'static {
         kind: Kind,
         prefix: &str,
     ) -> impl Future<Output = Result<Vec<(String, Versioned)>, StoreError>> + Send;
+
+    /// [`Store::list`], where the answer may lag the newest writes a little (etcd: served by the member without
+    /// a consensus round, which under write load waits behind in-flight fsyncs). Only for listings whose use a
+    /// later compare-and-swap checks (the allocation hot path's affinity index). The default is [`Store::list`].
+    fn list_relaxed(
+        &self,
+        kind: Kind,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Versioned)>, StoreError>> + Send {
+        self.list(kind, prefix)
+    }
 
     /// Applies every operation atomically, or none with [`StoreError::Conflict`] naming the first failed check.
     /// Stores without multi-key transactions (Kubernetes) apply them in order, each one compare-and-swap.

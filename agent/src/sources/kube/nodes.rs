@@ -1,7 +1,7 @@
 //! Node objects as node records (`--source kubernetes`, DESIGN.md → "Nodes and routing"): the source
 //! hands this task every converted Node once the Nodes' first list is in ([`Feed`]), and again whenever a
 //! Node changes; the task lists the block affinities of the IPAM datastore every
-//! [`LIST_EVERY`](crate::sources::nodes::LIST_EVERY) and sends the loop what changed as [`NodeDelta`]s —
+//! [`TICK`](crate::sources::nodes::TICK) and sends the loop what changed as [`NodeDelta`]s —
 //! the same deltas the etcd node records make — then [`NodeDelta::Synced`] after the first full view. A
 //! Node deleted is gone (its routes are swept); a Node without an address is named in the log and left
 //! out; a Node whose Ready condition has not been True for `--node-expiry` is expired (alive again once
@@ -22,7 +22,7 @@ use crate::{
     applier::{Command, LoopHandle},
     nodes::{ClusterNode, NodeDelta, diff, store::BlockStore},
     policy::model::NodeInfo,
-    sources::nodes::LIST_EVERY,
+    sources::nodes::TICK,
 };
 
 /// A converted Node: what the policy takes, and its readiness.
@@ -135,7 +135,7 @@ pub async fn run<S: BlockStore>(
     let mut known = BTreeMap::new();
     let mut refused_known = BTreeSet::new();
     let mut synced = false;
-    let mut list = tokio::time::interval(LIST_EVERY);
+    let mut list = tokio::time::interval(TICK);
     list.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
