@@ -277,6 +277,21 @@ impl Node {
             }
             .map(|i| i.identity)
         };
+        // Node addresses (no pod): this node's (host) and the other nodes' (remote-node, or the
+        // identity of a policy CIDR covering them).
+        let nodes = self
+            .node_addresses
+            .iter()
+            .map(|ip| (here.as_str(), *ip))
+            .chain(self.calc.remote_node_addresses());
+        for (node, ip) in nodes {
+            out.push(AddressView {
+                ip,
+                identity: Some(crate::trace::identity_of(self, ip)),
+                node: node.to_owned(),
+                pod: String::new(),
+            });
+        }
         let mut known: BTreeSet<String> = out.iter().map(|a| a.pod.clone()).collect();
         for c in &self.cluster_pods {
             known.insert(c.pod.key.clone());
@@ -317,10 +332,27 @@ impl Node {
 
     /// A change of the cluster's nodes: the desired routes follow (no kernel I/O).
     pub fn on_node_delta(&mut self, delta: NodeDelta) {
+        self.remote_node_identities(&delta);
         match &mut self.routes {
             Some(routes) => routes.on_delta(delta),
             None => tracing::debug!(?delta, "a node delta without routing; ignored"),
         }
+    }
+
+    /// Other nodes' addresses carry the remote-node identity (the local node's record is skipped:
+    /// its addresses are `host`, from the link watcher).
+    fn remote_node_identities(&mut self, delta: &NodeDelta) {
+        let local = self.node_name.as_deref();
+        match delta {
+            NodeDelta::Upsert(node) if Some(node.name.as_str()) != local => {
+                self.calc.set_remote_node(&node.name, Some(&node.addresses));
+            }
+            NodeDelta::Gone(name) if Some(name.as_str()) != local => {
+                self.calc.set_remote_node(name, None);
+            }
+            NodeDelta::Upsert(_) | NodeDelta::Gone(_) | NodeDelta::Synced => return,
+        }
+        self.flush();
     }
 
     /// True when the routes have work to do.

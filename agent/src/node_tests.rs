@@ -451,3 +451,6 @@ fn registering_a_pod_takes_it_out_of_the_remote_pods_and_removing_it_brings_it_b
         "the Pod is remote again once its endpoint is gone"
     );
 }
+
+#[path = "node_remote_tests.rs"]
+mod remote_nodes;

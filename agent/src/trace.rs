@@ -82,7 +82,8 @@ pub fn protocol(name: &str) -> Option<u8> {
     }
 }
 
-fn identity_of(node: &Node, ip: IpAddr) -> u32 {
+/// The identity the programs would give `ip` on the desired state (exact, else LPM, else world).
+pub(crate) fn identity_of(node: &Node, ip: IpAddr) -> u32 {
     let dp = &node.dataplane;
     let exact = match ip {
         IpAddr::V4(a) => dp.ident4.desired(&a.octets()).copied(),

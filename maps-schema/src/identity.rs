@@ -13,6 +13,10 @@ pub const HOST: u32 = 1;
 pub const WORLD: u32 = 2;
 /// Addresses inside a pod network that weir does not manage (host-network pods, other CNIs).
 pub const UNMANAGED: u32 = 3;
+/// Another node of the cluster: the addresses of every other node's record (as Cilium's
+/// `remote-node`). An `ipBlock` covering such an address still selects it (the agent leaves the
+/// address to the policy CIDR's `ipcache` entry).
+pub const REMOTE_NODE: u32 = 4;
 /// The first identity the agent allocates for a label set or a CIDR.
 pub const FIRST_ALLOCATED: u32 = 256;
 
@@ -24,6 +28,7 @@ pub const fn reserved_name(identity: u32) -> Option<&'static str> {
         HOST => Some("host"),
         WORLD => Some("world"),
         UNMANAGED => Some("unmanaged"),
+        REMOTE_NODE => Some("remote-node"),
         _ => None,
     }
 }

@@ -343,3 +343,53 @@ async fn a_route_that_cannot_be_written_holds_back_no_write_and_is_retried() {
     handle.stop();
     thread.join().expect("join");
 }
+
+#[tokio::test]
+async fn another_nodes_record_gives_its_addresses_remote_node_in_the_kernel_maps_until_it_goes() {
+    use crate::nodes::{ClusterNode, NodeDelta};
+    use maps_schema::identity::REMOTE_NODE;
+    let (_dir, paths, kernel) = setup();
+    let (handle, thread) = spawn(harness::open_node(&paths, &kernel)).expect("spawn");
+    links_of(&kernel, &handle);
+    handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+    let there: std::net::Ipv4Addr = "192.0.2.7".parse().expect("ip");
+    let entry = |kernel: &FakeKernel| {
+        kernel
+            .ident4
+            .contents()
+            .into_iter()
+            .find(|(k, _)| *k == there.octets())
+            .map(|(_, v)| v.identity)
+    };
+    assert_eq!(entry(&kernel), None, "no entry before the record");
+    handle
+        .send(Command::Node(NodeDelta::Upsert(ClusterNode {
+            name: "there".into(),
+            addresses: vec![there.into()],
+            labels: BTreeMap::new(),
+            blocks: Vec::new(),
+            alive: true,
+            heartbeat: 1,
+        })))
+        .expect("send");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while entry(&kernel) != Some(REMOTE_NODE) {
+        assert!(
+            Instant::now() < deadline,
+            "the remote-node entry never reached the map"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle
+        .send(Command::Node(NodeDelta::Gone("there".into())))
+        .expect("send");
+    while entry(&kernel).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the remote-node entry outlived its node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.stop();
+    thread.join().expect("join");
+}

@@ -10,7 +10,8 @@
 //! - a namespace's labels change the identities of its classes and what namespace selectors match;
 //! - a policy added, changed or removed (`set_policies` diffs the new set against the old by
 //!   namespace/name) adds or withdraws the entries of its rules for the endpoints it selects;
-//! - node addresses change only their `ident` entries.
+//! - node addresses (this node's: host; other nodes': remote-node, `node_addresses`) change only
+//!   their `ident` entries.
 //!
 //! Policy entries are kept by group (`groups`): a group is recompiled from its contributing
 //! rules in the full compile's order, so the result equals `policy::compile::compile` over the
@@ -26,6 +27,7 @@ pub(crate) mod fasthash;
 mod groups;
 mod layered;
 mod named;
+mod node_addresses;
 mod peers;
 mod policies;
 mod remote;
@@ -89,11 +91,12 @@ fn put<K: Clone + Eq + Hash + Send>(
     }
 }
 
-/// Who says an address has an identity: the node (host), a remote pod (by `namespace/name`) or an
+/// Who says an address has an identity: another node (remote-node, by name), the node (host), a remote pod (by `namespace/name`) or an
 /// endpoint (by registry key). Later variants win (a local endpoint over a remote pod's stale
 /// address), and among endpoints the last key (as a full rebuild wrote them).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
+    RemoteNode(String),
     Node,
     Remote(String),
     Endpoint(String),
@@ -173,6 +176,8 @@ pub struct Calculation {
     identities: Identities,
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
     node_addresses: BTreeSet<IpAddr>,
+    /// Other nodes' addresses by node name (remote-node unless a policy CIDR covers them).
+    remote_nodes: BTreeMap<String, Vec<IpAddr>>,
     members: HashMap<String, Member>,
     /// Remote pods by `namespace/name`, with their class.
     remote_pods: HashMap<String, (RemotePod, usize)>,
@@ -212,6 +217,7 @@ impl Calculation {
             identities,
             namespaces: BTreeMap::new(),
             node_addresses: BTreeSet::new(),
+            remote_nodes: BTreeMap::new(),
             members: HashMap::new(),
             remote_pods: HashMap::new(),
             classes: Slab::new(),
@@ -329,6 +335,11 @@ impl Calculation {
 
     /// Writes what changed into the managers' and drivers' desired state (no kernel I/O).
     pub fn flush(&mut self, dp: &mut Dataplane) {
+        let ipcache_dirty = self.ipcache.take_dirty();
+        if !ipcache_dirty.is_empty() {
+            // Policy CIDRs changed: which node addresses they cover may have too.
+            self.sync_remote_nodes(None);
+        }
         for address in self.ident.take_dirty() {
             let value = self.ident.winner(&address).map(identity_info);
             match address {
@@ -336,7 +347,7 @@ impl Calculation {
                 IpAddr::V6(a) => put(&mut dp.ident6, a.octets(), value),
             }
         }
-        for net in self.ipcache.take_dirty() {
+        for net in ipcache_dirty {
             let value = self.ipcache.winner(&net).map(identity_info);
             let len = u32::from(net.prefix());
             match net {

@@ -161,12 +161,16 @@ fn all_addresses(common: &Common) -> Result<()> {
     match common.output {
         Output::Json => print_json(&addresses),
         Output::Table => {
-            println!("{:<40} {:<10} {:<24} POD", "ADDRESS", "IDENTITY", "NODE");
+            println!("{:<40} {:<18} {:<24} POD", "ADDRESS", "IDENTITY", "NODE");
             for a in &addresses {
                 println!(
-                    "{:<40} {:<10} {:<24} {}",
+                    "{:<40} {:<18} {:<24} {}",
                     a.ip,
-                    a.identity.map_or_else(|| "-".into(), |i| i.to_string()),
+                    a.identity.map_or_else(
+                        || "-".into(),
+                        |i| maps_schema::identity::reserved_name(i)
+                            .map_or_else(|| i.to_string(), |r| format!("{i} ({r})"))
+                    ),
                     a.node,
                     a.pod
                 );
