@@ -74,8 +74,10 @@ pub enum RoutingSetupError {
         #[source]
         source: std::io::Error,
     },
-    /// Opening the route table panicked.
-    #[error("opening the route table's netlink socket panicked; see the log above")]
+    /// Opening the netlink sockets panicked.
+    #[error(
+        "opening the route table's or the VXLAN device's netlink socket panicked; see the log above"
+    )]
     OpenPanicked,
     /// The route table could not be opened.
     #[error(transparent)]
@@ -149,21 +151,25 @@ fn install(
     source: NodeSource,
     addresses: &[IpAddr],
 ) -> Result<Option<u32>, RoutingSetupError> {
-    // The netlink sockets' own runtimes cannot start inside the agent's: open them on a thread of its own
-    // (same network namespace); the loop's thread, outside any runtime, uses them from then on.
-    let (routes, mut vxlan) = std::thread::scope(|scope| {
+    // The netlink sockets' own runtimes cannot start inside the agent's: open and query them on a thread of
+    // its own (same network namespace); the loop's thread, outside any runtime, uses them from then on.
+    let (routes, vxlan, mode, pod_mtu) = std::thread::scope(|scope| {
         scope
-            .spawn(|| Ok::<_, RoutingSetupError>((NetlinkRoutes::open()?, NetlinkVxlan::open()?)))
+            .spawn(|| {
+                let routes = NetlinkRoutes::open()?;
+                let mut vxlan = NetlinkVxlan::open()?;
+                let (mode, pod_mtu) = match config.routing {
+                    RoutingMode::Native => (node_routes::RoutingMode::Native, None),
+                    RoutingMode::Vxlan => {
+                        let (c, mtu) = vxlan_setup(config, addresses, &mut vxlan)?;
+                        (node_routes::RoutingMode::Vxlan(c), Some(mtu))
+                    }
+                };
+                Ok::<_, RoutingSetupError>((routes, vxlan, mode, pod_mtu))
+            })
             .join()
     })
     .map_err(|_| RoutingSetupError::OpenPanicked)??;
-    let (mode, pod_mtu) = match config.routing {
-        RoutingMode::Native => (node_routes::RoutingMode::Native, None),
-        RoutingMode::Vxlan => {
-            let (vxlan_config, mtu) = vxlan_setup(config, addresses, &mut vxlan)?;
-            (node_routes::RoutingMode::Vxlan(vxlan_config), Some(mtu))
-        }
-    };
     let device = Some(config.vxlan.device.clone());
     let routes = Routes::new(mode, Box::new(routes), Box::new(vxlan), device);
     node.set_routing(NodeRoutes::new(&config.node, routes).with_source(source));
