@@ -39,7 +39,7 @@ use tests::{
 };
 
 /// Pods per node.
-const PODS: usize = 10;
+const PODS: usize = 30;
 /// Cross-node pairs probed (at least; spread over every ordered node pair).
 const SAMPLE: usize = 500;
 /// Concurrent probes.
@@ -508,8 +508,8 @@ fn scenario(mode: Mode) {
         }
     }
     eprintln!(
-        "multinode {mode:?}: {} pods in {:?}",
-        3 * PODS,
+        "multinode {mode:?}: 3 × {} pods in {:?}",
+        PODS,
         started.elapsed()
     );
     routes_converge(&cluster);
@@ -524,6 +524,7 @@ fn scenario(mode: Mode) {
         pairs.len()
     );
     let node_pairs: BTreeSet<(usize, usize)> = pairs.iter().map(|&(a, _, b, _)| (a, b)).collect();
+    eprintln!("multinode {mode:?}: {} cross-node pairs connect", pairs.len());
     assert_eq!(node_pairs.len(), 6, "every ordered node pair is sampled");
 
     // The policy matrix: pods of other nodes are judged by their identities (from their endpoint records).
