@@ -524,7 +524,10 @@ fn scenario(mode: Mode) {
         pairs.len()
     );
     let node_pairs: BTreeSet<(usize, usize)> = pairs.iter().map(|&(a, _, b, _)| (a, b)).collect();
-    eprintln!("multinode {mode:?}: {} cross-node pairs connect", pairs.len());
+    eprintln!(
+        "multinode {mode:?}: {} cross-node pairs connect",
+        pairs.len()
+    );
     assert_eq!(node_pairs.len(), 6, "every ordered node pair is sampled");
 
     // The policy matrix: pods of other nodes are judged by their identities (from their endpoint records).

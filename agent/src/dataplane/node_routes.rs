@@ -35,8 +35,8 @@ pub struct LocalNode {
     pub name: String,
     /// Its underlay address (the tunnel's source).
     pub address: IpAddr,
-    /// Its VTEP address (vxlan mode: put on the device; unique per node, for instance an address of the
-    /// node's own block reserved for the tunnel, as Calico's `ipv4VXLANTunnelAddr`).
+    /// Its VTEP address (vxlan mode: put on the device; unique per node). The agent uses the node's own
+    /// IPv4 address (`nodes::routing::vtep_of`), so every node derives it from the node record alone.
     pub vtep: Option<Ipv4Addr>,
 }
 
