@@ -164,6 +164,9 @@ pub struct AgentArgs {
     /// `--source kubernetes`: how long a Node may be not Ready before its routes are swept.
     #[arg(long, env = "WEIR_NODE_EXPIRY", default_value_t = 40)]
     pub node_expiry: u64,
+    /// The VXLAN device of `--routing vxlan`.
+    #[command(flatten)]
+    pub vxlan: crate::vxlan_config::VxlanArgs,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -265,6 +268,8 @@ pub struct Config {
     /// How long a node record stays live without a heartbeat (dumped in seconds).
     #[serde(serialize_with = "seconds")]
     pub node_expiry: std::time::Duration,
+    /// The VXLAN device's flags (checked; the underlay, when not given, is found at start).
+    pub vxlan: crate::vxlan_config::VxlanArgs,
 }
 
 /// A duration as the whole seconds the flags take.
@@ -561,6 +566,7 @@ impl AgentArgs {
                 "use an address other nodes reach this node at (not unspecified, loopback or multicast)",
             ));
         }
+        self.vxlan.check()?;
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -600,6 +606,7 @@ impl AgentArgs {
             routing: self.routing,
             node_addresses: self.node_addresses.clone(),
             node_expiry: std::time::Duration::from_secs(self.node_expiry),
+            vxlan: self.vxlan.clone(),
         })
     }
 }
@@ -713,6 +720,23 @@ mod tests {
         assert_eq!(serde_json::to_value(&again).expect("json"), dumped);
         let raised = parse(&["--node", "n1", "--cni-version", "1.1.0"]).expect("1.1.0 is valid");
         assert_eq!(raised.cni_version, "1.1.0");
+        // The VXLAN flags dump with their defaults (the underlay: found at start) and parse back.
+        assert_eq!(json["vxlan"]["device"], paths::DEFAULT_VXLAN_DEVICE);
+        assert_eq!(json["vxlan"]["vni"], paths::DEFAULT_VXLAN_VNI);
+        assert!(json["vxlan"]["underlay"].is_null());
+        let vx = parse(&[
+            "--node",
+            "n1",
+            "--routing",
+            "vxlan",
+            "--vxlan-vni",
+            "9",
+            "--vxlan-underlay",
+            "ens3",
+        ])
+        .expect("vxlan flags are valid");
+        assert_eq!((vx.routing, vx.vxlan.vni), (RoutingMode::Vxlan, 9));
+        assert_eq!(vx.vxlan.underlay.as_deref(), Some("ens3"));
     }
 
     /// Every duration dumps as a value its own flag takes back unchanged.
@@ -820,6 +844,16 @@ mod tests {
                 "--cni-version",
             ),
             (vec!["--node", "n1", "--pool", "10.244.1.0/16"], "--pool"),
+            (
+                vec!["--node", "n1", "--vxlan-device", "weirtun"],
+                "--vxlan-device",
+            ),
+            (vec!["--node", "n1", "--vxlan-vni", "0"], "--vxlan-vni"),
+            (vec!["--node", "n1", "--vxlan-port", "0"], "--vxlan-port"),
+            (
+                vec!["--node", "n1", "--vxlan-underlay", ""],
+                "--vxlan-underlay",
+            ),
             (
                 vec!["--node", "n1", "--pool", "10.244.0.0/16,10.245.0.0/16"],
                 "--pool",

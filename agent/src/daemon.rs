@@ -229,7 +229,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     node.set_node_name(&config.node)?;
     // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
     // nodes' blocks.
-    let node_records = crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)?;
+    let (node_records, pod_mtu) =
+        match crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)? {
+            Some(r) => (Some(r.records), r.pod_mtu),
+            None => (None, None),
+        };
     if kube_client.is_some() {
         node.await_policy_source();
     }
@@ -480,8 +484,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             "the API socket does not answer".into(),
         ));
     }
-    let conflist =
-        node_setup::write_conflist(&paths, &families, &config.cni_version, config.tc_attach)?;
+    let conflist = node_setup::write_conflist_with_mtu(
+        &paths,
+        &families,
+        &config.cni_version,
+        config.tc_attach,
+        pod_mtu,
+    )?;
     tracing::info!(path = %conflist.display(), "wrote the CNI configuration");
     // Handlers before the start report: whoever reads it may send SIGTERM at once.
     use tokio::signal::unix::{SignalKind, signal};

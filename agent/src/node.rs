@@ -11,7 +11,6 @@ use serde::Serialize;
 use crate::{
     calc::Calculation,
     dataplane::plane::Dataplane,
-    dataplane::routes::RouteError,
     identity::{Identities, IdentityError},
     nodes::{
         AddressView, ClusterPod, NodeDelta,
@@ -362,7 +361,7 @@ impl Node {
     }
 
     /// Reconciles the routes (the loop calls this after the maps, on its thread).
-    pub fn apply_routes(&mut self) -> Result<(), RouteError> {
+    pub fn apply_routes(&mut self) -> Result<(), crate::dataplane::node_routes::NodeRoutesError> {
         self.routes.as_mut().map_or(Ok(()), NodeRoutes::apply)
     }
 

@@ -36,9 +36,9 @@ fn invalid(flag: &'static str, value: &str, reason: &str) -> ConfigError {
 }
 
 impl VxlanArgs {
-    /// The driver's settings; `underlay` is used when `--vxlan-underlay` is not given (the device of this
-    /// node's address, found by the caller).
-    pub fn validate(&self, underlay: Option<&str>) -> Result<VxlanConfig, ConfigError> {
+    /// Checks the settings that need nothing from the kernel (device name, VNI, port, an underlay given
+    /// empty): what `config::AgentArgs::validate` refuses before anything starts.
+    pub fn check(&self) -> Result<(), ConfigError> {
         let d = &self.device;
         if d.is_empty() || d.len() > 15 || d.contains(['/', ' ', ':']) || d.starts_with("weir") {
             return Err(invalid(
@@ -61,6 +61,20 @@ impl VxlanArgs {
                 "use a UDP port from 1 to 65535 (4789 is VXLAN's)",
             ));
         }
+        if self.underlay.as_deref() == Some("") {
+            return Err(invalid(
+                "--vxlan-underlay (WEIR_VXLAN_UNDERLAY)",
+                "",
+                "name the device that holds this node's address, or leave the flag out to use that device",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The driver's settings; `underlay` is used when `--vxlan-underlay` is not given (the device of this
+    /// node's address, found by the caller).
+    pub fn validate(&self, underlay: Option<&str>) -> Result<VxlanConfig, ConfigError> {
+        self.check()?;
         let underlay = self
             .underlay
             .as_deref()
@@ -74,7 +88,7 @@ impl VxlanArgs {
                 )
             })?;
         Ok(VxlanConfig {
-            device: d.clone(),
+            device: self.device.clone(),
             vni: self.vni,
             port: self.port,
             underlay: underlay.to_owned(),
@@ -148,6 +162,12 @@ mod tests {
                 .to_string();
             assert!(err.contains(flag), "{args:?}: {err}");
         }
+        let err = parse(&["--vxlan-underlay", ""])
+            .check()
+            .expect_err("an empty underlay")
+            .to_string();
+        assert!(err.contains("--vxlan-underlay"), "{err}");
+        assert!(parse(&[]).check().is_ok(), "no underlay: found at start");
         let err = parse(&[])
             .validate(None)
             .expect_err("no underlay")

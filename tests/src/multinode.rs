@@ -51,10 +51,23 @@ impl Node {
         lines
     }
 
-    /// Adds a pod through `weir-cni`; returns its address.
+    /// The pods' MTU in the conflist the agent wrote (`None`: weir-cni's default).
+    #[must_use]
+    pub fn conflist_mtu(&self) -> Option<u64> {
+        let path = self.cni.dirs.path("net.d").join("04-weir.conflist");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let conflist: Value = serde_json::from_str(&text).expect("the conflist is JSON");
+        conflist["plugins"][0]["mtu"].as_u64()
+    }
+
+    /// Adds a pod through `weir-cni`, with the conflist's MTU as a runtime passes it; returns its address.
     pub fn add_pod(&mut self, namespace: &str, name: &str) -> String {
         let pod = Pod::k8s(namespace, name);
-        let result = self.cni.add(&pod, &self.cni.conf(&Value::Null));
+        let extra = self
+            .conflist_mtu()
+            .map_or(Value::Null, |mtu| serde_json::json!({ "mtu": mtu }));
+        let result = self.cni.add(&pod, &self.cni.conf(&extra));
         let ip = Pod::ipv4(&result);
         self.pods.push((pod, result));
         ip

@@ -1,13 +1,19 @@
 //! Three nodes on one kernel (DESIGN.md → "Nodes and routing"; `tests::multinode`): node namespaces on an
-//! underlay bridge, a real etcd, one agent each, pods through `weir-cni`, native routing.
+//! underlay bridge, a real etcd, one agent each, pods through `weir-cni` (with the conflist's MTU, as a
+//! runtime passes it). One scenario, run in each routing mode (`--routing native` and `--routing vxlan`):
 //!
 //! - every node routes every other node's blocks (`ip route show proto 87`, computed from the blocks the
-//!   agents report) and pods reach pods on every other node on TCP (every cross-node pair);
+//!   agents report) and pods reach pods on every other node on TCP (a seeded sample of cross-node pairs
+//!   covering every ordered node pair; the seed is printed, `WEIR_TEST_SEED` replays it); the policy matrix
+//!   holds on a sample too;
+//! - vxlan mode, checked from outside: the device on each node (`ip -d link`: VNI, port), one forwarding
+//!   and one neighbour entry per remote node (`bridge fdb`, `ip neigh`), routes through the device, the
+//!   pods' MTU the device's; native mode: no device, routes via the node addresses;
 //! - `kill -9` of one agent: an established cross-node connection keeps carrying data while it is down; it
-//!   restarts writing nothing (no route event under weir's protocol in `ip monitor`, map and program ids
-//!   unchanged);
-//! - a node removed (agent stopped, record deleted) has its routes swept on the others and its blocks
-//!   reported by `weir ipam check`; `weir ipam release-node` frees them; a node added gets routes everywhere.
+//!   restarts writing nothing (no route event under weir's protocol and no neighbour event on the device in
+//!   `ip monitor`; the device's ifindex, forwarding and neighbour entries, map and program ids unchanged);
+//! - a node removed (agent stopped, record deleted) has its routes and VXLAN entries swept on the others
+//!   and its blocks reported by `weir ipam check`; `weir ipam release-node` frees them; a node added gets routes everywhere.
 
 use std::{
     collections::BTreeSet,
@@ -32,8 +38,14 @@ use tests::{
     privileged::require_root,
 };
 
-/// Pods per node (the full size is 30; this keeps the run short).
-const PODS: usize = 10;
+/// Pods per node.
+const PODS: usize = 30;
+/// Cross-node pairs probed (at least; spread over every ordered node pair).
+const SAMPLE: usize = 500;
+/// Concurrent probes.
+const PROBERS: usize = 24;
+/// The VXLAN device (the agent's default name, VNI and port).
+const DEVICE: &str = agent::paths::DEFAULT_VXLAN_DEVICE;
 const PORT_TCP: u16 = 8080;
 /// How long a node's change may take to reach every other node's routes (listing every second; etcd on
 /// this shared disk sometimes takes seconds to answer, and a request gives up after 10 s).
@@ -117,34 +129,287 @@ fn routes_converge(cluster: &Cluster) {
     );
 }
 
+/// The routing mode a scenario runs in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Native,
+    Vxlan,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Vxlan => "vxlan",
+        }
+    }
+}
+
+/// The device as the kernel shows it on `node` (`ip -d link`), `None` when absent.
+fn device_details(node: &Node) -> Option<String> {
+    let out = node
+        .cni
+        .ns
+        .try_exec(&["ip", "-d", "-o", "link", "show", "dev", DEVICE])
+        .expect("ip");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The MTU in an `ip -o link` line.
+fn mtu_of(line: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .iter()
+        .position(|w| *w == "mtu")
+        .and_then(|i| words.get(i + 1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no mtu in {line:?}"))
+}
+
+/// The device's forwarding entries with a destination and its neighbour entries on `node`, sorted lines.
+fn vxlan_entries(node: &Node) -> (Vec<String>, Vec<String>) {
+    let lines = |out: std::process::Output| {
+        let mut l: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect();
+        l.sort();
+        l
+    };
+    let fdb = lines(node.cni.ns.exec(&["bridge", "fdb", "show", "dev", DEVICE]))
+        .into_iter()
+        .filter(|l| l.contains(" dst "))
+        .collect();
+    let neigh = lines(node.cni.ns.exec(&["ip", "neigh", "show", "dev", DEVICE]));
+    (fdb, neigh)
+}
+
+/// What the kernel shows of the routing mode on every live node, from outside: vxlan — the device with the
+/// agent's VNI and port, one permanent forwarding entry to and one permanent neighbour entry for each other
+/// live node's address, every weir route through the device `onlink`; native — no device, no route through
+/// one.
+fn mode_holds(cluster: &Cluster, mode: Mode) -> Result<(), String> {
+    for node in cluster.live() {
+        let details = device_details(node);
+        let routes = node.weir_routes();
+        if mode == Mode::Native {
+            if details.is_some() || routes.iter().any(|r| r.contains(DEVICE)) {
+                return Err(format!(
+                    "{}: a VXLAN device in native mode: {details:?}",
+                    node.name
+                ));
+            }
+            continue;
+        }
+        let details = details.ok_or_else(|| format!("{}: no {DEVICE}", node.name))?;
+        let (vni, port) = (
+            agent::paths::DEFAULT_VXLAN_VNI,
+            agent::paths::DEFAULT_VXLAN_PORT,
+        );
+        if !details.contains(&format!("vxlan id {vni} "))
+            || !details.contains(&format!("dstport {port} "))
+        {
+            return Err(format!(
+                "{}: not VNI {vni} port {port}: {details}",
+                node.name
+            ));
+        }
+        let remotes: BTreeSet<String> = cluster
+            .live()
+            .filter(|o| o.name != node.name)
+            .map(|o| o.address.clone())
+            .collect();
+        let (fdb, neigh) = vxlan_entries(node);
+        let fdb_dst: BTreeSet<String> = fdb
+            .iter()
+            .filter(|l| l.contains("permanent"))
+            .filter_map(|l| {
+                l.split(" dst ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()
+                    .map(str::to_owned)
+            })
+            .collect();
+        let neigh_ip: BTreeSet<String> = neigh
+            .iter()
+            .filter(|l| l.contains("PERMANENT"))
+            .filter_map(|l| l.split(' ').next().map(str::to_owned))
+            .collect();
+        if fdb.len() != remotes.len() || fdb_dst != remotes {
+            return Err(format!(
+                "{}: forwarding entries {fdb:?}, want one to each of {remotes:?}",
+                node.name
+            ));
+        }
+        if neigh.len() != remotes.len() || neigh_ip != remotes {
+            return Err(format!(
+                "{}: neighbour entries {neigh:?}, want one for each of {remotes:?}",
+                node.name
+            ));
+        }
+        if let Some(bad) = routes
+            .iter()
+            .find(|r| !r.contains(&format!("dev {DEVICE}")) || !r.contains("onlink"))
+        {
+            return Err(format!(
+                "{}: a route not through {DEVICE}: {bad}",
+                node.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// vxlan mode: the conflist's MTU is the device's, which is the underlay's less VXLAN's 50 bytes, and the
+/// pods have it; native mode: the conflist has none (weir-cni's default).
+fn mtus_hold(cluster: &Cluster, mode: Mode) {
+    for node in cluster.live() {
+        let conflist = node.conflist_mtu();
+        if mode == Mode::Native {
+            assert_eq!(conflist, None, "{}: an MTU in native mode", node.name);
+            continue;
+        }
+        let underlay = node.ip(&["-o", "addr", "show", "to", &node.address]);
+        let underlay = underlay
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("no device holds {}", node.address));
+        let underlay_mtu = mtu_of(&node.ip(&["-o", "link", "show", "dev", underlay]));
+        let device_mtu = mtu_of(&device_details(node).expect("the device"));
+        assert_eq!(
+            device_mtu,
+            underlay_mtu - 50,
+            "{}: the device's MTU",
+            node.name
+        );
+        assert_eq!(
+            conflist,
+            Some(device_mtu),
+            "{}: the conflist's MTU",
+            node.name
+        );
+        for (pod, _) in &node.pods {
+            let out = pod.ns.exec(&["ip", "-o", "link", "show", "dev", "eth0"]);
+            let line = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(mtu_of(&line), device_mtu, "{}: a pod's MTU", node.name);
+        }
+    }
+}
+
+/// A small seeded generator (SplitMix64): the sample is replayable from the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Self {
+        let seed = std::env::var("WEIR_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        eprintln!("multinode: pair sample seed {seed} (WEIR_TEST_SEED={seed} replays it)");
+        Self(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A probed pair: (from node, from pod, to node, to pod), indexes into `cluster.nodes` and their pods.
+type Pair = (usize, usize, usize, usize);
+
+/// At least [`SAMPLE`] distinct cross-node pairs of the live nodes, the same number for every ordered node
+/// pair (all of a node pair's pod pairs when it has fewer).
+fn sample_pairs(cluster: &Cluster, rng: &mut Rng) -> Vec<Pair> {
+    let live: Vec<(usize, usize)> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| n.as_ref().map(|n| (i, n.pods.len())))
+        .collect();
+    let node_pairs = live.len() * live.len().saturating_sub(1);
+    let per = SAMPLE.div_ceil(node_pairs.max(1));
+    let mut pairs = Vec::new();
+    for &(a, na) in &live {
+        for &(b, nb) in live.iter().filter(|(b, _)| *b != a) {
+            // A partial Fisher-Yates shuffle of the node pair's na × nb pod pairs.
+            let mut all: Vec<usize> = (0..na * nb).collect();
+            let take = per.min(all.len());
+            for k in 0..take {
+                let j = k + rng.below(all.len() - k);
+                all.swap(k, j);
+            }
+            pairs.extend(all[..take].iter().map(|x| (a, x / nb, b, x % nb)));
+        }
+    }
+    pairs
+}
+
+/// Runs `probe` on every pair with at most [`PROBERS`] at once; the results in order.
+fn probe_all<T: Send>(pairs: &[Pair], probe: impl Fn(&Pair) -> T + Sync) -> Vec<T> {
+    let chunk = pairs.len().div_ceil(PROBERS).max(1);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = pairs
+            .chunks(chunk)
+            .map(|c| {
+                let probe = &probe;
+                scope.spawn(move || c.iter().map(probe).collect::<Vec<T>>())
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("probe thread"))
+            .collect()
+    })
+}
+
 fn connects(from: &NetNs, to: &str) -> bool {
     let addr: SocketAddr = format!("{to}:{PORT_TCP}").parse().expect("addr");
     from.run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(1500)).is_ok())
 }
 
-/// Every pod reaches every pod on every other node.
-fn all_cross_node_pairs_connect(cluster: &Cluster) -> usize {
-    let mut pairs = 0;
-    for a in cluster.live() {
-        for b in cluster.live().filter(|b| b.name != a.name) {
-            for (from, _) in &a.pods {
-                for (_, result) in &b.pods {
-                    let to = tests::cni::Pod::ipv4(result);
-                    assert!(
-                        connects(&from.ns, &to),
-                        "a pod on {} cannot reach {to} on {}\n{}: {}\n{}: {}",
-                        a.name,
-                        b.name,
-                        a.name,
-                        a.ip(&["route"]),
-                        b.name,
-                        b.ip(&["route"]),
-                    );
-                    pairs += 1;
-                }
-            }
-        }
-    }
+/// Every sampled pod reaches its sampled pod on another node; the pairs probed.
+fn sampled_cross_node_pairs_connect(cluster: &Cluster, rng: &mut Rng) -> Vec<Pair> {
+    let pairs = sample_pairs(cluster, rng);
+    let node = |i: usize| cluster.nodes[i].as_ref().expect("live");
+    let failed: Vec<String> = probe_all(&pairs, |&(a, p, b, q)| {
+        let to = tests::cni::Pod::ipv4(&node(b).pods[q].1);
+        (!connects(&node(a).pods[p].0.ns, &to)).then(|| {
+            format!(
+                "pod {p} of {} cannot reach {to} (pod {q}) on {}",
+                node(a).name,
+                node(b).name
+            )
+        })
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} pairs fail: {failed:?}\n{}",
+        failed.len(),
+        pairs.len(),
+        cluster
+            .live()
+            .map(|n| format!("{}: {}", n.name, n.ip(&["route"])))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     pairs
 }
 
@@ -200,14 +465,29 @@ fn delete_record(infra: &NetNs, name: &str) {
 }
 
 #[test]
-fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_leaving_and_joining()
-{
-    if !require_root(
-        "three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_leaving_and_joining",
+fn three_nodes_route_pods_natively_survive_an_agent_kill_and_follow_nodes_leaving_and_joining() {
+    if require_root(
+        "three_nodes_route_pods_natively_survive_an_agent_kill_and_follow_nodes_leaving_and_joining",
     ) {
-        return;
+        scenario(Mode::Native);
     }
-    let mut cluster = Cluster::new(&["--node-expiry", "30"]);
+}
+
+#[test]
+fn three_nodes_route_pods_through_vxlan_survive_an_agent_kill_and_follow_nodes_leaving_and_joining()
+{
+    if require_root(
+        "three_nodes_route_pods_through_vxlan_survive_an_agent_kill_and_follow_nodes_leaving_and_joining",
+    ) {
+        scenario(Mode::Vxlan);
+    }
+}
+
+/// Both modes' scenario: pods across nodes, policy, an agent's kill, a node leaving and one joining.
+fn scenario(mode: Mode) {
+    let started = Instant::now();
+    let mut rng = Rng::seeded();
+    let mut cluster = Cluster::new(&["--node-expiry", "30", "--routing", mode.flag()]);
     let mut servers = Vec::new();
     for i in 0..3 {
         let node = cluster.add_node();
@@ -227,13 +507,28 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
             servers.push(Servers::start(&pod.ns, &[PORT_TCP], &[]));
         }
     }
-    routes_converge(&cluster);
-    let pairs = all_cross_node_pairs_connect(&cluster);
-    assert_eq!(
-        pairs,
-        3 * 2 * PODS * PODS,
-        "every cross-node pair was tried"
+    eprintln!(
+        "multinode {mode:?}: 3 × {} pods in {:?}",
+        PODS,
+        started.elapsed()
     );
+    routes_converge(&cluster);
+    wait_until("the routing mode shows in the kernel", CONVERGE, || {
+        mode_holds(&cluster, mode)
+    });
+    mtus_hold(&cluster, mode);
+    let pairs = sampled_cross_node_pairs_connect(&cluster, &mut rng);
+    assert!(
+        pairs.len() >= SAMPLE.min(3 * 2 * PODS * PODS),
+        "{} pairs",
+        pairs.len()
+    );
+    let node_pairs: BTreeSet<(usize, usize)> = pairs.iter().map(|&(a, _, b, _)| (a, b)).collect();
+    eprintln!(
+        "multinode {mode:?}: {} cross-node pairs connect",
+        pairs.len()
+    );
+    assert_eq!(node_pairs.len(), 6, "every ordered node pair is sampled");
 
     // The policy matrix: pods of other nodes are judged by their identities (from their endpoint records).
     let mut pod_labels: Vec<Vec<&str>> = (0..3)
@@ -242,7 +537,7 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     write_policies(&cluster);
     let model = model();
     assert!(
-        matrix_holds(&cluster, &model, &pod_labels),
+        matrix_holds(&cluster, &model, &pod_labels, &pairs),
         "the policy matrix does not hold across nodes"
     );
     // A label change on node 0's pod changes what the other nodes' pods may reach.
@@ -261,7 +556,7 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     );
     pod_labels[0][0] = relabelled;
     assert!(
-        matrix_holds(&cluster, &model, &pod_labels),
+        matrix_holds(&cluster, &model, &pod_labels, &pairs),
         "the policy matrix does not follow a label change on node 0"
     );
     // Identity agreement: node 1 knows node 0's pods by the identities node 0 gives them
@@ -272,7 +567,7 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
         write_atomically(&node.cni.dirs.path("policies"), "policies.yaml", "");
     }
     wait_until("every pair connects again", CONVERGE, || {
-        if matrix_holds_once(&cluster, &Model::default(), &pod_labels).is_empty() {
+        if matrix_holds_once(&cluster, &Model::default(), &pod_labels, &pairs).is_empty() {
             Ok(())
         } else {
             Err("some pairs are still denied".into())
@@ -300,6 +595,8 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     echo(&mut conn, "before");
     let (maps_before, programs_before) = ids(cluster.node(0));
     let routes_before = cluster.node(0).weir_routes();
+    let device_before = device_details(cluster.node(0));
+    let entries_before = vxlan_entries_if_any(cluster.node(0));
     // Every route event in node 0 while its agent is away and back.
     let monitor = RouteMonitor::start(&cluster.node(0).cni.ns);
     cluster.node_mut(0).cni.kill_agent();
@@ -314,10 +611,24 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     echo(&mut conn, "after");
     let events = monitor.stop();
     assert!(
-        events.iter().all(|e| !e.contains("proto 87")),
-        "the restart wrote routes: {events:?}"
+        events
+            .iter()
+            .all(|e| !e.contains("proto 87") && !e.contains(&format!("dev {DEVICE} "))),
+        "the restart wrote routes or VXLAN entries: {events:?}"
     );
     assert_eq!(cluster.node(0).weir_routes(), routes_before);
+    assert_eq!(
+        device_details(cluster.node(0)),
+        device_before,
+        "the device (its ifindex and settings) is unchanged"
+    );
+    assert_eq!(vxlan_entries_if_any(cluster.node(0)), entries_before);
+    if mode == Mode::Vxlan {
+        assert!(
+            device_before.is_some() && !entries_before.0.is_empty(),
+            "nothing to compare"
+        );
+    }
     assert_eq!(ids(cluster.node(0)), (maps_before, programs_before));
     drop(conn);
 
@@ -329,6 +640,9 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     delete_record(&cluster.infra, &gone);
     let node2 = cluster.nodes[2].take().expect("node 2");
     routes_converge(&cluster);
+    wait_until("the others sweep its VXLAN entries", CONVERGE, || {
+        mode_holds(&cluster, mode)
+    });
     for node in cluster.live() {
         let have = routes_of(node);
         assert!(
@@ -385,7 +699,20 @@ fn three_nodes_route_pods_to_each_other_survive_an_agent_kill_and_follow_nodes_l
     node3.add_pod("wt-ns0", "pod-3-0");
     servers.push(Servers::start(&node3.pods[0].0.ns, &[PORT_TCP], &[]));
     routes_converge(&cluster);
-    all_cross_node_pairs_connect(&cluster);
+    wait_until("the joined node's tunnel everywhere", CONVERGE, || {
+        mode_holds(&cluster, mode)
+    });
+    sampled_cross_node_pairs_connect(&cluster, &mut rng);
+    eprintln!("multinode {mode:?}: done in {:?}", started.elapsed());
+}
+
+/// [`vxlan_entries`] when the device exists (native mode: none).
+fn vxlan_entries_if_any(node: &Node) -> (Vec<String>, Vec<String>) {
+    if device_details(node).is_some() {
+        vxlan_entries(node)
+    } else {
+        (Vec::new(), Vec::new())
+    }
 }
 
 fn identities_agree(cluster: &Cluster) {
@@ -501,64 +828,51 @@ fn matrix_holds_once(
     cluster: &Cluster,
     model: &Model,
     pod_labels: &[Vec<&str>],
+    pairs: &[Pair],
 ) -> Vec<(String, String, bool)> {
-    let pods: Vec<(String, ModelPod, &NetNs, String)> = cluster
-        .live()
-        .enumerate()
-        .flat_map(|(i, node)| {
-            node.pods.iter().enumerate().map(move |(p, (pod, result))| {
-                let (namespace, name) = pod_name(i, p);
-                let app = pod_labels
-                    .get(i)
-                    .and_then(|l| l.get(p))
-                    .copied()
-                    .unwrap_or("none");
-                (
-                    name,
-                    ModelPod {
-                        namespace,
-                        labels: labels(&[("app", app)]),
-                    },
-                    &pod.ns,
-                    tests::cni::Pod::ipv4(result),
-                )
-            })
-        })
-        .collect();
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = pods
-            .iter()
-            .map(|(from, from_model, ns, _)| {
-                let pods = &pods;
-                scope.spawn(move || {
-                    let mut wrong = Vec::new();
-                    for (to, to_model, _, ip) in pods.iter().filter(|(to, ..)| to != from) {
-                        let want = model.allows(Source::Pod(from_model), to_model, PORT_TCP);
-                        let addr: SocketAddr = format!("{ip}:{PORT_TCP}").parse().expect("addr");
-                        let got = ns.run(|| {
-                            TcpStream::connect_timeout(&addr, Duration::from_millis(400)).is_ok()
-                        });
-                        if got != want {
-                            wrong.push((from.clone(), to.clone(), want));
-                        }
-                    }
-                    wrong
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .flat_map(|t| t.join().expect("probe thread"))
-            .collect()
+    let pod = |i: usize, p: usize| {
+        let (namespace, name) = pod_name(i, p);
+        let app = pod_labels
+            .get(i)
+            .and_then(|l| l.get(p))
+            .copied()
+            .unwrap_or("none");
+        (
+            name,
+            ModelPod {
+                namespace,
+                labels: labels(&[("app", app)]),
+            },
+        )
+    };
+    probe_all(pairs, |&(a, p, b, q)| {
+        let ((from, from_model), (to, to_model)) = (pod(a, p), pod(b, q));
+        let want = model.allows(Source::Pod(&from_model), &to_model, PORT_TCP);
+        let node = |i: usize| cluster.nodes[i].as_ref().expect("live");
+        let ip = tests::cni::Pod::ipv4(&node(b).pods[q].1);
+        let addr: SocketAddr = format!("{ip}:{PORT_TCP}").parse().expect("addr");
+        let got = node(a).pods[p]
+            .0
+            .ns
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(400)).is_ok());
+        (got != want).then_some((from, to, want))
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The matrix holds within the convergence bound (policies hot-reload, endpoint records every second).
-fn matrix_holds(cluster: &Cluster, model: &Model, pod_labels: &[Vec<&str>]) -> bool {
+fn matrix_holds(
+    cluster: &Cluster,
+    model: &Model,
+    pod_labels: &[Vec<&str>],
+    pairs: &[Pair],
+) -> bool {
     let deadline = Instant::now() + CONVERGE;
     let mut allowed_and_denied = (false, false);
     loop {
-        let wrong = matrix_holds_once(cluster, model, pod_labels);
+        let wrong = matrix_holds_once(cluster, model, pod_labels, pairs);
         if wrong.is_empty() {
             break;
         }
@@ -568,22 +882,16 @@ fn matrix_holds(cluster: &Cluster, model: &Model, pod_labels: &[Vec<&str>]) -> b
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    // The matrix must have both outcomes, or it proves nothing.
-    let pods: Vec<ModelPod> = (0..3)
-        .flat_map(|i| {
-            (0..PODS).map(move |p| ModelPod {
-                namespace: pod_name(i, p).0,
-                labels: labels(&[("app", pod_labels[i][p])]),
-            })
-        })
-        .collect();
-    for a in &pods {
-        for b in &pods {
-            if model.allows(Source::Pod(a), b, PORT_TCP) {
-                allowed_and_denied.0 = true;
-            } else {
-                allowed_and_denied.1 = true;
-            }
+    // The sampled matrix must have both outcomes, or it proves nothing.
+    let model_pod = |i: usize, p: usize| ModelPod {
+        namespace: pod_name(i, p).0,
+        labels: labels(&[("app", pod_labels[i][p])]),
+    };
+    for &(a, p, b, q) in pairs {
+        if model.allows(Source::Pod(&model_pod(a, p)), &model_pod(b, q), PORT_TCP) {
+            allowed_and_denied.0 = true;
+        } else {
+            allowed_and_denied.1 = true;
         }
     }
     assert!(
@@ -623,7 +931,16 @@ struct RouteMonitor {
 impl RouteMonitor {
     fn start(ns: &NetNs) -> Self {
         let child = Command::new("ip")
-            .args(["netns", "exec", ns.name(), "ip", "-o", "monitor", "route"])
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                "ip",
+                "-o",
+                "monitor",
+                "route",
+                "neigh",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

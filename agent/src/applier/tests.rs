@@ -292,7 +292,7 @@ async fn the_snapshot_rebuilds_exactly_the_endpoint_views_a_change_touches() {
 #[tokio::test]
 async fn a_route_that_cannot_be_written_holds_back_no_write_and_is_retried() {
     use crate::{
-        dataplane::routes::RouteDriver,
+        dataplane::node_routes::{self, RoutingMode},
         nodes::{ClusterNode, NodeDelta, routing::NodeRoutes},
     };
     let (_dir, paths, kernel) = setup();
@@ -302,7 +302,12 @@ async fn a_route_that_cannot_be_written_holds_back_no_write_and_is_retried() {
     table.routes().failing.insert(block);
     node.set_routing(NodeRoutes::new(
         "here",
-        RouteDriver::new(Box::new(table.clone())),
+        node_routes::NodeRoutes::new(
+            RoutingMode::Native,
+            Box::new(table.clone()),
+            Box::new(table.clone()),
+            None,
+        ),
     ));
     let (handle, thread) = spawn(node).expect("spawn");
     links_of(&kernel, &handle);

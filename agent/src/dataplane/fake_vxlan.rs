@@ -18,6 +18,8 @@ use super::{
 #[derive(Default)]
 pub(crate) struct VxlanTable {
     pub(crate) underlays: BTreeMap<String, Underlay>,
+    /// Addresses on the underlays: address → device name.
+    pub(crate) underlay_addresses: BTreeMap<Ipv4Addr, String>,
     pub(crate) links: BTreeMap<String, VxlanLink>,
     pub(crate) addresses: BTreeMap<u32, BTreeSet<Ipv4Network>>,
     pub(crate) fdb: BTreeMap<u32, BTreeMap<Mac, Ipv4Addr>>,
@@ -59,6 +61,10 @@ fn no_link(op: &'static str, ifindex: u32) -> VxlanError {
 impl VxlanIo for FakeKernel {
     fn underlay(&mut self, name: &str) -> Result<Option<Underlay>, VxlanError> {
         Ok(self.vxlan_table().underlays.get(name).copied())
+    }
+
+    fn device_with_address(&mut self, address: Ipv4Addr) -> Result<Option<String>, VxlanError> {
+        Ok(self.vxlan_table().underlay_addresses.get(&address).cloned())
     }
 
     fn vxlan(&mut self, name: &str) -> Result<Option<VxlanLink>, VxlanError> {

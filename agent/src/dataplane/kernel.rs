@@ -777,6 +777,12 @@ pub enum VxlanError {
 pub trait VxlanIo: Send {
     /// The underlay device `name`, `None` when there is none.
     fn underlay(&mut self, name: &str) -> Result<Option<Underlay>, VxlanError>;
+    /// The name of the device holding IPv4 address `address` (the default underlay: the device of this
+    /// node's address), `None` when no device holds it.
+    fn device_with_address(
+        &mut self,
+        address: std::net::Ipv4Addr,
+    ) -> Result<Option<String>, VxlanError>;
     /// The link named `name`, `None` when there is none.
     fn vxlan(&mut self, name: &str) -> Result<Option<VxlanLink>, VxlanError>;
     /// Creates the VXLAN device `name` (up, learning off); its index.

@@ -221,6 +221,37 @@ impl VxlanIo for NetlinkVxlan {
         }))
     }
 
+    fn device_with_address(&mut self, address: Ipv4Addr) -> Result<Option<String>, VxlanError> {
+        let all: Vec<AddressMessage> = self
+            .runtime
+            .block_on(self.handle.address().get().execute().try_collect())
+            .map_err(failed("read the addresses of", "every link".to_owned()))?;
+        let Some(ifindex) = all
+            .iter()
+            .find(|m| v4_of(m).is_some_and(|n| n.ip() == address))
+            .map(|m| m.header.index)
+        else {
+            return Ok(None);
+        };
+        let links: Vec<LinkMessage> = self
+            .runtime
+            .block_on(
+                self.handle
+                    .link()
+                    .get()
+                    .match_index(ifindex)
+                    .execute()
+                    .try_collect(),
+            )
+            .map_err(failed("read", format!("link {ifindex}")))?;
+        Ok(links.iter().find_map(|l| {
+            l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n.clone()),
+                _ => None,
+            })
+        }))
+    }
+
     fn vxlan(&mut self, name: &str) -> Result<Option<VxlanLink>, VxlanError> {
         Ok(self.link(name)?.as_ref().map(parse_link))
     }

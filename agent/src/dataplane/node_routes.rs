@@ -35,8 +35,8 @@ pub struct LocalNode {
     pub name: String,
     /// Its underlay address (the tunnel's source).
     pub address: IpAddr,
-    /// Its VTEP address (vxlan mode: put on the device; unique per node, for instance an address of the
-    /// node's own block reserved for the tunnel, as Calico's `ipv4VXLANTunnelAddr`).
+    /// Its VTEP address (vxlan mode: put on the device; unique per node). The agent uses the node's own
+    /// IPv4 address (`nodes::routing::vtep_of`), so every node derives it from the node record alone.
     pub vtep: Option<Ipv4Addr>,
 }
 
@@ -140,6 +140,12 @@ impl NodeRoutes {
         }
     }
 
+    /// True when the next apply has work to do (a changed node view, or a resync).
+    #[must_use]
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// The MTU pods get: the VXLAN device's in vxlan mode (known after an apply), `None` in native mode.
     #[must_use]
     pub fn pod_mtu(&self) -> Option<u32> {
@@ -191,7 +197,8 @@ impl NodeRoutes {
                 let mine = vtep(&local.name, local.address, local.vtep)?;
                 let mut peers = BTreeSet::new();
                 let mut tunnelled = Vec::new();
-                for r in &remotes {
+                // A node reached over IPv6 has its (IPv6) blocks routed natively: the tunnel is IPv4 only.
+                for r in remotes.iter().filter(|r| r.address.is_ipv4()) {
                     match vtep(&r.name, r.address, r.vtep) {
                         Ok(p) => {
                             peers.insert(p);

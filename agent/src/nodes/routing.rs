@@ -1,16 +1,27 @@
 //! Routes to remote nodes' blocks, kept by the loop: the nodes source's deltas update the cluster's nodes,
-//! which give the route driver its desired routes (native mode: one route per remote block via the node's
-//! address of the block's family). Nothing is reconciled before the source's first full listing, so a
-//! restart never sweeps routes it has not yet been told about; a node that is gone (record deleted) or
-//! expired (heartbeat too old) has no routes, and the driver sweeps them.
+//! which give [`crate::dataplane::node_routes::NodeRoutes`] its node view (this node, every other live node
+//! with its address, VTEP and blocks); it drives the VXLAN device (vxlan mode) and then the route driver, in
+//! either mode. Nothing is reconciled before the source's first full listing, so a restart never sweeps
+//! routes it has not yet been told about; a node that is gone (record deleted) or expired (heartbeat too
+//! old) is not in the view, and its routes (and tunnel entries) are swept.
+//!
+//! A node's VTEP address is derived from its record alone: its first IPv4 address ([`vtep_of`]), so no
+//! record carries more than its addresses, Node objects included, and traffic from a node's host through
+//! the tunnel has that node's own address as its source.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+};
 
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use super::{ClusterNode, NodeDelta, NodeSource};
-use crate::dataplane::routes::{NextHop, RouteDriver, RouteError};
+use crate::dataplane::{
+    node_routes::{self, LocalNode, NodeRoutesError, RemoteNode},
+    routes::NextHop,
+};
 
 /// A node as `weir status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,51 +43,89 @@ pub struct NodeStatus {
     pub source: NodeSource,
 }
 
-/// The desired routes to every remote, live node's blocks (native routing). A block of this node, or a
-/// block already routed to another node (two nodes claiming one block: the first by name wins), gets none;
-/// a node without an address of a block's family routes none of that family.
+/// A node's VTEP address (vxlan mode): its first IPv4 address, `None` without one.
 #[must_use]
-pub fn native_routes<'a>(
-    local: &str,
-    nodes: impl IntoIterator<Item = &'a ClusterNode>,
-) -> BTreeMap<IpNetwork, NextHop> {
-    let mut routes = BTreeMap::new();
-    for node in nodes {
-        if node.name == local || !node.alive {
-            continue;
-        }
-        for block in &node.blocks {
-            let Some(via) = node
-                .addresses
-                .iter()
-                .find(|a| a.is_ipv4() == block.is_ipv4())
-            else {
-                continue;
-            };
-            routes.entry(*block).or_insert(NextHop::Via(*via));
-        }
-    }
-    routes
+pub fn vtep_of(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v) => Some(*v),
+        IpAddr::V6(_) => None,
+    })
 }
 
-/// The cluster's nodes and the route driver that follows them.
+/// The node view of node `local`: itself (unspecified address and no VTEP until its record is known) and
+/// every remote, live node once per address family it has an address and blocks of. A block of this node,
+/// or a block already claimed by another node (two nodes claiming one block: the first by name wins), is
+/// left out.
+#[must_use]
+pub fn node_view<'a>(
+    local: &str,
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+) -> (LocalNode, Vec<RemoteNode>) {
+    let nodes: Vec<&ClusterNode> = nodes.into_iter().collect();
+    let me = nodes.iter().find(|n| n.name == local);
+    let local_node = LocalNode {
+        name: local.to_owned(),
+        address: me
+            .and_then(|n| {
+                vtep_of(&n.addresses)
+                    .map(IpAddr::V4)
+                    .or(n.addresses.first().copied())
+            })
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        vtep: me.and_then(|n| vtep_of(&n.addresses)),
+    };
+    let mut claimed: BTreeSet<IpNetwork> = me
+        .map(|n| n.blocks.iter().copied().collect())
+        .unwrap_or_default();
+    let mut remotes = Vec::new();
+    for node in nodes.iter().filter(|n| n.name != local && n.alive) {
+        let blocks: Vec<IpNetwork> = node
+            .blocks
+            .iter()
+            .copied()
+            .filter(|b| claimed.insert(*b))
+            .collect();
+        for v4 in [true, false] {
+            let Some(address) = node.addresses.iter().find(|a| a.is_ipv4() == v4) else {
+                continue;
+            };
+            let family: Vec<IpNetwork> = blocks
+                .iter()
+                .copied()
+                .filter(|b| b.is_ipv4() == v4)
+                .collect();
+            if family.is_empty() {
+                continue;
+            }
+            remotes.push(RemoteNode {
+                name: node.name.clone(),
+                address: *address,
+                vtep: if v4 { vtep_of(&node.addresses) } else { None },
+                blocks: family,
+            });
+        }
+    }
+    (local_node, remotes)
+}
+
+/// The cluster's nodes and the routing that follows them.
 pub struct NodeRoutes {
     local: String,
     nodes: BTreeMap<String, ClusterNode>,
     synced: bool,
-    driver: RouteDriver,
+    routes: node_routes::NodeRoutes,
     source: NodeSource,
 }
 
 impl NodeRoutes {
-    /// Routes for node `local` through `driver`.
+    /// Routes for node `local` through `routes` (native or vxlan).
     #[must_use]
-    pub fn new(local: &str, driver: RouteDriver) -> Self {
+    pub fn new(local: &str, routes: node_routes::NodeRoutes) -> Self {
         Self {
             local: local.to_owned(),
             nodes: BTreeMap::new(),
             synced: false,
-            driver,
+            routes,
             source: NodeSource::Etcd,
         }
     }
@@ -88,7 +137,7 @@ impl NodeRoutes {
         self
     }
 
-    /// Takes one delta; the desired routes follow.
+    /// Takes one delta; the node view follows.
     pub fn on_delta(&mut self, delta: NodeDelta) {
         match delta {
             NodeDelta::Upsert(node) => {
@@ -104,28 +153,28 @@ impl NodeRoutes {
             }
             NodeDelta::Synced => self.synced = true,
         }
-        self.driver
-            .set_desired(native_routes(&self.local, self.nodes.values()));
+        let (local, remotes) = node_view(&self.local, self.nodes.values());
+        self.routes.set_nodes(local, remotes);
     }
 
     /// True when an apply has route work to do (never before the first full listing).
     #[must_use]
     pub fn is_dirty(&self) -> bool {
-        self.synced && self.driver.is_dirty()
+        self.synced && self.routes.is_dirty()
     }
 
-    /// Reconciles the routes (nothing before the first full listing).
-    pub fn apply(&mut self) -> Result<(), RouteError> {
+    /// Reconciles the VXLAN device (vxlan mode) and the routes (nothing before the first full listing).
+    pub fn apply(&mut self) -> Result<(), NodeRoutesError> {
         if !self.synced {
             return Ok(());
         }
-        self.driver.apply()
+        self.routes.apply()
     }
 
     /// Every known node as the status shows it.
     #[must_use]
     pub fn status(&self) -> Vec<NodeStatus> {
-        let desired = self.driver.desired();
+        let desired = self.routes.desired_routes();
         self.nodes
             .values()
             .map(|n| NodeStatus {
@@ -160,17 +209,28 @@ impl NodeRoutes {
             .collect()
     }
 
-    /// The route driver (its counters).
+    /// The routing (its mode, its drivers' counters).
     #[must_use]
-    pub fn driver(&self) -> &RouteDriver {
-        &self.driver
+    pub fn routing(&self) -> &node_routes::NodeRoutes {
+        &self.routes
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::dataplane::{
+        fake::FakeKernel, kernel::Underlay, node_routes::RoutingMode, vxlan::VxlanConfig,
+    };
+
+    fn native(kernel: &FakeKernel) -> node_routes::NodeRoutes {
+        node_routes::NodeRoutes::new(
+            RoutingMode::Native,
+            Box::new(kernel.clone()),
+            Box::new(kernel.clone()),
+            None,
+        )
+    }
 
     fn node(name: &str, addr: &str, blocks: &[&str]) -> ClusterNode {
         ClusterNode {
@@ -190,7 +250,7 @@ mod tests {
     #[test]
     fn remote_blocks_are_routed_and_a_gone_or_expired_node_is_swept() {
         let kernel = FakeKernel::default();
-        let mut routes = NodeRoutes::new("a", RouteDriver::new(Box::new(kernel.clone())));
+        let mut routes = NodeRoutes::new("a", native(&kernel));
         // A leftover of a node that no longer exists: swept once in sync, never before.
         kernel.routes().routes.insert(
             net("10.9.0.0/26"),
@@ -257,7 +317,7 @@ mod tests {
             &["10.244.1.0/26"],
         )));
         routes.apply().expect("apply");
-        let mut restarted = NodeRoutes::new("a", RouteDriver::new(Box::new(kernel.clone())));
+        let mut restarted = NodeRoutes::new("a", native(&kernel));
         for n in [
             node("a", "192.0.2.1", &["10.244.0.0/26"]),
             node("d", "192.0.2.4", &["10.244.1.0/26"]),
@@ -266,7 +326,143 @@ mod tests {
         }
         restarted.on_delta(NodeDelta::Synced);
         restarted.apply().expect("apply");
-        let stats = restarted.driver().stats();
+        let (stats, _) = restarted.routing().stats();
         assert_eq!((stats.writes, stats.deletes), (0, 0));
+    }
+
+    fn vxlan(kernel: &FakeKernel) -> node_routes::NodeRoutes {
+        node_routes::NodeRoutes::new(
+            RoutingMode::Vxlan(VxlanConfig {
+                device: "wvx0".into(),
+                vni: 87,
+                port: 4789,
+                underlay: "eth0".into(),
+            }),
+            Box::new(kernel.clone()),
+            Box::new(kernel.clone()),
+            None,
+        )
+    }
+
+    #[test]
+    fn vxlan_routes_go_through_the_device_via_each_nodes_own_address() {
+        let kernel = FakeKernel::default();
+        kernel.vxlan_table().underlays.insert(
+            "eth0".into(),
+            Underlay {
+                ifindex: 2,
+                mtu: 1500,
+            },
+        );
+        let nodes = [
+            node("a", "192.0.2.1", &["10.244.0.0/26"]),
+            node("b", "192.0.2.2", &["10.244.0.64/26"]),
+            node("c", "192.0.2.3", &["10.244.0.128/26", "10.244.1.0/26"]),
+        ];
+        let mut routes = NodeRoutes::new("a", vxlan(&kernel));
+        for n in &nodes {
+            routes.on_delta(NodeDelta::Upsert(n.clone()));
+        }
+        routes.on_delta(NodeDelta::Synced);
+        assert!(routes.is_dirty());
+        routes.apply().expect("apply");
+        let link = kernel.vxlan_table().links["wvx0"].clone();
+        let ifindex = link.ifindex;
+        let want: BTreeMap<IpNetwork, NextHop> = nodes[1..]
+            .iter()
+            .flat_map(|n| {
+                let via = n.addresses[0];
+                n.blocks
+                    .iter()
+                    .map(move |b| (*b, NextHop::Device { ifindex, via }))
+            })
+            .collect();
+        assert_eq!(kernel.routes().routes, want, "via each node's own address");
+        assert_eq!(routes.routing().pod_mtu(), Some(1500 - 50));
+        let t = kernel.vxlan_table();
+        assert_eq!(
+            t.addresses[&ifindex],
+            BTreeSet::from(["192.0.2.1/32".parse().expect("cidr")]),
+            "the local VTEP is this node's address"
+        );
+        let peers: BTreeSet<Ipv4Addr> = ["192.0.2.2", "192.0.2.3"]
+            .iter()
+            .map(|a| a.parse().expect("ip"))
+            .collect();
+        assert_eq!(
+            t.fdb[&ifindex].values().copied().collect::<BTreeSet<_>>(),
+            peers
+        );
+        assert_eq!(
+            t.neighbours[&ifindex]
+                .keys()
+                .copied()
+                .collect::<BTreeSet<_>>(),
+            peers
+        );
+        drop(t);
+        let status = routes.status();
+        assert_eq!(
+            status.iter().map(|s| s.routes).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+
+        // A restart over the same kernel and nodes writes nothing, on either side.
+        let mut restarted = NodeRoutes::new("a", vxlan(&kernel));
+        for n in &nodes {
+            restarted.on_delta(NodeDelta::Upsert(n.clone()));
+        }
+        restarted.on_delta(NodeDelta::Synced);
+        restarted.apply().expect("apply");
+        let (r, v) = restarted.routing().stats();
+        assert_eq!((r.writes, r.deletes, v.writes, v.deletes), (0, 0, 0, 0));
+        assert!(!restarted.is_dirty());
+
+        // c removed: its routes, forwarding and neighbour entries are swept.
+        restarted.on_delta(NodeDelta::Gone("c".into()));
+        restarted.apply().expect("apply");
+        assert_eq!(kernel.routes().routes.len(), 1);
+        let t = kernel.vxlan_table();
+        assert_eq!(t.fdb[&ifindex].len(), 1);
+        assert_eq!(t.neighbours[&ifindex].len(), 1);
+    }
+
+    #[test]
+    fn a_dual_stack_node_gets_both_families_and_a_claimed_block_goes_to_the_first() {
+        let mut b = node("b", "192.0.2.2", &["10.244.0.64/26", "fd00::/122"]);
+        b.addresses.push("2001:db8::2".parse().expect("ip"));
+        let c = node("c", "192.0.2.3", &["10.244.0.64/26", "10.244.0.128/26"]);
+        let a = node("a", "192.0.2.1", &["10.244.0.0/26"]);
+        let (local, remotes) = node_view("a", [&a, &b, &c]);
+        assert_eq!(local.vtep, Some("192.0.2.1".parse().expect("ip")));
+        let got: Vec<(&str, IpAddr, Option<Ipv4Addr>, Vec<IpNetwork>)> = remotes
+            .iter()
+            .map(|r| (r.name.as_str(), r.address, r.vtep, r.blocks.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "b",
+                    "192.0.2.2".parse().expect("ip"),
+                    Some("192.0.2.2".parse().expect("ip")),
+                    vec![net("10.244.0.64/26")]
+                ),
+                (
+                    "b",
+                    "2001:db8::2".parse().expect("ip"),
+                    None,
+                    vec![net("fd00::/122")]
+                ),
+                (
+                    "c",
+                    "192.0.2.3".parse().expect("ip"),
+                    Some("192.0.2.3".parse().expect("ip")),
+                    vec![net("10.244.0.128/26")]
+                ),
+            ]
+        );
+        let (unknown, _) = node_view("z", [&a]);
+        assert_eq!(unknown.vtep, None, "no record yet: no VTEP");
     }
 }

@@ -2,24 +2,67 @@
 //! `--node-address`, or the source address of its route to etcd) and the route driver in the node; under
 //! `--source kubernetes` with a shared datastore (etcd or Kubernetes), the route driver with the Node
 //! objects as records (kubelet writes this node's); with a node-local datastore, nothing (one node).
+//! `--routing vxlan` also finds the VXLAN device's underlay (`--vxlan-underlay`, or the device holding
+//! this node's IPv4 address) and the pods' MTU (the underlay's less the encapsulation), which the conflist
+//! carries.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs as _, UdpSocket};
 
 use ipam::{model::NodeRecord, store::AnyStore};
 
 use super::{NodeSource, routing::NodeRoutes};
 use crate::{
-    config::{Config, RoutingMode, SourceMode},
-    dataplane::{netlink_routes::NetlinkRoutes, routes::RouteDriver, routes::RouteError},
+    config::{Config, ConfigError, RoutingMode, SourceMode},
+    dataplane::{
+        netlink_routes::NetlinkRoutes,
+        netlink_vxlan::NetlinkVxlan,
+        node_routes::{self, NodeRoutes as Routes},
+        routes::RouteError,
+        vxlan::{VXLAN_OVERHEAD_V4, VxlanError},
+    },
     node::Node,
 };
 
 /// Why node routing could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RoutingSetupError {
-    /// `--routing vxlan` has no driver in this build.
-    #[error("--routing vxlan (WEIR_ROUTING) is not available in this build: use --routing native")]
-    VxlanUnavailable,
+    /// vxlan mode without an IPv4 address of this node to find the underlay by.
+    #[error(
+        "--routing vxlan needs this node's IPv4 address to find the VXLAN underlay device: pass --node-address with an IPv4 address or --vxlan-underlay DEVICE"
+    )]
+    NoUnderlayAddress,
+    /// No device holds this node's address.
+    #[error(
+        "no device holds this node's address {address}, the VXLAN underlay by default: pass --vxlan-underlay DEVICE or the right --node-address"
+    )]
+    NoUnderlayDevice {
+        /// The node's address.
+        address: Ipv4Addr,
+    },
+    /// The underlay device does not exist.
+    #[error(
+        "the VXLAN underlay device {device} does not exist: fix --vxlan-underlay (WEIR_VXLAN_UNDERLAY)"
+    )]
+    UnderlayMissing {
+        /// The device.
+        device: String,
+    },
+    /// The underlay's MTU leaves no room for the encapsulation.
+    #[error(
+        "the VXLAN underlay device {device} has MTU {mtu}, too small for VXLAN's {VXLAN_OVERHEAD_V4} bytes: raise it or use --routing native"
+    )]
+    UnderlayMtu {
+        /// The device.
+        device: String,
+        /// Its MTU.
+        mtu: u32,
+    },
+    /// A VXLAN flag's value cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The VXLAN side of netlink failed.
+    #[error(transparent)]
+    Vxlan(#[from] VxlanError),
     /// No address was given and none could be found.
     #[error(
         "cannot find this node's address from its route to etcd at {endpoint}: {source}; pass --node-address"
@@ -31,8 +74,10 @@ pub enum RoutingSetupError {
         #[source]
         source: std::io::Error,
     },
-    /// Opening the route table panicked.
-    #[error("opening the route table's netlink socket panicked; see the log above")]
+    /// Opening the netlink sockets panicked.
+    #[error(
+        "opening the route table's or the VXLAN device's netlink socket panicked; see the log above"
+    )]
     OpenPanicked,
     /// The route table could not be opened.
     #[error(transparent)]
@@ -48,13 +93,22 @@ pub enum NodeRecords {
     Kubernetes,
 }
 
+/// Node routing as set up: where the records come from, and the pods' MTU when routing lowers it.
+#[derive(Debug)]
+pub struct Routing {
+    /// Where the node records come from.
+    pub records: NodeRecords,
+    /// The MTU the conflist gives pods (vxlan mode: the VXLAN device's), `None` for weir-cni's default.
+    pub pod_mtu: Option<u32>,
+}
+
 /// Sets up routing on `node` when `store` is shared: a shared etcd, or under `--source kubernetes` etcd or
-/// the Kubernetes datastore; returns where the node records come from.
+/// the Kubernetes datastore; returns where the node records come from and the pods' MTU.
 pub fn routing(
     config: &Config,
     store: &AnyStore,
     node: &mut Node,
-) -> Result<Option<NodeRecords>, RoutingSetupError> {
+) -> Result<Option<Routing>, RoutingSetupError> {
     let kube = config.source == SourceMode::Kubernetes;
     if kube && let Err(e) = super::store::shared(store) {
         tracing::info!(reason = %e, "node routing off");
@@ -63,12 +117,12 @@ pub fn routing(
     if !kube && !matches!(store, AnyStore::Etcd(_)) {
         return Ok(None);
     }
-    if config.routing == RoutingMode::Vxlan {
-        return Err(RoutingSetupError::VxlanUnavailable);
-    }
     if kube {
-        install(config, node, NodeSource::Kubernetes, &[])?;
-        return Ok(Some(NodeRecords::Kubernetes));
+        let pod_mtu = install(config, node, NodeSource::Kubernetes, &config.node_addresses)?;
+        return Ok(Some(Routing {
+            records: NodeRecords::Kubernetes,
+            pod_mtu,
+        }));
     }
     let addresses = if config.node_addresses.is_empty() {
         let endpoint = first_etcd_endpoint(&config.datastore);
@@ -76,31 +130,86 @@ pub fn routing(
     } else {
         config.node_addresses.clone()
     };
-    install(config, node, NodeSource::Etcd, &addresses)?;
-    Ok(Some(NodeRecords::Etcd(NodeRecord {
-        name: config.node.clone(),
-        addresses,
-        labels: config.node_labels.iter().cloned().collect(),
-        heartbeat: 0,
-        expiry: config.node_expiry.as_secs(),
-    })))
+    let pod_mtu = install(config, node, NodeSource::Etcd, &addresses)?;
+    Ok(Some(Routing {
+        records: NodeRecords::Etcd(NodeRecord {
+            name: config.node.clone(),
+            addresses,
+            labels: config.node_labels.iter().cloned().collect(),
+            heartbeat: 0,
+            expiry: config.node_expiry.as_secs(),
+        }),
+        pod_mtu,
+    }))
 }
 
-/// Puts the route driver in `node`, its records from `source`.
+/// Puts the routing in `node` (its records from `source`, this node's `addresses` if known); returns the
+/// pods' MTU.
 fn install(
     config: &Config,
     node: &mut Node,
     source: NodeSource,
     addresses: &[IpAddr],
-) -> Result<(), RoutingSetupError> {
-    // The route table's own runtime cannot start inside the agent's: open it on a thread of its own (same
-    // network namespace); the loop's thread, outside any runtime, uses it from then on.
-    let routes = std::thread::scope(|scope| scope.spawn(NetlinkRoutes::open).join())
-        .map_err(|_| RoutingSetupError::OpenPanicked)??;
-    let driver = RouteDriver::new(Box::new(routes));
-    node.set_routing(NodeRoutes::new(&config.node, driver).with_source(source));
-    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, "node routing on");
-    Ok(())
+) -> Result<Option<u32>, RoutingSetupError> {
+    // The netlink sockets' own runtimes cannot start inside the agent's: open and query them on a thread of
+    // its own (same network namespace); the loop's thread, outside any runtime, uses them from then on.
+    let (routes, vxlan, mode, pod_mtu) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let routes = NetlinkRoutes::open()?;
+                let mut vxlan = NetlinkVxlan::open()?;
+                let (mode, pod_mtu) = match config.routing {
+                    RoutingMode::Native => (node_routes::RoutingMode::Native, None),
+                    RoutingMode::Vxlan => {
+                        let (c, mtu) = vxlan_setup(config, addresses, &mut vxlan)?;
+                        (node_routes::RoutingMode::Vxlan(c), Some(mtu))
+                    }
+                };
+                Ok::<_, RoutingSetupError>((routes, vxlan, mode, pod_mtu))
+            })
+            .join()
+    })
+    .map_err(|_| RoutingSetupError::OpenPanicked)??;
+    let device = Some(config.vxlan.device.clone());
+    let routes = Routes::new(mode, Box::new(routes), Box::new(vxlan), device);
+    node.set_routing(NodeRoutes::new(&config.node, routes).with_source(source));
+    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, ?pod_mtu, "node routing on");
+    Ok(pod_mtu)
+}
+
+/// The VXLAN device's settings (its underlay: `--vxlan-underlay`, or the device holding this node's first
+/// IPv4 address) and the pods' MTU (the underlay's less the encapsulation).
+fn vxlan_setup(
+    config: &Config,
+    addresses: &[IpAddr],
+    io: &mut dyn crate::dataplane::kernel::VxlanIo,
+) -> Result<(crate::dataplane::vxlan::VxlanConfig, u32), RoutingSetupError> {
+    let found = match &config.vxlan.underlay {
+        Some(_) => None,
+        None => {
+            let address =
+                super::routing::vtep_of(addresses).ok_or(RoutingSetupError::NoUnderlayAddress)?;
+            Some(
+                io.device_with_address(address)?
+                    .ok_or(RoutingSetupError::NoUnderlayDevice { address })?,
+            )
+        }
+    };
+    let vxlan = config.vxlan.validate(found.as_deref())?;
+    let underlay =
+        io.underlay(&vxlan.underlay)?
+            .ok_or_else(|| RoutingSetupError::UnderlayMissing {
+                device: vxlan.underlay.clone(),
+            })?;
+    let mtu = underlay
+        .mtu
+        .checked_sub(VXLAN_OVERHEAD_V4)
+        .filter(|m| *m >= 68)
+        .ok_or_else(|| RoutingSetupError::UnderlayMtu {
+            device: vxlan.underlay.clone(),
+            mtu: underlay.mtu,
+        })?;
+    Ok((vxlan, mtu))
 }
 
 /// `host:port` of the first URL of `etcd:URL[,URL…]`.
@@ -147,7 +256,98 @@ fn source_address(endpoint: &str) -> Result<IpAddr, RoutingSetupError> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser as _;
+
     use super::*;
+    use crate::dataplane::{fake::FakeKernel, kernel::Underlay};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: crate::config::AgentArgs,
+    }
+
+    fn config(extra: &[&str]) -> Config {
+        let argv = ["weir", "--node", "n1", "--routing", "vxlan"];
+        Cli::parse_from(argv.iter().chain(extra))
+            .agent
+            .validate()
+            .expect("valid")
+    }
+
+    fn kernel() -> FakeKernel {
+        let k = FakeKernel::default();
+        let mut t = k.vxlan_table();
+        t.underlays.insert(
+            "eth0".into(),
+            Underlay {
+                ifindex: 2,
+                mtu: 1500,
+            },
+        );
+        t.underlays.insert(
+            "tiny".into(),
+            Underlay {
+                ifindex: 3,
+                mtu: 100,
+            },
+        );
+        t.underlay_addresses
+            .insert("192.0.2.1".parse().expect("ip"), "eth0".into());
+        drop(t);
+        k
+    }
+
+    fn addrs(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|a| a.parse().expect("ip")).collect()
+    }
+
+    #[test]
+    fn the_underlay_is_the_device_of_the_nodes_ipv4_address_and_pods_get_its_mtu_less_50() {
+        let k = kernel();
+        let (vx, mtu) = vxlan_setup(
+            &config(&[]),
+            &addrs(&["2001:db8::1", "192.0.2.1"]),
+            &mut k.clone(),
+        )
+        .expect("found");
+        assert_eq!(
+            (vx.underlay.as_str(), mtu),
+            ("eth0", 1500 - VXLAN_OVERHEAD_V4)
+        );
+        assert_eq!(vx.device, crate::paths::DEFAULT_VXLAN_DEVICE);
+        let (vx, _) = vxlan_setup(
+            &config(&["--vxlan-underlay", "eth0", "--vxlan-vni", "5"]),
+            &[],
+            &mut k.clone(),
+        )
+        .expect("given");
+        assert_eq!((vx.underlay.as_str(), vx.vni), ("eth0", 5));
+    }
+
+    #[test]
+    fn a_missing_or_unusable_underlay_says_which_flag_fixes_it() {
+        let k = kernel();
+        for (extra, addresses, want) in [
+            (&[][..], &["2001:db8::1"][..], "--node-address"),
+            (&[][..], &["192.0.2.9"][..], "--vxlan-underlay"),
+            (
+                &["--vxlan-underlay", "nope"][..],
+                &[][..],
+                "--vxlan-underlay",
+            ),
+            (
+                &["--vxlan-underlay", "tiny"][..],
+                &[][..],
+                "--routing native",
+            ),
+        ] {
+            let err = vxlan_setup(&config(extra), &addrs(addresses), &mut k.clone())
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains(want), "{extra:?} {addresses:?}: {err}");
+        }
+    }
 
     #[test]
     fn the_first_endpoint_is_found_in_the_datastore_spec() {
