@@ -32,7 +32,6 @@ use agent::dataplane::{
     netlink_routes::NetlinkRoutes,
     netlink_vxlan::NetlinkVxlan,
     node_routes::{LocalNode, NodeRoutes, RemoteNode, RoutingMode},
-    vxlan::VxlanConfig,
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use ipam::{
@@ -43,16 +42,7 @@ use ipam::{
 };
 use ipnetwork::{IpNetwork, Ipv4Network};
 use serde_json::{Value, json};
-use tests::{
-    agent_proc::{AgentDirs, AgentProcess},
-    bpf::PinRoot,
-    hooks::wait_attached,
-    multinode::Cluster,
-    names,
-    netns::NetNs,
-    node_lab::NodeLab,
-    pod::workload_name,
-};
+use tests::{multinode::Cluster, names, netns::NetNs};
 
 struct Sizes {
     /// Every simulated host allocates through its own client (`--ipam-client-per-host`, for comparison).
@@ -476,40 +466,6 @@ fn stream(from: &NetNs, server: &NetNs, to: Ipv4Addr, port: u16, secs: Duration)
     Ok(bytes as f64 * 8.0 / elapsed.as_secs_f64())
 }
 
-fn apply_routes(lab: &NodeLab, mode: &dyn Fn(usize) -> RoutingMode, device: &str) -> Result<()> {
-    for (i, node) in lab.nodes.iter().enumerate() {
-        let remotes: Vec<RemoteNode> = lab
-            .remotes_of(i)
-            .into_iter()
-            .enumerate()
-            .map(|(j, (address, vtep, blocks))| RemoteNode {
-                name: format!("n{j}"),
-                address,
-                vtep: Some(vtep),
-                blocks,
-            })
-            .collect();
-        let local = LocalNode {
-            name: format!("n{i}"),
-            address: IpAddr::V4(node.address),
-            vtep: Some(node.vtep),
-        };
-        let (mode, device) = (mode(i), device.to_owned());
-        node.ns.run(move || -> Result<()> {
-            let mut d = NodeRoutes::new(
-                mode,
-                Box::new(NetlinkRoutes::open()?),
-                Box::new(NetlinkVxlan::open()?),
-                Some(device),
-            );
-            d.set_nodes(local, remotes);
-            d.apply()?;
-            Ok(())
-        })?;
-    }
-    Ok(())
-}
-
 /// How long the agents' routes may take to appear (a node record and its blocks reach the other agent's loop
 /// through its etcd watch).
 const ROUTES_BOUND: Duration = Duration::from_secs(30);
@@ -519,8 +475,7 @@ const ROUTES_BOUND: Duration = Duration::from_secs(30);
 /// the routes to the other node's block written by each agent's own loop from the node records. Returns
 /// (underlay bit/s, the better of two runs between the node namespaces; pod → pod bit/s).
 ///
-/// `extra` are the agents' routing flags: once `--routing vxlan` is wired into the agent, the vxlan figure
-/// comes from here too by calling this with `&["--routing", "vxlan"]` instead of [`vxlan_in_process`].
+/// `extra` are the agents' routing flags (`--routing vxlan` for the tunnel).
 fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
     let mut flags = vec!["--node-expiry", "30"];
     flags.extend_from_slice(extra);
@@ -548,77 +503,30 @@ fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
     let (a, b) = (cluster.node(0), cluster.node(1));
     let b_addr: Ipv4Addr = b.address.parse()?;
     let underlay_before = stream(&a.cni.ns, &b.cni.ns, b_addr, 5211, secs)?;
+    let vxlan = extra.contains(&"vxlan");
+    let device = agent::paths::DEFAULT_VXLAN_DEVICE;
+    let tx_before = if vxlan {
+        tx_packets(&a.cni.ns, device)?
+    } else {
+        0
+    };
     let pod = stream(&a.pods[0].0.ns, &b.pods[0].0.ns, b_ip, 5212, secs)?;
+    if vxlan {
+        ensure!(
+            tx_packets(&a.cni.ns, device)? > tx_before + 1000,
+            "the vxlan stream did not go through {device}"
+        );
+    }
     let underlay = underlay_before.max(stream(&a.cni.ns, &b.cni.ns, b_addr, 5213, secs)?);
     Ok((underlay, pod))
 }
 
-/// VXLAN mode as before node records: two node namespaces (`NodeLab`) with one real `weir agent` each whose
-/// programs are on the pods' veths, and the route driver run in process in each namespace. Returns (underlay
-/// bit/s, the better of two runs; pod → pod bit/s).
-fn vxlan_in_process(secs: Duration) -> Result<(f64, f64)> {
-    let lab = NodeLab::new(2, |_| Some(workload_name()));
-    let device = names::unique("vx");
-    // One agent per node, its registry naming the node's pod so its programs go on the pod's veth.
-    let mut agents = Vec::new();
-    for (i, node) in lab.nodes.iter().enumerate() {
-        let (root, dirs) = (PinRoot::new(), AgentDirs::new());
-        std::fs::create_dir_all(dirs.path("state"))?;
-        let endpoint = json!({"id": 1, "container_id": format!("mn{i}"), "ifname": "eth0",
-            "host_ifname": node.pod_link, "namespace": "default", "pod": format!("pod{i}"),
-            "labels": {"app": "bench"}, "handle": format!("mn{i}"), "ips": [node.pod_ip.to_string()]});
-        std::fs::write(
-            dirs.path("state").join("endpoints.json"),
-            serde_json::to_vec(
-                &json!({"next_id": 2, "endpoints": {format!("mn{i}:eth0"): endpoint}}),
-            )?,
-        )?;
-        let agent = AgentProcess::start(
-            &root,
-            &dirs,
-            Some(&node.ns),
-            &["--node", &format!("wt-n{i}")],
-        );
-        wait_attached(
-            &node.ns,
-            &root,
-            &[node.pod_link.as_str()],
-            Duration::from_secs(30),
-        );
-        agents.push((agent, root, dirs));
-    }
-    let (a, b) = (&lab.nodes[0], &lab.nodes[1]);
-    let underlay_before = stream(&a.ns, &b.ns, b.address, 5201, secs)?;
-    apply_routes(
-        &lab,
-        &|i| {
-            RoutingMode::Vxlan(VxlanConfig {
-                device: device.clone(),
-                vni: 87,
-                port: 4789,
-                underlay: lab.nodes[i].underlay.clone(),
-            })
-        },
-        &device,
-    )?;
-    let tx_before = tx_packets(&a.ns, &device)?;
-    let vxlan = stream(&a.pod, &b.pod, b.pod_ip, 5203, secs)?;
-    ensure!(
-        tx_packets(&a.ns, &device)? > tx_before + 1000,
-        "the vxlan stream did not go through {device}"
-    );
-    let underlay = underlay_before.max(stream(&a.ns, &b.ns, b.address, 5204, secs)?);
-    drop(agents);
-    Ok((underlay, vxlan))
-}
-
-/// Throughput pod → pod across the nodes (native through node records and the agents' routes; vxlan with
-/// the driver in process), each against the bare underlay of its own lab. The underlay is measured before
-/// and after the pod stream and the better run kept, so load from elsewhere on the machine during one run
+/// Throughput pod → pod across the nodes in both modes, through node records and the agents' routes, each
+/// against the bare underlay of its own lab. The underlay is measured before and after the pod stream and the better run kept, so load from elsewhere on the machine during one run
 /// does not flatter the ratios.
 fn throughput(secs: Duration) -> Result<Value> {
     let (native_underlay, native) = through_agents(secs, &[])?;
-    let (vxlan_underlay, vxlan) = vxlan_in_process(secs)?;
+    let (vxlan_underlay, vxlan) = through_agents(secs, &["--routing", "vxlan"])?;
     Ok(json!({
         "stream_s": secs.as_secs_f64(),
         "underlay_gbps": round3(native_underlay / 1e9),
@@ -626,7 +534,7 @@ fn throughput(secs: Duration) -> Result<Value> {
         "native_routes": "weir agents, etcd node records",
         "vxlan_underlay_gbps": round3(vxlan_underlay / 1e9),
         "vxlan_gbps": round3(vxlan / 1e9),
-        "vxlan_routes": "route driver in process",
+        "vxlan_routes": "weir agents, etcd node records, --routing vxlan",
         "native_throughput_ratio": round3(native / native_underlay),
         "vxlan_throughput_ratio": round3(vxlan / vxlan_underlay),
     }))
