@@ -348,3 +348,58 @@ async fn concurrent_writes_of_one_process_share_transactions_and_another_process
         "the stale value lost its compare-and-swap"
     );
 }
+
+/// A handle key the committer has never seen is assumed absent, not read: a second process (its own
+/// committer) that allocates more under a handle the first one created, or releases it, must still see it (the
+/// CAS on the assumed absence loses and the round decides again on the real value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_created_by_another_process_is_seen_by_allocation_and_release() {
+    let Some(etcd) = EtcdServer::start_or_skip() else {
+        return;
+    };
+    let connect = || async {
+        Ipam::new(
+            EtcdStore::connect(&[etcd.url().to_owned()])
+                .await
+                .expect("connect"),
+        )
+    };
+    let (a, b) = (connect().await, connect().await);
+    a.add_pool(IpPool {
+        name: "p".into(),
+        cidr: "10.21.0.0/16".parse().expect("cidr"),
+        block_size: 26,
+        node_selector: String::new(),
+        namespace_selector: String::new(),
+        allowed_uses: vec![IpUse::Workload],
+        disabled: false,
+    })
+    .await
+    .expect("pool");
+    let first = a
+        .auto_assign(&AssignArgs::new("node1", "shared", 1, 0))
+        .await
+        .expect("assign on a");
+    assert_eq!(first.ipv4.len(), 1, "{:?}", first.messages);
+    let second = b
+        .auto_assign(&AssignArgs::new("node1", "shared", 1, 0))
+        .await
+        .expect("assign on b");
+    assert_eq!(second.ipv4.len(), 1, "{:?}", second.messages);
+    assert_ne!(first.ipv4[0], second.ipv4[0]);
+    let mut held = a.ips_by_handle("shared").await.expect("held");
+    held.sort();
+    let mut want = vec![first.ipv4[0], second.ipv4[0]];
+    want.sort();
+    assert_eq!(held, want, "the handle holds both processes' addresses");
+    let released = b.release_by_handle("shared").await.expect("release on b");
+    assert_eq!(released.len(), 2, "{released:?}");
+    assert!(
+        a.ips_by_handle("shared")
+            .await
+            .map_or(true, |held| held.is_empty()),
+        "the handle still holds addresses"
+    );
+    let report = a.check().await.expect("check");
+    assert!(report.ok(), "{:#?}", report.problems);
+}

@@ -9,7 +9,8 @@
 //! - vxlan mode, checked from outside: the device on each node (`ip -d link`: VNI, port), one forwarding
 //!   and one neighbour entry per remote node (`bridge fdb`, `ip neigh`), routes through the device, the
 //!   pods' MTU the device's; native mode: no device, routes via the node addresses;
-//! - `kill -9` of one agent: an established cross-node connection keeps carrying data while it is down; it
+//! - `kill -9` of one agent with the policies in force: new flows to and from its pods follow the matrix
+//!   while it is down; without them, an established cross-node connection keeps carrying data while it is down; it
 //!   restarts writing nothing (no route event under weir's protocol and no neighbour event on the device in
 //!   `ip monitor`; the device's ifindex, forwarding and neighbour entries, map and program ids unchanged);
 //! - a node removed (agent stopped, record deleted) has its routes and VXLAN entries swept on the others
@@ -562,6 +563,15 @@ fn scenario(mode: Mode) {
     // Identity agreement: node 1 knows node 0's pods by the identities node 0 gives them
     // (`weir status --all-addresses`, the operator's view).
     identities_agree(&cluster);
+    // `kill -9` of node 0's agent with the policies in force: new flows to and from its pods still follow
+    // them (programs and maps stay pinned), allowed and denied alike.
+    cluster.node_mut(0).cni.kill_agent();
+    let wrong = matrix_holds_once(&cluster, &model, &pod_labels, &pairs);
+    assert!(
+        wrong.is_empty(),
+        "with node 0's agent down, new flows do not follow the policies: {wrong:?}"
+    );
+    cluster.node_mut(0).cni.restart_agent();
     // The rest runs without policies.
     for node in cluster.live() {
         write_atomically(&node.cni.dirs.path("policies"), "policies.yaml", "");

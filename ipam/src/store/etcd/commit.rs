@@ -8,7 +8,8 @@
 //! wrote) re-decides every job on the values the failure branch returned. While one round is in flight the
 //! next requests queue and go together in the next round. Keys the committer itself wrote are not read again:
 //! a txn's writes all get its revision, so their value and `mod_revision` are known; if another process wrote
-//! them since, the CAS fails and its failure branch supplies the current values. Every caller still gets its answer only once the
+//! them since, the CAS fails and its failure branch supplies the current values. A handle key never seen is
+//! assumed absent (allocations create new ones) and not read; the CAS checks that too. Every caller still gets its answer only once the
 //! transaction that holds its write has committed.
 
 use std::{
@@ -23,7 +24,7 @@ use std::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Cas, ETCD_MAX_TXN_OPS, EtcdStore};
-use crate::store::{Key, Op, RMW_RETRIES, StoreError, Versioned, Write};
+use crate::store::{Key, Kind, Op, RMW_RETRIES, StoreError, Versioned, Write};
 
 /// A read-modify-write waiting for a round.
 pub(super) trait Job: Send {
@@ -277,11 +278,14 @@ async fn round(
             })
             .collect()
     };
-    let unknown: Vec<Key> = keys
+    // A handle key the committer has not seen is almost always new (one per allocation): it is assumed absent
+    // instead of read, and the CAS checks that it is (a lost CAS supplies its value and the round decides
+    // again). Every other unknown key is read.
+    let (assumed, unknown): (Vec<Key>, Vec<Key>) = keys
         .iter()
         .filter(|k| !known.0.contains_key(*k))
         .cloned()
-        .collect();
+        .partition(|k| k.kind == Kind::Handle);
     let mut fetched = BTreeMap::new();
     if !unknown.is_empty() {
         let t = Instant::now();
@@ -304,7 +308,7 @@ async fn round(
         })
         .collect();
     let t = Instant::now();
-    let outcome = decide_and_commit(store, batch, &keys, &mut read).await;
+    let outcome = decide_and_commit(store, batch, &keys, &mut read, !assumed.is_empty()).await;
     c.cas_ns.fetch_add(nanos(t), Ordering::Relaxed);
     sample(&mut c.samples().cas, t);
     match outcome {
@@ -323,12 +327,15 @@ async fn round(
     }
 }
 
-/// Decides every job on `read` and commits; returns each key's value after the commit.
+/// Decides every job on `read` and commits; returns each key's value after the commit. With `assumed` (some
+/// keys were assumed absent, not read), a round that writes nothing still runs its checks as a txn, so no job's
+/// decision rests on an unverified absence.
 async fn decide_and_commit(
     store: &EtcdStore,
     batch: &mut [Box<dyn Job>],
     keys: &[Key],
     read: &mut Vec<Option<Versioned>>,
+    mut assumed: bool,
 ) -> Result<Vec<Option<Versioned>>, StoreError> {
     let c = &store.counters;
     for _ in 0..RMW_RETRIES {
@@ -367,7 +374,7 @@ async fn decide_and_commit(
             }
         }
         let ops = plan(keys, read, &current, &written);
-        if ops.iter().all(|o| matches!(o, Op::Check { .. })) {
+        if !assumed && ops.iter().all(|o| matches!(o, Op::Check { .. })) {
             return Ok(read.clone());
         }
         c.cas_txns.fetch_add(1, Ordering::Relaxed);
@@ -393,6 +400,7 @@ async fn decide_and_commit(
             Cas::Lost(now) => {
                 c.lost.fetch_add(1, Ordering::Relaxed);
                 *read = now;
+                assumed = false;
             }
         }
     }
