@@ -758,7 +758,17 @@ fn identities_agree(cluster: &Cluster) {
         socket.to_str().expect("utf-8 path"),
     ]);
     let listed: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
-    let seen: std::collections::BTreeMap<String, u64> = listed
+    // Pod addresses (node addresses are listed too, with their reserved identities).
+    let (pods, node_addresses): (Vec<&Value>, Vec<&Value>) = listed
+        .iter()
+        .partition(|x| x["pod"].as_str().is_some_and(|p| !p.is_empty()));
+    assert!(
+        node_addresses.iter().any(|x| x["node"] == a.name.as_str()
+            && x["ip"] == a.address.as_str()
+            && x["identity"] == u64::from(maps_schema::identity::REMOTE_NODE)),
+        "node 1 knows node 0's address as remote-node: {node_addresses:?}"
+    );
+    let seen: std::collections::BTreeMap<String, u64> = pods
         .iter()
         .filter(|x| x["node"] == a.name.as_str())
         .filter_map(|a| Some((a["ip"].as_str()?.to_owned(), a["identity"].as_u64()?)))
