@@ -364,7 +364,7 @@ async fn a_handle_created_by_another_process_is_seen_by_allocation_and_release()
                 .expect("connect"),
         )
     };
-    let (a, b) = (connect().await, connect().await);
+    let a = connect().await;
     a.add_pool(IpPool {
         name: "p".into(),
         cidr: "10.21.0.0/16".parse().expect("cidr"),
@@ -376,6 +376,9 @@ async fn a_handle_created_by_another_process_is_seen_by_allocation_and_release()
     })
     .await
     .expect("pool");
+    // Connected after the pool exists: its settings cache starts from a listing that holds it
+    // (a cache started earlier follows the pool through its watch, a moment later).
+    let b = connect().await;
     let first = a
         .auto_assign(&AssignArgs::new("node1", "shared", 1, 0))
         .await
