@@ -6,7 +6,7 @@ use ipnetwork::IpNetwork;
 
 use super::{
     AssignArgs, AssignResult, Ipam, Snapshot,
-    claim::{Claim, block_key},
+    claim::{Claim, Confirm, affinity_key, block_key},
     decode, encode,
     pools::{find_pool, pool_for_ip},
 };
@@ -14,7 +14,8 @@ use crate::{
     IpamError,
     cidr::{self, Family},
     model::{
-        AffinityState, AllocationAttr, Block, Handle, IpPool, IpUse, Reservation, handle::sanitize,
+        AffinityState, AllocationAttr, Block, BlockAffinity, Handle, IpPool, IpUse, Reservation,
+        handle::sanitize,
     },
     store::{Key, Kind, RMW_RETRIES, Store, StoreError, Write},
 };
@@ -25,6 +26,18 @@ enum Took {
     Missing,
     NotOurs,
     Corrupt(StoreError),
+}
+
+/// Whose block a take may use.
+#[derive(Clone, Copy)]
+enum Owner<'a> {
+    /// Any block (borrowing).
+    Any,
+    /// Only while the block is affine to this host.
+    Host(&'a str),
+    /// As `Host`, and the host's affinity for the block (pending after its claim, or confirmed) is confirmed
+    /// in the same write ([`Confirm::WithFirstTake`]).
+    Claiming(&'a str),
 }
 
 fn handle_key(handle: &str) -> Key {
@@ -158,7 +171,14 @@ impl<S: Store + Clone> Ipam<S> {
                 continue;
             }
             let ips = self
-                .take_from_block(aff.cidr, Some(&args.host), want, &attr, &args.handle, snap)
+                .take_from_block(
+                    aff.cidr,
+                    Owner::Host(&args.host),
+                    want,
+                    &attr,
+                    &args.handle,
+                    snap,
+                )
                 .await?;
             want -= ips.len() as u32;
             got.extend(ips);
@@ -180,9 +200,16 @@ impl<S: Store + Clone> Ipam<S> {
             if !snap.config.auto_allocate_blocks {
                 break;
             }
+            // On an atomic store the claim leaves the affinity pending and the first take confirms it: one
+            // write fewer on the allocation that claims.
+            let (confirm, owner) = if self.atomic_store() {
+                (Confirm::WithFirstTake, Owner::Claiming(&args.host))
+            } else {
+                (Confirm::Now, Owner::Host(&args.host))
+            };
             let mut claimed = None;
             for p in &pools {
-                if let Some(b) = self.claim_new_block(&args.host, p, snap).await? {
+                if let Some(b) = self.claim_new_block(&args.host, p, snap, confirm).await? {
                     claimed = Some(b);
                     break;
                 }
@@ -190,7 +217,7 @@ impl<S: Store + Clone> Ipam<S> {
             let Some(b) = claimed else { break };
             owned += 1;
             let ips = self
-                .take_from_block(b, Some(&args.host), want, &attr, &args.handle, snap)
+                .take_from_block(b, owner, want, &attr, &args.handle, snap)
                 .await?;
             want -= ips.len() as u32;
             got.extend(ips);
@@ -220,7 +247,7 @@ impl<S: Store + Clone> Ipam<S> {
                         continue;
                     }
                     let ips = self
-                        .take_from_block(b.cidr, None, want, &attr, &args.handle, snap)
+                        .take_from_block(b.cidr, Owner::Any, want, &attr, &args.handle, snap)
                         .await?;
                     want -= ips.len() as u32;
                     got.extend(ips);
@@ -244,7 +271,7 @@ impl<S: Store + Clone> Ipam<S> {
     async fn take_from_block(
         &self,
         cidr: IpNetwork,
-        host: Option<&str>,
+        owner: Owner<'_>,
         n: u32,
         attr: &AllocationAttr,
         handle: &str,
@@ -253,14 +280,24 @@ impl<S: Store + Clone> Ipam<S> {
         let bkey = block_key(&cidr);
         let hkey = handle_key(handle);
         let (bk, hk) = (bkey.clone(), hkey.clone());
-        let host = host.map(str::to_owned);
+        let (host, claiming) = match owner {
+            Owner::Any => (None, false),
+            Owner::Host(h) => (Some(h.to_owned()), false),
+            Owner::Claiming(h) => (Some(h.to_owned()), true),
+        };
+        let mut keys = vec![bkey, hkey];
+        let akey = host
+            .as_deref()
+            .filter(|_| claiming)
+            .map(|h| affinity_key(h, &cidr));
+        keys.extend(akey.clone());
         let attr = attr.clone();
         let reservations: Arc<Vec<Reservation>> = Arc::clone(&snap.reservations);
         let (now, cooldown) = (self.clock.now(), snap.config.ip_cooldown_seconds);
         let hid = sanitize(handle).to_owned();
         let took = self
             .store
-            .read_modify_write(vec![bkey, hkey], move |cur| {
+            .read_modify_write(keys, move |cur| {
                 let keep = vec![Write::Keep, Write::Keep];
                 let mut block: Block = match cur[0].as_deref().map(|v| decode(&bk, v)) {
                     None => return (keep, Took::Missing),
@@ -273,6 +310,21 @@ impl<S: Store + Clone> Ipam<S> {
                 if host.as_deref().is_some_and(|h| !block.is_affine_to(h)) {
                     return (keep, Took::NotOurs);
                 }
+                // Claiming: the affinity must still be the host's (pending or confirmed), and is confirmed
+                // by this write.
+                let confirm = match (&akey, cur.get(2)) {
+                    (None, _) => Write::Keep,
+                    (Some(ak), Some(Some(v))) => match decode::<BlockAffinity>(ak, v) {
+                        Ok(a) if !a.deleted && a.state == AffinityState::Confirmed => Write::Keep,
+                        Ok(mut a) if !a.deleted && a.state == AffinityState::Pending => {
+                            a.state = AffinityState::Confirmed;
+                            Write::Put(encode(&a))
+                        }
+                        Ok(_) => return (keep, Took::NotOurs),
+                        Err(e) => return (keep, Took::Corrupt(e)),
+                    },
+                    (Some(_), _) => return (keep, Took::NotOurs),
+                };
                 let mut handle: Handle = match cur[1].as_deref().map(|v| decode(&hk, v)) {
                     None => Handle {
                         id: hid.clone(),
@@ -284,13 +336,17 @@ impl<S: Store + Clone> Ipam<S> {
                 block.garbage_collect(now, cooldown);
                 let ips = block.assign_from_head(n, &attr, &reservations);
                 if ips.is_empty() {
-                    return (keep, Took::Ips(ips));
+                    return (vec![Write::Keep, Write::Keep, confirm], Took::Ips(ips));
                 }
                 block.touch();
                 handle.deleted = false;
                 handle.add(&block.key_name(), ips.len() as u32);
                 (
-                    vec![Write::Put(encode(&block)), Write::Put(encode(&handle))],
+                    vec![
+                        Write::Put(encode(&block)),
+                        Write::Put(encode(&handle)),
+                        confirm,
+                    ],
                     Took::Ips(ips),
                 )
             })

@@ -1,4 +1,9 @@
 //! Block affinities: the two-phase claim (pending → block created → confirmed), release, and reclaim.
+//!
+//! On a store whose transactions are atomic over several keys (etcd, embedded, memory), the pending affinity
+//! and the block are one write, and an allocation's claim confirms the affinity in the write that takes its
+//! first addresses ([`Confirm::WithFirstTake`]): the two phases stay two writes, with nothing between them. On
+//! the Kubernetes store (writes one by one) each step is its own write, in Calico's order.
 
 use std::sync::Arc;
 
@@ -24,6 +29,28 @@ pub(crate) enum Claim {
     Taken,
 }
 
+/// When a claim confirms the affinity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Confirm {
+    /// In the claim itself.
+    Now,
+    /// In the allocation's first take from the block (`take_from_block` with `confirm`), on atomic stores
+    /// only: the claim leaves the affinity pending. A crash between the two leaves a pending affinity with its
+    /// block, which the host's next allocation confirms (`settle_affinity`).
+    WithFirstTake,
+}
+
+/// What the first phase of a claim found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PhaseOne {
+    /// The block was created for this host (affinity pending, or already confirmed).
+    Created,
+    /// The block already names this host.
+    Ours,
+    /// Another host's block; an unconfirmed affinity of ours for it was deleted.
+    Taken,
+}
+
 pub(crate) fn affinity_key(host: &str, cidr: &IpNetwork) -> Key {
     Key::new(Kind::Affinity, BlockAffinity::key_name(host, cidr))
 }
@@ -40,6 +67,100 @@ impl<S: Store + Clone> Ipam<S> {
         host: &str,
         cidr: IpNetwork,
     ) -> Result<Claim, IpamError> {
+        if !self.atomic_store() {
+            return self.claim_block_stepwise(host, cidr).await;
+        }
+        match self.claim_phase_one(host, cidr).await? {
+            PhaseOne::Taken => Ok(Claim::Taken),
+            PhaseOne::Created | PhaseOne::Ours => self.confirm_affinity(host, cidr).await,
+        }
+    }
+
+    /// Whether several keys can be written as one: the claim's phases then take fewer writes.
+    pub(crate) fn atomic_store(&self) -> bool {
+        self.store.atomic_txn_limit().is_some_and(|n| n >= 3)
+    }
+
+    /// Claims `cidr` for `host` only if the block does not exist yet (a new block for an allocation);
+    /// `WithFirstTake` (atomic stores only) leaves the affinity pending for the allocation's first take.
+    async fn claim_fresh(
+        &self,
+        host: &str,
+        cidr: IpNetwork,
+        confirm: Confirm,
+    ) -> Result<bool, IpamError> {
+        if !self.atomic_store() {
+            return Ok(self.claim_block_stepwise(host, cidr).await? == Claim::Claimed);
+        }
+        Ok(match self.claim_phase_one(host, cidr).await? {
+            PhaseOne::Created => match confirm {
+                Confirm::WithFirstTake => true,
+                Confirm::Now => self.confirm_affinity(host, cidr).await? == Claim::Claimed,
+            },
+            // An existing block of this host's is found through its affinity, not claimed anew.
+            PhaseOne::Ours | PhaseOne::Taken => false,
+        })
+    }
+
+    /// The first phase in one write (atomic stores): the pending affinity and the new block together, or,
+    /// when the block exists, nothing but the removal of an unconfirmed affinity of ours for another host's
+    /// block.
+    async fn claim_phase_one(&self, host: &str, cidr: IpNetwork) -> Result<PhaseOne, IpamError> {
+        let akey = affinity_key(host, &cidr);
+        let bkey = block_key(&cidr);
+        let pending = encode(&BlockAffinity {
+            host: host.to_owned(),
+            cidr,
+            state: AffinityState::Pending,
+            deleted: false,
+        });
+        let block = encode(&Block::new(
+            cidr,
+            Some(Block::host_affinity(host)),
+            self.clock.now(),
+            self.clock.seq_seed(),
+        ));
+        let (ak, bk, h) = (akey.clone(), bkey.clone(), host.to_owned());
+        Ok(self
+            .store
+            .read_modify_write(vec![akey, bkey], move |cur| {
+                let aff = cur[0]
+                    .as_deref()
+                    .and_then(|v| decode::<BlockAffinity>(&ak, v).ok());
+                let confirmed = aff
+                    .as_ref()
+                    .is_some_and(|a| a.state == AffinityState::Confirmed && !a.deleted);
+                let pend = if confirmed {
+                    Write::Keep
+                } else {
+                    Write::Put(pending.clone())
+                };
+                let Some(existing) = cur[1].as_deref() else {
+                    return (vec![pend, Write::Put(block.clone())], PhaseOne::Created);
+                };
+                let ours = decode::<Block>(&bk, existing)
+                    .ok()
+                    .is_some_and(|b| b.is_affine_to(&h) && !b.deleted);
+                if ours {
+                    (vec![pend, Write::Keep], PhaseOne::Ours)
+                } else {
+                    let drop = if cur[0].is_some()
+                        && !aff
+                            .as_ref()
+                            .is_some_and(|a| a.state == AffinityState::Confirmed)
+                    {
+                        Write::Delete
+                    } else {
+                        Write::Keep
+                    };
+                    (vec![drop, Write::Keep], PhaseOne::Taken)
+                }
+            })
+            .await?)
+    }
+
+    /// The claim one write at a time (stores whose transactions are not atomic over several keys).
+    async fn claim_block_stepwise(&self, host: &str, cidr: IpNetwork) -> Result<Claim, IpamError> {
         let akey = affinity_key(host, &cidr);
         let pending = encode(&BlockAffinity {
             host: host.to_owned(),
@@ -398,7 +519,10 @@ impl<S: Store + Clone> Ipam<S> {
         host: &str,
         pool: &IpPool,
         snap: &Snapshot,
+        confirm: Confirm,
     ) -> Result<Option<IpNetwork>, IpamError> {
+        // On an atomic store the claim reads the block itself: no probe read first.
+        let probe = !self.atomic_store();
         let count = cidr::block_count(&pool.cidr, pool.block_size);
         let start = u128::from(fnv1a(host)) % count;
         let candidate = |i: u128| cidr::nth_block(&pool.cidr, pool.block_size, (start + i) % count);
@@ -407,8 +531,8 @@ impl<S: Store + Clone> Ipam<S> {
             let Some(b) = candidate(i).filter(usable) else {
                 continue;
             };
-            if self.store.get(&block_key(&b)).await?.is_none()
-                && self.claim_block(host, b).await? == Claim::Claimed
+            if (!probe || self.store.get(&block_key(&b)).await?.is_none())
+                && self.claim_fresh(host, b, confirm).await?
             {
                 return Ok(Some(b));
             }
@@ -428,7 +552,7 @@ impl<S: Store + Clone> Ipam<S> {
             let Some(b) = candidate(i).filter(usable) else {
                 continue;
             };
-            if !taken.contains(&b) && self.claim_block(host, b).await? == Claim::Claimed {
+            if !taken.contains(&b) && self.claim_fresh(host, b, confirm).await? {
                 return Ok(Some(b));
             }
         }
@@ -450,7 +574,7 @@ impl<S: Store + Clone> Ipam<S> {
             {
                 Ok(true) => {
                     tracing::info!(block = %b.cidr, from = owner, to = host, "reclaimed an empty block");
-                    if self.claim_block(host, b.cidr).await? == Claim::Claimed {
+                    if self.claim_fresh(host, b.cidr, confirm).await? {
                         return Ok(Some(b.cidr));
                     }
                 }
@@ -459,5 +583,87 @@ impl<S: Store + Clone> Ipam<S> {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        AssignArgs,
+        model::{IpPool, IpUse},
+        store::memory::MemoryStore,
+    };
+
+    async fn ipam() -> Ipam<MemoryStore> {
+        let ipam = Ipam::new(MemoryStore::default());
+        ipam.add_pool(IpPool {
+            name: "p".into(),
+            cidr: "10.41.0.0/24".parse().expect("cidr"),
+            block_size: 26,
+            node_selector: String::new(),
+            namespace_selector: String::new(),
+            allowed_uses: vec![IpUse::Workload],
+            disabled: false,
+        })
+        .await
+        .expect("pool");
+        ipam
+    }
+
+    fn state(affs: &[BlockAffinity], cidr: IpNetwork) -> Option<AffinityState> {
+        affs.iter().find(|a| a.cidr == cidr).map(|a| a.state)
+    }
+
+    #[tokio::test]
+    async fn an_allocation_that_claims_confirms_in_its_first_take() {
+        let ipam = ipam().await;
+        let got = ipam
+            .auto_assign(&AssignArgs::new("h1", "x", 1, 0))
+            .await
+            .expect("assign");
+        assert_eq!(got.ipv4.len(), 1, "{:?}", got.messages);
+        let affs = ipam.host_affinities("h1").await.expect("affinities");
+        assert_eq!(affs.len(), 1, "{affs:?}");
+        assert_eq!(affs[0].state, AffinityState::Confirmed);
+        assert!(cidr::contains_net(&affs[0].cidr, &got.ipv4[0]));
+    }
+
+    /// A crash between the claim and the first take leaves a pending affinity beside its block: the host's
+    /// next allocation confirms it and allocates from it, and no other host can take the block meanwhile.
+    #[tokio::test]
+    async fn a_claim_left_pending_is_confirmed_by_the_hosts_next_allocation() {
+        let ipam = ipam().await;
+        let b: IpNetwork = "10.41.0.64/26".parse().expect("cidr");
+        assert!(
+            ipam.claim_fresh("h1", b, Confirm::WithFirstTake)
+                .await
+                .expect("claim")
+        );
+        let affs = ipam.host_affinities("h1").await.expect("affinities");
+        assert_eq!(state(&affs, b), Some(AffinityState::Pending));
+        assert!(
+            !ipam
+                .claim_fresh("h2", b, Confirm::WithFirstTake)
+                .await
+                .expect("claim on h2"),
+            "the block exists: another host cannot claim it"
+        );
+        assert!(
+            !ipam
+                .claim_fresh("h1", b, Confirm::Now)
+                .await
+                .expect("claim again"),
+            "an existing block is not claimed anew"
+        );
+        let got = ipam
+            .auto_assign(&AssignArgs::new("h1", "x", 1, 0))
+            .await
+            .expect("assign");
+        assert_eq!(got.ipv4.len(), 1, "{:?}", got.messages);
+        assert!(cidr::contains_net(&b, &got.ipv4[0]), "{got:?}");
+        let affs = ipam.host_affinities("h1").await.expect("affinities");
+        assert_eq!(state(&affs, b), Some(AffinityState::Confirmed));
+        assert!(ipam.host_affinities("h2").await.expect("h2").is_empty());
     }
 }
