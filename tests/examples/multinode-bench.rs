@@ -11,11 +11,10 @@
 //!   routes to the kernel (checked afterwards with `ip route show proto 87` in each namespace).
 //! - Throughput, one TCP stream for 5 s (this program's own sender and receiver sockets, created inside the
 //!   namespaces), each against the same stream between its node namespaces' underlay addresses without weir
-//!   (run before and after the pod stream, the better kept). Native: two real `weir agent`s on an etcd
-//!   datastore with node records (`tests::multinode::Cluster`), pods through `weir-cni`, routes written by the
-//!   agents' loops. VXLAN: one real `weir agent` per node namespace whose programs are attached to the pods'
-//!   veths (checked with bpftool), routed by the route driver in process (the agent's `--routing vxlan` is
-//!   not wired on this branch; [`through_agents`] takes it once it is).
+//!   (each stream run twice, alternating underlay and pod, the better run of each kept). Native: two real
+//!   `weir agent`s on an etcd datastore with node records (`tests::multinode::Cluster`), pods through
+//!   `weir-cni`, routes written by the agents' loops. VXLAN: the same with `--routing vxlan` (routes `onlink`
+//!   through each agent's VXLAN device, whose `tx_packets` must move by the stream).
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, 1 s streams.
 
@@ -473,7 +472,9 @@ const ROUTES_BOUND: Duration = Duration::from_secs(30);
 /// Native mode through node records: two real `weir agent`s (`tests::multinode::Cluster`: node namespaces on
 /// an underlay bridge, etcd in the infra namespace, `--datastore etcd:…`), one pod each through `weir-cni`,
 /// the routes to the other node's block written by each agent's own loop from the node records. Returns
-/// (underlay bit/s, the better of two runs between the node namespaces; pod → pod bit/s).
+/// (underlay bit/s, the better of two runs between the node namespaces; pod → pod bit/s, the better of two
+/// runs). The runs alternate (underlay, pod, underlay, pod), so both sides get the same chance against load
+/// from elsewhere on the machine.
 ///
 /// `extra` are the agents' routing flags (`--routing vxlan` for the tunnel).
 fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
@@ -510,7 +511,7 @@ fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
     } else {
         0
     };
-    let pod = stream(&a.pods[0].0.ns, &b.pods[0].0.ns, b_ip, 5212, secs)?;
+    let pod_first = stream(&a.pods[0].0.ns, &b.pods[0].0.ns, b_ip, 5212, secs)?;
     if vxlan {
         ensure!(
             tx_packets(&a.cni.ns, device)? > tx_before + 1000,
@@ -518,12 +519,13 @@ fn through_agents(secs: Duration, extra: &[&str]) -> Result<(f64, f64)> {
         );
     }
     let underlay = underlay_before.max(stream(&a.cni.ns, &b.cni.ns, b_addr, 5213, secs)?);
+    let pod = pod_first.max(stream(&a.pods[0].0.ns, &b.pods[0].0.ns, b_ip, 5214, secs)?);
     Ok((underlay, pod))
 }
 
 /// Throughput pod → pod across the nodes in both modes, through node records and the agents' routes, each
-/// against the bare underlay of its own lab. The underlay is measured before and after the pod stream and the better run kept, so load from elsewhere on the machine during one run
-/// does not flatter the ratios.
+/// against the bare underlay of its own lab. Each is measured twice, alternating, and the better run of each
+/// kept, so load from elsewhere on the machine during one run does not decide a ratio.
 fn throughput(secs: Duration) -> Result<Value> {
     let (native_underlay, native) = through_agents(secs, &[])?;
     let (vxlan_underlay, vxlan) = through_agents(secs, &["--routing", "vxlan"])?;
