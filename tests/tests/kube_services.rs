@@ -59,32 +59,20 @@ fn service_list(agent: &AgentProcess, args: &[&str]) -> String {
 /// Every (service, frontend, backend, state) `weir service list -o json` prints, sorted.
 fn rows(agent: &AgentProcess) -> Vec<String> {
     let listed: Value = serde_json::from_str(&service_list(agent, &["-o", "json"])).expect("JSON");
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let mut rows = Vec::new();
-    for s in listed.as_array().expect("a list") {
-        let name = format!(
-            "{}/{}",
-            s["namespace"].as_str().unwrap_or(""),
-            s["name"].as_str().unwrap_or("")
-        );
-        for f in s["frontends"].as_array().expect("frontends") {
-            let frontend = format!(
-                "{}:{}/{}",
-                f["ip"].as_str().unwrap_or(""),
-                f["port"],
-                f["protocol"].as_str().unwrap_or("")
-            );
-            let backends = f["backends"].as_array().expect("backends");
-            if backends.is_empty() {
-                rows.push(format!("{name} {frontend} -"));
-            }
-            for b in backends {
-                rows.push(format!(
-                    "{name} {frontend} {}:{} {}",
-                    b["ip"].as_str().unwrap_or(""),
-                    b["port"],
-                    b["state"].as_str().unwrap_or("")
-                ));
-            }
+    for f in listed.as_array().expect("a list of frontends") {
+        let (service, frontend) = (text(&f["service"]), text(&f["frontend"]));
+        let backends = f["backends"].as_array().expect("backends");
+        if backends.is_empty() {
+            rows.push(format!("{service} {frontend} -"));
+        }
+        for b in backends {
+            rows.push(format!(
+                "{service} {frontend} {} {}",
+                text(&b["address"]),
+                text(&b["state"])
+            ));
         }
     }
     rows.sort();
@@ -125,7 +113,7 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-const READY_1: &str = "default/web 10.96.0.10:80/TCP 10.244.0.1:8080 ready";
+const READY_1: &str = "default/web 10.96.0.10:80/tcp 10.244.0.1:8080 ready";
 
 #[test]
 fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_objects_named() {
@@ -157,7 +145,7 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
         &agent,
         &[
             READY_1,
-            "default/web 10.96.0.10:80/TCP 10.244.0.2:8080 ready",
+            "default/web 10.96.0.10:80/tcp 10.244.0.2:8080 ready",
         ],
         "the first set",
     );
@@ -168,7 +156,7 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
         &agent,
         &[
             READY_1,
-            "default/web 10.96.0.10:80/TCP 10.244.0.2:8080 not-ready",
+            "default/web 10.96.0.10:80/tcp 10.244.0.2:8080 not-ready",
         ],
         "10.244.0.2 not ready",
     );
@@ -179,13 +167,13 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
         &agent,
         &[
             READY_1,
-            "default/web 10.96.0.10:80/TCP 10.244.0.2:8080 terminating",
+            "default/web 10.96.0.10:80/tcp 10.244.0.2:8080 terminating",
         ],
         "10.244.0.2 terminating",
     );
     let table = service_list(&agent, &[]);
     assert!(
-        table.lines().any(|l| l.contains("10.96.0.10:80/TCP")
+        table.lines().any(|l| l.contains("10.96.0.10:80/tcp")
             && l.contains("10.244.0.2:8080")
             && l.contains("terminating")
             && l.contains("web-1")),
@@ -204,7 +192,7 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
     });
     let with_terminating = [
         READY_1,
-        "default/web 10.96.0.10:80/TCP 10.244.0.2:8080 terminating",
+        "default/web 10.96.0.10:80/tcp 10.244.0.2:8080 terminating",
     ];
     assert_eq!(
         rows(&agent),
@@ -216,7 +204,7 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
     expect_rows(
         &agent,
         &[
-            "default/db 10.96.0.20:5432/TCP -",
+            "default/db 10.96.0.20:5432/tcp -",
             with_terminating[0],
             with_terminating[1],
         ],
@@ -237,7 +225,7 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
     assert_eq!(
         rows(&agent),
         [
-            "default/db 10.96.0.20:5432/TCP -",
+            "default/db 10.96.0.20:5432/tcp -",
             with_terminating[0],
             with_terminating[1],
         ],
@@ -249,8 +237,8 @@ fn services_and_slices_follow_the_api_server_with_endpoint_states_and_bad_object
     expect_rows(
         &agent,
         &[
-            "default/db 10.96.0.20:5432/TCP -",
-            "default/web 10.96.0.10:80/TCP -",
+            "default/db 10.96.0.20:5432/tcp -",
+            "default/web 10.96.0.10:80/tcp -",
         ],
         "the slice deleted",
     );

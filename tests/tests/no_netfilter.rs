@@ -261,11 +261,11 @@ fn weir_writes_no_iptables_or_nftables_rule() {
         IpAddr::V4(NODE),
         "masqueraded: the outside sees the node's address"
     );
-    let want_backend = ip(0).to_string();
+    let want_backend = SocketAddr::new(ip(0), PORT).to_string();
     wait_for("the agent lists the Service with its ready backend", || {
         let listed = node.api_get("/v1/services");
-        listed[0]["frontends"][0]["backends"][0]["ip"] == want_backend.as_str()
-            && listed[0]["frontends"][0]["backends"][0]["state"] == "ready"
+        listed[0]["backends"][0]["address"] == want_backend.as_str()
+            && listed[0]["backends"][0]["state"] == "ready"
     });
 
     let all = |node: &CniNode| -> Vec<Snapshot> {
@@ -292,7 +292,7 @@ fn weir_writes_no_iptables_or_nftables_rule() {
     compare("with the agent running", all(&node));
     node.restart_agent();
     wait_for("the restarted agent lists the Service", || {
-        node.api_get("/v1/services")[0]["name"] == "web"
+        node.api_get("/v1/services")[0]["service"] == "default/web"
     });
     assert!(
         round_trip(&pods[1].1.ns, web) && round_trip(&pods[1].1.ns, server_addr),

@@ -48,35 +48,23 @@ fn table(services: &[ServiceView]) -> String {
         "{:<32} {:<28} {:<28} {:<12} SLICE\n",
         "SERVICE", "FRONTEND", "BACKEND", "STATE"
     );
-    for s in services {
-        let name = format!("{}/{}", s.namespace, s.name);
-        if s.frontends.is_empty() {
+    for f in services {
+        if f.backends.is_empty() {
             out.push_str(&format!(
-                "{name:<32} {:<28} {:<28} {:<12} -\n",
-                "(headless)", "-", "-"
+                "{:<32} {:<28} {:<28} {:<12} -\n",
+                f.service, f.frontend, "-", "-"
             ));
         }
-        for f in &s.frontends {
-            let frontend = format!("{}/{}", socket(f.ip, f.port), f.protocol);
-            if f.backends.is_empty() {
-                out.push_str(&format!(
-                    "{name:<32} {frontend:<28} {:<28} {:<12} -\n",
-                    "-", "-"
-                ));
-            }
-            for b in &f.backends {
-                out.push_str(&format!(
-                    "{name:<32} {frontend:<28} {:<28} {:<12} {}\n",
-                    socket(b.ip, b.port),
-                    b.state.name(),
-                    b.slice
-                ));
-            }
+        for b in &f.backends {
+            out.push_str(&format!(
+                "{:<32} {:<28} {:<28} {:<12} {}\n",
+                f.service,
+                f.frontend,
+                b.address,
+                b.state.name(),
+                b.slice
+            ));
         }
     }
     out
-}
-
-fn socket(ip: std::net::IpAddr, port: u16) -> String {
-    std::net::SocketAddr::new(ip, port).to_string()
 }

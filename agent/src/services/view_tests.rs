@@ -11,6 +11,10 @@ spec:
   sessionAffinity: ClientIP
   ports: [{name: http, port: 80, targetPort: http}, {name: dns, port: 53, protocol: UDP}]
 ---
+kind: Service
+metadata: {name: headless, namespace: prod}
+spec: {clusterIP: None, ports: [{port: 80}]}
+---
 kind: EndpointSlice
 metadata: {name: web-v4, namespace: prod, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
@@ -39,50 +43,47 @@ endpoints:
 fn each_frontend_lists_its_familys_endpoints_with_their_state() {
     let set = parse_str("s.yaml", DOCS).expect("valid");
     let all = views(&set.services, &set.endpoint_slices);
-    assert_eq!(all.len(), 1, "one Service (a slice alone makes none)");
-    let web = &all[0];
-    assert_eq!((web.namespace.as_str(), web.name.as_str()), ("prod", "web"));
-    assert_eq!(web.affinity_timeout_seconds, Some(10_800));
-    let fronts: Vec<String> = web
-        .frontends
+    let fronts: Vec<(&str, &str)> = all
         .iter()
-        .map(|f| format!("{}:{}/{}", f.ip, f.port, f.protocol))
+        .map(|v| (v.service.as_str(), v.frontend.as_str()))
         .collect();
     assert_eq!(
         fronts,
         [
-            "10.96.0.10:80/TCP",
-            "10.96.0.10:53/UDP",
-            "fd00:96::10:80/TCP",
-            "fd00:96::10:53/UDP"
-        ]
+            ("prod/web", "10.96.0.10:80/tcp"),
+            ("prod/web", "10.96.0.10:53/udp"),
+            ("prod/web", "[fd00:96::10]:80/tcp"),
+            ("prod/web", "[fd00:96::10]:53/udp"),
+        ],
+        "a headless Service has no frontend; a slice alone makes none"
     );
-    let http4: Vec<(String, u16, BackendState, &str)> = web.frontends[0]
+    assert!(
+        all.iter()
+            .all(|v| v.affinity_timeout_seconds == Some(10_800))
+    );
+    let http4: Vec<(&str, BackendState, &str)> = all[0]
         .backends
         .iter()
-        .map(|b| (b.ip.to_string(), b.port, b.state, b.slice.as_str()))
+        .map(|b| (b.address.as_str(), b.state, b.slice.as_str()))
         .collect();
     assert_eq!(
         http4,
         [
-            ("10.0.0.1".into(), 8080, BackendState::Terminating, "web-v4"),
-            ("10.0.0.2".into(), 8080, BackendState::NotReady, "web-v4"),
-            ("10.0.0.3".into(), 8080, BackendState::Ready, "web-v4"),
+            ("10.0.0.1:8080", BackendState::Terminating, "web-v4"),
+            ("10.0.0.2:8080", BackendState::NotReady, "web-v4"),
+            ("10.0.0.3:8080", BackendState::Ready, "web-v4"),
         ],
         "sorted by address, another Service's slice left out"
     );
-    assert_eq!(web.frontends[0].backends[2].node.as_deref(), Some("n1"));
-    assert!(
-        web.frontends[1].backends.is_empty(),
-        "no slice has the dns port"
-    );
-    let http6: Vec<String> = web.frontends[2]
+    assert_eq!(all[0].backends[2].node.as_deref(), Some("n1"));
+    assert!(all[1].backends.is_empty(), "no slice has the dns port");
+    let http6: Vec<String> = all[2]
         .backends
         .iter()
-        .map(|b| format!("{} {}", b.ip, b.state.name()))
+        .map(|b| format!("{} {}", b.address, b.state.name()))
         .collect();
-    assert_eq!(http6, ["fd00::1 ready"], "absent conditions: ready");
-    let json = serde_json::to_value(web).expect("json");
-    assert_eq!(json["frontends"][0]["backends"][0]["state"], "terminating");
-    assert_eq!(json["frontends"][0]["backends"][1]["state"], "not-ready");
+    assert_eq!(http6, ["[fd00::1]:8080 ready"], "absent conditions: ready");
+    let json = serde_json::to_value(&all[0]).expect("json");
+    assert_eq!(json["backends"][0]["state"], "terminating");
+    assert_eq!(json["backends"][1]["state"], "not-ready");
 }

@@ -65,16 +65,14 @@ async fn take(
     }
 }
 
-/// (backend address, state) of the node's one Service's first frontend.
+/// (backend address, state) of the node's first frontend.
 fn backends(node: &Node) -> Vec<(String, BackendState)> {
-    let views = node.service_views();
-    views
+    node.service_views()
         .first()
-        .and_then(|s| s.frontends.first())
         .map(|f| {
             f.backends
                 .iter()
-                .map(|b| (format!("{}:{}", b.ip, b.port), b.state))
+                .map(|b| (b.address.clone(), b.state))
                 .collect()
         })
         .unwrap_or_default()
@@ -242,8 +240,8 @@ async fn services_and_slices_are_watched_converted_and_follow_their_events() {
     node.apply_deltas(deltas);
     let views = node.service_views();
     assert_eq!(
-        views.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
-        ["bad"],
+        views.iter().map(|s| s.service.as_str()).collect::<Vec<_>>(),
+        ["default/bad"],
         "web deleted, bad fixed"
     );
     assert!(
@@ -252,7 +250,7 @@ async fn services_and_slices_are_watched_converted_and_follow_their_events() {
         node.summary().policy_errors
     );
     assert!(
-        views[0].frontends[0].backends.is_empty(),
+        views[0].backends.is_empty(),
         "web's slice does not serve bad"
     );
     services.abort();
