@@ -337,6 +337,7 @@ struct Changed {
     links: bool,
     rules: bool,
     nodes: bool,
+    services: bool,
 }
 
 struct DataplaneLoop {
@@ -461,6 +462,7 @@ impl DataplaneLoop {
                     Err(e) => tracing::error!(error = %e, "cannot apply the policy files"),
                 }
                 self.changed.rules = true;
+                self.changed.services = true;
             }
             Command::ClusterDeltas(deltas) => {
                 let objects = deltas.len();
@@ -475,6 +477,7 @@ impl DataplaneLoop {
                 );
                 self.changed.endpoints.extend(done.relabelled);
                 self.changed.rules |= done.policies;
+                self.changed.services |= done.services;
             }
             Command::UpsertEndpoint(endpoint, done) => {
                 let result = self
@@ -754,6 +757,11 @@ impl DataplaneLoop {
                 Arc::clone(&previous.nodes)
             },
             ipam_hints: self.node.ipam_hints(),
+            services: if changed.services {
+                Arc::new(self.node.service_views())
+            } else {
+                Arc::clone(&previous.services)
+            },
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

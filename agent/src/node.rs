@@ -433,6 +433,12 @@ impl Node {
             .collect()
     }
 
+    /// The source's Services with their EndpointSlices' endpoints (`GET /v1/services`).
+    #[must_use]
+    pub fn service_views(&self) -> Vec<crate::services::view::ServiceView> {
+        crate::services::view::views(&self.cluster.services, &self.cluster.endpoint_slices)
+    }
+
     /// The pool and address annotations of the source's Pods and Namespaces.
     #[must_use]
     pub fn ipam_hints(&self) -> Arc<IpamHints> {

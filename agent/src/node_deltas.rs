@@ -22,6 +22,8 @@ pub struct DeltasApplied {
     pub relabelled: BTreeSet<String>,
     /// A policy changed (the rules in force must be listed again).
     pub policies: bool,
+    /// A Service or an EndpointSlice changed (the service views must be rebuilt).
+    pub services: bool,
     /// Objects whose change could not be applied, and why (each keeps its previous form).
     pub failed: Vec<(String, NodeError)>,
     /// The generation to apply.
@@ -56,6 +58,22 @@ impl Node {
                     match node {
                         Some(node) => self.cluster.nodes.insert(name, node),
                         None => self.cluster.nodes.remove(&name),
+                    };
+                    Ok(())
+                }
+                ObjectChange::Service(key, service) => {
+                    out.services = true;
+                    match service {
+                        Some(service) => self.cluster.services.insert(key, service),
+                        None => self.cluster.services.remove(&key),
+                    };
+                    Ok(())
+                }
+                ObjectChange::EndpointSlice(key, slice) => {
+                    out.services = true;
+                    match slice {
+                        Some(slice) => self.cluster.endpoint_slices.insert(key, slice),
+                        None => self.cluster.endpoint_slices.remove(&key),
                     };
                     Ok(())
                 }
@@ -106,7 +124,10 @@ impl Node {
                 let missing = format!("is in namespace {name:?}, which has no Namespace object");
                 self.policy_warnings.retain(|w| !w.contains(&missing));
             }
-            ObjectChange::Namespace(_, None) | ObjectChange::Node(..) => {}
+            ObjectChange::Namespace(_, None)
+            | ObjectChange::Node(..)
+            | ObjectChange::Service(..)
+            | ObjectChange::EndpointSlice(..) => {}
         }
         for w in &new {
             tracing::warn!(warning = %w, "a source object applies with a caveat");

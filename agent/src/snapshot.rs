@@ -11,6 +11,7 @@ use crate::{
     node::{Node, NodeSummary},
     pod_ipam::IpamHints,
     policy::compile::RuleRef,
+    services::view::ServiceView,
 };
 
 /// The node as the loop last published it.
@@ -36,6 +37,9 @@ pub struct Snapshot {
     /// The pool and address annotations of the source's Pods and Namespaces (CNI ADD reads
     /// them). Shared with the node: replaced only when the source's objects change.
     pub ipam_hints: Arc<IpamHints>,
+    /// The source's Services with their endpoints (`GET /v1/services`); rebuilt only when a
+    /// Service or an EndpointSlice changed.
+    pub services: Arc<Vec<ServiceView>>,
 }
 
 impl Snapshot {
@@ -51,6 +55,7 @@ impl Snapshot {
             stats: node.dataplane.stats(),
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
+            services: Arc::new(node.service_views()),
         }
     }
 

@@ -1,6 +1,6 @@
 //! A minimal Kubernetes API server for the tests: plain HTTP/1.1 on 127.0.0.1 or a given address (optionally bound
 //! inside a test namespace, where the agent's loopback is), speaking the wire protocol kube-rs's
-//! watcher uses for Pods, Namespaces, NetworkPolicies and Nodes:
+//! watcher uses for Pods, Namespaces, NetworkPolicies, Nodes, Services and EndpointSlices:
 //!
 //! - `GET /api/v1/pods?limit=N&continue=T` (and the other kinds' collection paths): a JSON list
 //!   with `metadata.resourceVersion` and a `continue` token while pages remain (a page set is a
@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use crate::netns::NetNs;
 
 /// The kinds served, by collection path.
-pub const KINDS: [(&str, &str, &str); 4] = [
+pub const KINDS: [(&str, &str, &str); 6] = [
     ("/api/v1/pods", "Pod", "v1"),
     ("/api/v1/namespaces", "Namespace", "v1"),
     (
@@ -44,6 +44,12 @@ pub const KINDS: [(&str, &str, &str); 4] = [
         "networking.k8s.io/v1",
     ),
     ("/api/v1/nodes", "Node", "v1"),
+    ("/api/v1/services", "Service", "v1"),
+    (
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        "EndpointSlice",
+        "discovery.k8s.io/v1",
+    ),
 ];
 
 /// A fault every request meets.

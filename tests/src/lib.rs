@@ -20,6 +20,7 @@
 //! - `podnet`: TCP listeners and probes inside a pod's network namespace (by its process).
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
 //! - `kube_api`: a minimal Kubernetes API server (lists, chunked watches, bookmarks, 410, faults).
+//! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_pod;
@@ -38,6 +39,7 @@ pub mod kube_api;
 pub mod manifests;
 pub mod multinode;
 pub mod names;
+pub mod netfilter;
 pub mod netns;
 pub mod netpol;
 pub mod netpol_lab;

@@ -12,6 +12,7 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",                     // checking kernel state from outside
     "iproute2",                    // namespaces, veths
     "iptables",                    // datapath benchmark baseline (inside test namespaces only)
+    "nftables",                    // `nft list ruleset`: no_netfilter checks weir writes no rule
     "etcd-server",                 // the multi-node IPAM datastore, started by the tests
     "protobuf-compiler",           // etcd-client's build script
     "libprotobuf-dev",             // ... and the well-known types it needs

@@ -4,4 +4,5 @@ pub mod client;
 pub mod error;
 pub mod log_level;
 pub mod server;
+pub mod services;
 pub mod types;

@@ -114,6 +114,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/endpoints", get(list_endpoints))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/addresses", get(list_addresses))
+        .route("/v1/services", get(super::services::list))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),

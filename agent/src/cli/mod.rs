@@ -6,6 +6,7 @@ pub mod ipam;
 pub mod log_level;
 pub mod monitor;
 pub mod policy_view;
+pub mod service;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +40,8 @@ pub enum Command {
     Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),
+    /// Services from the agent's source: `weir service list` (frontends → backends, their state).
+    Service(service::ServiceArgs),
     /// Dropped packets as they happen (sampled), with their reason.
     Monitor(monitor::MonitorArgs),
     /// Replace the running agent's log filter, e.g. `weir log-level debug`.

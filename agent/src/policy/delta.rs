@@ -8,6 +8,7 @@ use super::{
     load::PolicyFileError,
     model::{Labels, NodeInfo, Pod, Policy},
 };
+use crate::services::model::{EndpointSlice, Service};
 
 /// An object's key: (namespace, name).
 pub type Key = (String, String);
@@ -32,6 +33,10 @@ pub enum ObjectChange {
     Policy(Key, Option<Policy>),
     /// A Node, by name.
     Node(String, Option<NodeInfo>),
+    /// A Service, by (namespace, name).
+    Service(Key, Option<Service>),
+    /// An EndpointSlice, by (namespace, name).
+    EndpointSlice(Key, Option<EndpointSlice>),
 }
 
 /// One object's change with its name (`Pod ns/name`, `Node name`) and, when the source could

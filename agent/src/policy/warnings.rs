@@ -25,7 +25,8 @@ pub struct Warning {
     pub reason: String,
 }
 
-fn protocol_name(protocol: u8) -> String {
+/// `TCP`, `UDP`, `SCTP`, or `protocol N`.
+pub(crate) fn protocol_name(protocol: u8) -> String {
     match protocol {
         6 => "TCP".to_owned(),
         17 => "UDP".to_owned(),

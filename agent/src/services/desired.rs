@@ -58,7 +58,7 @@ fn keep_or_allocate<K: Ord + Copy>(ids: &mut BTreeMap<K, u32>, wanted: &BTreeSet
 
 /// The backends' port for one Service port on one slice: the slice's port of the Service port's
 /// name and protocol; a slice listing no port at all falls back to a numbered `targetPort`.
-fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
+pub(crate) fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
     if let Some(p) = slice
         .ports
         .iter()

@@ -1,11 +1,13 @@
-//! The cluster as the watchers delivered it: one store per kind of converted objects, the
+//! The cluster as the watchers delivered it: one store per kind of converted objects (Services and
+//! EndpointSlices by `services::convert`, the other kinds by `policy::convert`), the
 //! conversion errors by object, the whole `PolicySet` the loop takes first and the per-object
 //! deltas it takes afterwards.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Node, Pod, Service as K8sService},
+    discovery::v1::EndpointSlice as K8sSlice,
     networking::v1::NetworkPolicy,
 };
 
@@ -14,11 +16,17 @@ use super::{
     store::{Key, KindStore},
     watch::{Change, Kind},
 };
-use crate::policy::{
-    convert,
-    delta::{Delta, NamespaceObject, ObjectChange},
-    load::PolicyFileError,
-    model::{Pod as PodInfo, Policy, PolicySet},
+use crate::{
+    policy::{
+        convert,
+        delta::{Delta, NamespaceObject, ObjectChange},
+        load::PolicyFileError,
+        model::{Pod as PodInfo, Policy, PolicySet},
+    },
+    services::{
+        self,
+        model::{EndpointSlice, Service},
+    },
 };
 
 /// A converted object (by `policy::convert`, as the standalone directory's), or why it could
@@ -33,6 +41,10 @@ pub enum Object {
     Pod(Result<PodInfo, String>),
     /// A Node (with its readiness, for the node records).
     Node(Result<KubeNode, String>),
+    /// A Service (by `services::convert`, as the standalone directory's).
+    Service(Result<Service, String>),
+    /// An EndpointSlice.
+    EndpointSlice(Result<EndpointSlice, String>),
 }
 
 /// Converts a NetworkPolicy.
@@ -67,6 +79,16 @@ pub fn node(node: &Node) -> Object {
             })
             .map_err(|e| e.to_string()),
     )
+}
+
+/// Converts a Service.
+pub fn service(s: &K8sService) -> Object {
+    Object::Service(services::convert::service(s).map_err(|e| e.to_string()))
+}
+
+/// Converts an EndpointSlice.
+pub fn endpoint_slice(s: &K8sSlice) -> Object {
+    Object::EndpointSlice(services::convert::endpoint_slice(s).map_err(|e| e.to_string()))
 }
 
 /// Every kind's objects.
@@ -142,6 +164,20 @@ impl Cluster {
                     _ => None,
                 },
             ),
+            Kind::Services => ObjectChange::Service(
+                key.clone(),
+                match object {
+                    Some(Object::Service(Ok(s))) => Some(s.clone()),
+                    _ => None,
+                },
+            ),
+            Kind::EndpointSlices => ObjectChange::EndpointSlice(
+                key.clone(),
+                match object {
+                    Some(Object::EndpointSlice(Ok(s))) => Some(s.clone()),
+                    _ => None,
+                },
+            ),
         };
         Delta {
             object: object_name(kind, key),
@@ -214,10 +250,18 @@ impl Cluster {
                     Object::Node(Ok(n)) => {
                         set.nodes.insert(key.1.clone(), n.info.clone());
                     }
+                    Object::Service(Ok(s)) => {
+                        set.services.insert(key.clone(), s.clone());
+                    }
+                    Object::EndpointSlice(Ok(s)) => {
+                        set.endpoint_slices.insert(key.clone(), s.clone());
+                    }
                     Object::Policy(Err(e))
                     | Object::Namespace(Err(e))
                     | Object::Pod(Err(e))
-                    | Object::Node(Err(e)) => refuse(*kind, key, e),
+                    | Object::Node(Err(e))
+                    | Object::Service(Err(e))
+                    | Object::EndpointSlice(Err(e)) => refuse(*kind, key, e),
                 }
             }
         }
@@ -243,7 +287,9 @@ impl Object {
             Self::Policy(Err(e))
             | Self::Namespace(Err(e))
             | Self::Pod(Err(e))
-            | Self::Node(Err(e)) => Some(e),
+            | Self::Node(Err(e))
+            | Self::Service(Err(e))
+            | Self::EndpointSlice(Err(e)) => Some(e),
             _ => None,
         }
     }

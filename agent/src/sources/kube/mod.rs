@@ -1,5 +1,5 @@
 //! The Kubernetes source (`--source kubernetes`): kube-rs watchers on Pods, Namespaces,
-//! NetworkPolicies and Nodes feed one task that keeps their converted objects (`cluster`). Once
+//! NetworkPolicies, Nodes, Services and EndpointSlices feed one task that keeps their converted objects (`cluster`). Once
 //! every watcher delivered its initial list it sends the loop the whole `PolicySet`
 //! (`Command::Policies`; the loop writes nothing to the kernel before: the node is not in sync),
 //! and from then on one delta per object changed (`Command::ClusterDeltas`), with no debounce:
@@ -22,6 +22,8 @@ mod store;
 mod watch;
 
 #[cfg(test)]
+mod services_tests;
+#[cfg(test)]
 mod tests;
 
 use std::{
@@ -31,7 +33,8 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Node, Pod, Service},
+    discovery::v1::EndpointSlice,
     networking::v1::NetworkPolicy,
 };
 use kube::Api;
@@ -51,7 +54,9 @@ pub const RBAC_RESOURCES: &[(&str, &str)] = &[
     ("", "pods"),
     ("", "namespaces"),
     ("", "nodes"),
+    ("", "services"),
     ("networking.k8s.io", "networkpolicies"),
+    ("discovery.k8s.io", "endpointslices"),
 ];
 /// The verbs its watchers use on each (a paged list, then watches).
 pub const RBAC_VERBS: &[&str] = &["list", "watch"];
@@ -110,6 +115,18 @@ pub async fn run(dataplane_loop: LoopHandle, client: kube::Client, nodes: Option
         Api::<Node>::all(client.clone()),
         Kind::Nodes,
         cluster::node,
+        tx.clone(),
+    ));
+    tokio::spawn(watch::forward(
+        Api::<Service>::all(client.clone()),
+        Kind::Services,
+        cluster::service,
+        tx.clone(),
+    ));
+    tokio::spawn(watch::forward(
+        Api::<EndpointSlice>::all(client.clone()),
+        Kind::EndpointSlices,
+        cluster::endpoint_slice,
         tx,
     ));
     Source {
@@ -229,7 +246,7 @@ impl Source {
             }
             Change::InitApply(_, key, object) | Change::Apply(_, key, object) => {
                 if let Some(e) = object.error() {
-                    tracing::warn!(object = %cluster::object_name(kind, key), error = %e, "object refused; the rest is applied");
+                    tracing::warn!(object = %cluster::object_name(kind, key), error = %e, "object refused and left out until a valid version of it arrives (fix the object on the API server); the rest is applied");
                 }
             }
             _ => {}

@@ -14,7 +14,7 @@ use super::{
     watch::{self, Change, Kind},
 };
 
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
+pub(super) type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
 fn policy(name: &str, rv: &str) -> Value {
     json!({
@@ -32,7 +32,7 @@ fn list(rv: &str, items: &[Value]) -> Vec<u8> {
     .expect("json")
 }
 
-fn events(lines: &[Value]) -> Vec<u8> {
+pub(super) fn events(lines: &[Value]) -> Vec<u8> {
     let mut out = Vec::new();
     for l in lines {
         out.extend(serde_json::to_vec(l).expect("json"));
@@ -41,7 +41,7 @@ fn events(lines: &[Value]) -> Vec<u8> {
     out
 }
 
-fn query(req: &Request<Body>) -> Vec<(String, String)> {
+pub(super) fn query(req: &Request<Body>) -> Vec<(String, String)> {
     let mut q: Vec<(String, String)> = req
         .uri()
         .query()
@@ -58,16 +58,23 @@ fn query(req: &Request<Body>) -> Vec<(String, String)> {
 }
 
 async fn answer(handle: &mut Handle, body: Vec<u8>) -> Vec<(String, String)> {
+    answer_at(handle, "/apis/networking.k8s.io/v1/networkpolicies", body).await
+}
+
+/// Answers the watcher's next request, which must be a GET of `path`, with `body`; returns its
+/// query.
+pub(super) async fn answer_at(
+    handle: &mut Handle,
+    path: &str,
+    body: Vec<u8>,
+) -> Vec<(String, String)> {
     let (req, send) =
         tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
             .await
             .expect("the watcher sends its next request")
             .expect("a request");
     assert_eq!(req.method(), "GET");
-    assert_eq!(
-        req.uri().path(),
-        "/apis/networking.k8s.io/v1/networkpolicies"
-    );
+    assert_eq!(req.uri().path(), path);
     let q = query(&req);
     send.send_response(
         Response::builder()
@@ -78,7 +85,7 @@ async fn answer(handle: &mut Handle, body: Vec<u8>) -> Vec<(String, String)> {
     q
 }
 
-fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(super) fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = p
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

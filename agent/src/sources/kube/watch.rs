@@ -27,15 +27,21 @@ pub enum Kind {
     NetworkPolicies,
     /// core/v1 Nodes.
     Nodes,
+    /// core/v1 Services.
+    Services,
+    /// discovery.k8s.io/v1 EndpointSlices.
+    EndpointSlices,
 }
 
 impl Kind {
     /// Every kind; in-sync needs the initial list of each.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 6] = [
         Self::Pods,
         Self::Namespaces,
         Self::NetworkPolicies,
         Self::Nodes,
+        Self::Services,
+        Self::EndpointSlices,
     ];
 
     /// The kind's name, as the API server writes it.
@@ -46,6 +52,8 @@ impl Kind {
             Self::Namespaces => "Namespace",
             Self::NetworkPolicies => "NetworkPolicy",
             Self::Nodes => "Node",
+            Self::Services => "Service",
+            Self::EndpointSlices => "EndpointSlice",
         }
     }
 }

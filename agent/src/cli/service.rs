@@ -1,0 +1,70 @@
+//! `weir service list [-o json]`: the Services the agent's source describes, each frontend
+//! (cluster IP, port, protocol) with its endpoints and their state (`GET /v1/services`).
+
+use agent::services::view::ServiceView;
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+use super::agent_client::{Common, Output, client, print_json, runtime};
+
+/// `weir service …`.
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    command: ServiceCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ServiceCommand {
+    /// Every Service: frontends → backends, each `ready` (takes new flows), `terminating` (no new
+    /// flows; its established ones finish) or `not-ready`.
+    List,
+}
+
+/// Runs `weir service …`.
+pub fn run(args: &ServiceArgs) -> Result<()> {
+    match args.command {
+        ServiceCommand::List => list(&args.common),
+    }
+}
+
+fn list(common: &Common) -> Result<()> {
+    let services: Vec<ServiceView> =
+        runtime()?.block_on(client(common).get("/v1/services", "the service list"))?;
+    match common.output {
+        Output::Json => print_json(&services),
+        Output::Table => {
+            print!("{}", table(&services));
+            Ok(())
+        }
+    }
+}
+
+/// One line per (frontend, backend); a frontend with no endpoint gets one line with `-`.
+fn table(services: &[ServiceView]) -> String {
+    let mut out = format!(
+        "{:<32} {:<28} {:<28} {:<12} SLICE\n",
+        "SERVICE", "FRONTEND", "BACKEND", "STATE"
+    );
+    for f in services {
+        if f.backends.is_empty() {
+            out.push_str(&format!(
+                "{:<32} {:<28} {:<28} {:<12} -\n",
+                f.service, f.frontend, "-", "-"
+            ));
+        }
+        for b in &f.backends {
+            out.push_str(&format!(
+                "{:<32} {:<28} {:<28} {:<12} {}\n",
+                f.service,
+                f.frontend,
+                b.address,
+                b.state.name(),
+                b.slice
+            ));
+        }
+    }
+    out
+}

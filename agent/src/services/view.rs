@@ -1,0 +1,147 @@
+//! The Services as the source describes them, for operators (`GET /v1/services`, `weir service
+//! list`): one entry per frontend (cluster IP, port, protocol) of every Service with each endpoint
+//! of its EndpointSlices and that endpoint's state. Only `ready` endpoints take new flows
+//! (`services::desired` puts only those in the backend slots); `terminating` ones are listed so an
+//! operator sees the flows they still carry; `not-ready` ones serve nothing. Computed from the
+//! model alone (no kernel read): what weir wants, not what the maps hold.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    desired::{Services, Slices, backend_port},
+    model::{Endpoint, Service, ServicePort, SessionAffinity},
+};
+use crate::policy::warnings::protocol_name;
+
+/// One frontend of one Service and what is behind it (`weir service list -o json` prints one
+/// object per frontend).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceView {
+    /// `namespace/name` of the Service.
+    pub service: String,
+    /// `cluster-ip:port/protocol` (`10.96.0.10:80/tcp`, `[fd00::10]:80/tcp`).
+    pub frontend: String,
+    /// The Service port's name (empty for a Service's one unnamed port).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub port_name: String,
+    /// `sessionAffinity: ClientIP`'s timeout, when the Service has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_seconds: Option<u32>,
+    /// Every endpoint of the Service's slices of the frontend's family that has this port, sorted
+    /// by address and port.
+    pub backends: Vec<BackendView>,
+}
+
+/// One endpoint address behind a frontend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendView {
+    /// `address:port` (the port is the slice's port of the Service port's name).
+    pub address: String,
+    /// Whether it takes new flows.
+    pub state: BackendState,
+    /// The EndpointSlice that lists it.
+    pub slice: String,
+    /// The endpoint's `nodeName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// An endpoint's state, from its slice's conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendState {
+    /// `ready`: takes new flows.
+    Ready,
+    /// `terminating` (and not ready): no new flows; its established flows finish.
+    Terminating,
+    /// Neither: serves nothing.
+    NotReady,
+}
+
+impl BackendState {
+    /// The state of `e`.
+    #[must_use]
+    pub fn of(e: &Endpoint) -> Self {
+        if e.serves_new_flows() {
+            Self::Ready
+        } else if e.terminating {
+            Self::Terminating
+        } else {
+            Self::NotReady
+        }
+    }
+
+    /// As the table and the JSON write it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::Terminating => "terminating",
+            Self::NotReady => "not-ready",
+        }
+    }
+}
+
+fn backends(
+    service: &Service,
+    ip: IpAddr,
+    port: &ServicePort,
+    slices: &Slices,
+) -> Vec<BackendView> {
+    let mut found: Vec<(IpAddr, u16, BackendState, &str, Option<&String>)> = Vec::new();
+    for slice in slices
+        .values()
+        .filter(|s| s.namespace == service.namespace && s.service == service.name)
+    {
+        let Some(target) = backend_port(port, slice) else {
+            continue;
+        };
+        for e in &slice.endpoints {
+            let state = BackendState::of(e);
+            for addr in e.addresses.iter().filter(|a| a.is_ipv4() == ip.is_ipv4()) {
+                found.push((*addr, target, state, &slice.name, e.node.as_ref()));
+            }
+        }
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(addr, port, state, slice, node)| BackendView {
+            address: SocketAddr::new(addr, port).to_string(),
+            state,
+            slice: slice.to_owned(),
+            node: node.cloned(),
+        })
+        .collect()
+}
+
+/// Every frontend of every Service, by (namespace, name), then cluster IP, then port; a headless
+/// Service has none.
+#[must_use]
+pub fn views(services: &Services, slices: &Slices) -> Vec<ServiceView> {
+    let mut out = Vec::new();
+    for service in services.values() {
+        let affinity_timeout_seconds = match service.affinity {
+            SessionAffinity::None => None,
+            SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
+        };
+        for ip in &service.cluster_ips {
+            for port in &service.ports {
+                out.push(ServiceView {
+                    service: format!("{}/{}", service.namespace, service.name),
+                    frontend: format!(
+                        "{}/{}",
+                        SocketAddr::new(*ip, port.port),
+                        protocol_name(port.protocol).to_lowercase()
+                    ),
+                    port_name: port.name.clone(),
+                    affinity_timeout_seconds,
+                    backends: backends(service, *ip, port, slices),
+                });
+            }
+        }
+    }
+    out
+}
