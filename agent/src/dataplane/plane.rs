@@ -1,7 +1,8 @@
 //! The drivers together, applied in security order: attachments to new links first (they only
-//! close), then identities, ipcache and policy, and the endpoint entries (whose isolation flags
-//! and addresses open an endpoint), so nothing is opened before the policy that guards it is in
-//! place; program replacements and sweeps of attachments come last, once the maps the new
+//! close), then identities, ipcache and policy, then the service maps (a frontend leads to
+//! backends judged by their identities: written only once those maps are), and the endpoint
+//! entries (whose isolation flags and addresses open an endpoint), so nothing is opened before
+//! the policy that guards it is in place; program replacements and sweeps of attachments come last, once the maps the new
 //! programs read are filled. A failing key or link stays dirty and is retried with backoff while
 //! the other drivers proceed, except where that order requires waiting: an endpoint whose policy
 //! entries or identities are not written is not opened, and programs are not replaced while a map
@@ -17,6 +18,7 @@ use super::{
     endpoints::EndpointsManager,
     kernel::Prefix,
     map_driver::{DriverStats, MapDriver, Pending},
+    services::ServiceMaps,
 };
 
 /// Every driver and manager of the node.
@@ -37,6 +39,8 @@ pub struct Dataplane {
     pub ipcache6: MapDriver<Prefix<[u8; 16]>, IdentityInfo>,
     /// `policy_v1`.
     pub policy: MapDriver<PolicyKey, PolicyValue>,
+    /// The service maps (`svc4_v1`, slots, backends, reverse NAT).
+    pub services: ServiceMaps,
 }
 
 /// Counters of every driver, for metrics and `weir status`.
@@ -58,6 +62,7 @@ impl Dataplane {
             || self.ipcache4.is_dirty()
             || self.ipcache6.is_dirty()
             || self.policy.is_dirty()
+            || self.services.is_dirty()
     }
 
     /// Before the first in-sync: only attach the deny-by-default programs to new workload links.
@@ -92,7 +97,8 @@ impl Dataplane {
         ]
         .iter()
         .map(|s| s.writes + s.deletes)
-        .sum()
+        .sum::<u64>()
+            + self.services.writes()
     }
 
     fn apply_all(&mut self) -> Result<(), ApplyError> {
@@ -104,6 +110,8 @@ impl Dataplane {
         left.push(self.ipcache4.apply_due(now, &|_, _| true));
         left.push(self.ipcache6.apply_due(now, &|_, _| true));
         left.push(self.policy.apply_due(now, &|_, _| true));
+        let policy_in_place = left.iter().all(Pending::is_clean);
+        left.extend(self.services.apply_due(now, policy_in_place));
         let gate = Gate::new(self);
         left.push(
             self.endpoints
@@ -127,16 +135,18 @@ impl Dataplane {
 
     /// Counters.
     pub fn stats(&self) -> DataplaneStats {
+        let mut maps = vec![
+            (self.endpoints.name().to_owned(), self.endpoints.stats()),
+            (self.ident4.name().to_owned(), self.ident4.stats()),
+            (self.ident6.name().to_owned(), self.ident6.stats()),
+            (self.ipcache4.name().to_owned(), self.ipcache4.stats()),
+            (self.ipcache6.name().to_owned(), self.ipcache6.stats()),
+            (self.policy.name().to_owned(), self.policy.stats()),
+        ];
+        maps.extend(self.services.stats());
         DataplaneStats {
             attachments: self.attachments.stats(),
-            maps: vec![
-                (self.endpoints.name().to_owned(), self.endpoints.stats()),
-                (self.ident4.name().to_owned(), self.ident4.stats()),
-                (self.ident6.name().to_owned(), self.ident6.stats()),
-                (self.ipcache4.name().to_owned(), self.ipcache4.stats()),
-                (self.ipcache6.name().to_owned(), self.ipcache6.stats()),
-                (self.policy.name().to_owned(), self.policy.stats()),
-            ],
+            maps,
         }
     }
 }
@@ -270,6 +280,7 @@ mod tests {
             ipcache4: MapDriver::new(Box::new(k.map::<Prefix<[u8; 4]>, IdentityInfo>(IPCACHE4))),
             ipcache6: MapDriver::new(Box::new(k.map::<Prefix<[u8; 16]>, IdentityInfo>(IPCACHE6))),
             policy: MapDriver::new(Box::new(kernel.policy.clone())),
+            services: ServiceMaps::fake(k),
         }
     }
 
