@@ -160,6 +160,8 @@ pub enum Command {
     ClusterPods(Vec<crate::nodes::ClusterPod>),
     /// Every pod address known cluster-wide with its identity and node (`weir status --all-addresses`).
     Addresses(oneshot::Sender<Vec<crate::nodes::AddressView>>),
+    /// Every Service frontend with its backends (`weir service list`).
+    Services(oneshot::Sender<Vec<crate::services::view::ServiceView>>),
     /// End the loop.
     Stop,
 }
@@ -263,6 +265,13 @@ impl LoopHandle {
     pub async fn addresses(&self) -> Result<Vec<crate::nodes::AddressView>, LoopError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Addresses(tx))?;
+        rx.await.map_err(|_| LoopError::Stopped)
+    }
+
+    /// Every Service frontend with its backends.
+    pub async fn services(&self) -> Result<Vec<crate::services::view::ServiceView>, LoopError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Services(tx))?;
         rx.await.map_err(|_| LoopError::Stopped)
     }
 
@@ -515,6 +524,10 @@ impl DataplaneLoop {
             Command::Addresses(reply) => {
                 // A caller that went away needs no answer.
                 let _unanswered = reply.send(self.node.addresses());
+            }
+            Command::Services(reply) => {
+                // A caller that went away needs no answer.
+                let _unanswered = reply.send(self.node.services());
             }
             Command::Node(delta) => {
                 self.node.on_node_delta(delta);

@@ -53,6 +53,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Status(args) => cli::agent_client::status(args),
         Command::Endpoint(args) => cli::agent_client::endpoint(args),
         Command::Bpf(args) => cli::agent_client::bpf(args),
+        Command::Service(args) => cli::agent_client::service(args),
         Command::Policy(args) => cli::agent_client::policy(args),
         Command::Monitor(args) => cli::monitor::monitor(args),
         Command::LogLevel(args) => cli::log_level::run(&args),

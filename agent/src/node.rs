@@ -498,6 +498,15 @@ impl Node {
         self.generation
     }
 
+    /// Every Service frontend with its backends (`weir service list`).
+    pub fn services(&self) -> Vec<crate::services::view::ServiceView> {
+        crate::services::view::views(
+            &self.cluster.services,
+            &self.cluster.endpoint_slices,
+            &self.dataplane.services,
+        )
+    }
+
     /// A link event from the watcher.
     pub fn on_link(&mut self, event: &LinkEvent) -> u64 {
         let Dataplane {

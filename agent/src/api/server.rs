@@ -114,6 +114,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/endpoints", get(list_endpoints))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/addresses", get(list_addresses))
+        .route("/v1/services", get(list_services))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
@@ -313,6 +314,13 @@ async fn list_nodes(
     State(api): State<Arc<Api>>,
 ) -> ApiResult<Vec<crate::nodes::routing::NodeStatus>> {
     Ok(Json((*api.dataplane.snapshot().nodes).clone()))
+}
+
+/// `GET /v1/services`: every Service frontend with its backends and their state.
+async fn list_services(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::services::view::ServiceView>> {
+    Ok(Json(api.dataplane.services().await.map_err(loop_error)?))
 }
 
 /// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.

@@ -180,6 +180,54 @@ fn all_addresses(common: &Common) -> Result<()> {
     }
 }
 
+/// `weir service`.
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    command: ServiceCommand,
+}
+
+/// `weir service` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Every frontend (cluster IP, port, protocol) with its service id and backends.
+    List,
+}
+
+/// Runs `weir service list`.
+pub fn service(args: ServiceArgs) -> Result<()> {
+    let ServiceCommand::List = args.command;
+    let services: Vec<agent::services::view::ServiceView> =
+        runtime()?.block_on(client(&args.common).get("/v1/services", "the service list"))?;
+    match args.common.output {
+        Output::Json => print_json(&services),
+        Output::Table => {
+            println!("{:<28} {:<24} {:<6} BACKENDS", "SERVICE", "FRONTEND", "ID");
+            for s in &services {
+                let backends: Vec<String> = s
+                    .backends
+                    .iter()
+                    .map(|b| format!("{} ({})", b.address, b.state))
+                    .collect();
+                println!(
+                    "{:<28} {:<24} {:<6} {}",
+                    s.service,
+                    s.frontend,
+                    s.service_id.map_or_else(|| "-".into(), |i| i.to_string()),
+                    if backends.is_empty() {
+                        "-".into()
+                    } else {
+                        backends.join(", ")
+                    }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Runs `weir endpoint …`.
 pub fn endpoint(args: EndpointArgs) -> Result<()> {
     let rt = runtime()?;

@@ -39,6 +39,8 @@ pub enum Command {
     Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),
+    /// ClusterIP Services as the datapath translates them: `weir service list`.
+    Service(agent_client::ServiceArgs),
     /// Dropped packets as they happen (sampled), with their reason.
     Monitor(monitor::MonitorArgs),
     /// Replace the running agent's log filter, e.g. `weir log-level debug`.

@@ -1,7 +1,7 @@
 //! Services through the real policy-directory source, the loop and the service map drivers over
 //! the fake kernel: the maps hold the desired frontends, slots, backends and reverse NAT (orphans
 //! of an earlier run swept), a restart over unchanged sources writes nothing, and an EndpointSlice
-//! edit writes only what changed.
+//! edit writes only what changed; the loop's view for `weir service list`.
 
 use std::time::Duration;
 
@@ -125,6 +125,27 @@ async fn service_maps_follow_the_slices_sweep_orphans_and_a_restart_writes_nothi
         kernel.services.frontends.unordered().len(),
         1,
         "the orphan frontend is swept"
+    );
+    // `weir service list`'s view, from the loop.
+    let views = agent.handle.services().await.expect("the loop answers");
+    assert_eq!(views.len(), 1, "{views:?}");
+    let v = &views[0];
+    assert_eq!(
+        (v.service.as_str(), v.frontend.as_str(), v.service_id),
+        ("prod/db", "10.96.0.10:80/tcp", Some(f.service_id))
+    );
+    let states: Vec<(&str, &str, bool)> = v
+        .backends
+        .iter()
+        .map(|b| (b.address.as_str(), b.state.as_str(), b.backend_id.is_some()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("10.244.0.11:8080", "ready", true),
+            ("10.244.0.12:8080", "ready", true),
+            ("10.244.0.13:8080", "not-ready", false),
+        ]
     );
     agent.stop();
 

@@ -6,6 +6,7 @@
 pub mod convert;
 pub mod desired;
 pub mod model;
+pub mod view;
 
 #[cfg(test)]
 mod convert_tests;
