@@ -256,6 +256,7 @@ mod tests {
         endpoints: crate::dataplane::fake::FakeMap<u32, EndpointInfo>,
         ident4: crate::dataplane::fake::FakeMap<[u8; 4], IdentityInfo>,
         policy: crate::dataplane::fake::FakeMap<PolicyKey, PolicyValue>,
+        services: crate::dataplane::services::FakeServiceMaps,
     }
 
     fn kernel() -> Kernel {
@@ -265,6 +266,7 @@ mod tests {
             endpoints: k.map(ENDPOINTS),
             ident4: k.map(IDENT4),
             policy: k.map(POLICY),
+            services: crate::dataplane::services::FakeServiceMaps::new(&k),
             k,
         }
     }
@@ -280,7 +282,7 @@ mod tests {
             ipcache4: MapDriver::new(Box::new(k.map::<Prefix<[u8; 4]>, IdentityInfo>(IPCACHE4))),
             ipcache6: MapDriver::new(Box::new(k.map::<Prefix<[u8; 16]>, IdentityInfo>(IPCACHE6))),
             policy: MapDriver::new(Box::new(kernel.policy.clone())),
-            services: ServiceMaps::fake(k),
+            services: kernel.services.drivers(),
         }
     }
 
@@ -522,5 +524,63 @@ mod tests {
             kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops),
             before
         );
+    }
+
+    /// A Service `db` (10.96.0.10:80) whose one ready endpoint is endpoint 1's address.
+    fn db_service() -> crate::policy::model::PolicySet {
+        let docs = format!(
+            "kind: Service\nmetadata: {{name: db, namespace: prod}}\nspec: {{clusterIP: 10.96.0.10, ports: [{{name: sql, port: 80, targetPort: 8080}}]}}\n---\nkind: EndpointSlice\nmetadata: {{name: db-1, namespace: prod, labels: {{kubernetes.io/service-name: db}}}}\naddressType: IPv4\nports: [{{name: sql, port: 8080}}]\nendpoints:\n- {{addresses: [{}], conditions: {{ready: true}}}}\n",
+            std::net::Ipv4Addr::from(addr(1))
+        );
+        crate::policy::load::parse_str("s.yaml", &docs).expect("valid")
+    }
+
+    #[test]
+    fn service_maps_wait_for_policy_and_a_frontend_for_its_backends() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        add_endpoint(&kernel, &mut dp, 1);
+        let set = db_service();
+        dp.services.set(&set.services, &set.endpoint_slices);
+        kernel.policy.fail_next_writes(1);
+        let err = dp.apply().expect_err("the policy write fails");
+        assert!(
+            kernel.services.frontends.unordered().is_empty()
+                && kernel.services.backends.unordered().is_empty(),
+            "no service entry before the policy is written ({err})"
+        );
+        assert!(
+            err.pending
+                .iter()
+                .any(|p| p.driver == maps_schema::service::SVC4 && p.held == 1),
+            "{err}"
+        );
+        converge(&mut dp);
+        assert_eq!(kernel.services.frontends.unordered().len(), 1);
+        assert_eq!(kernel.services.backends.unordered().len(), 1);
+
+        // A backend that cannot be written holds its frontend; the retry writes both.
+        let mut more = db_service();
+        let mut svc = more.services.values().next().expect("db").clone();
+        svc.name = "db2".into();
+        svc.cluster_ips = vec![std::net::IpAddr::from([10, 96, 0, 11])];
+        more.services.insert(("prod".into(), "db2".into()), svc);
+        let mut slice = more.endpoint_slices.values().next().expect("slice").clone();
+        slice.name = "db2-1".into();
+        slice.service = "db2".into();
+        slice.endpoints[0].addresses = vec![std::net::IpAddr::from([10, 0, 0, 9])];
+        more.endpoint_slices
+            .insert(("prod".into(), "db2-1".into()), slice);
+        dp.services.set(&more.services, &more.endpoint_slices);
+        kernel.services.backends.fail_next_writes(1);
+        let err = dp.apply().expect_err("the backend write fails");
+        assert_eq!(
+            kernel.services.frontends.unordered().len(),
+            1,
+            "the new frontend waits for its backend ({err})"
+        );
+        converge(&mut dp);
+        assert_eq!(kernel.services.frontends.unordered().len(), 2);
+        assert_eq!(kernel.services.backends.unordered().len(), 2);
     }
 }

@@ -74,8 +74,8 @@ impl ServiceMaps {
         ))
     }
 
-    /// Drivers over new maps of the fake kernel.
-    #[cfg(any(test, feature = "testing"))]
+    /// Drivers over new maps of the fake kernel (`testing`'s in-process agent).
+    #[cfg(feature = "testing")]
     pub(crate) fn fake(kernel: &super::fake::FakeKernel) -> Self {
         FakeServiceMaps::new(kernel).drivers()
     }

@@ -11,7 +11,7 @@ use super::{
     converge::Agent,
     harness::{self, FakeKernel},
 };
-use crate::sources::policy_dir;
+use crate::applier::Command;
 
 const SERVICE: &str = "kind: Service
 metadata: {name: db, namespace: prod}
@@ -159,13 +159,15 @@ async fn service_maps_follow_the_slices_sweep_orphans_and_a_restart_writes_nothi
         "a restart writes no service entry"
     );
 
-    // One backend leaves the slice (through the directory source): the count shrinks, its slot
-    // and backend entries go, and the other backend's entries are not rewritten.
-    let source = tokio::spawn(policy_dir::run(
-        agent.handle.clone(),
-        paths.policy_dir.clone(),
-    ));
+    // One backend leaves the slice (the directory read again and sent as the source does; a
+    // spawned source could take its first fingerprint after the edit): the count shrinks, its
+    // slot and backend entries go, and the other backend's entries are not rewritten.
     write(&paths, &slice(&[("10.244.0.12", true)]));
+    let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+    agent
+        .handle
+        .send(Command::Policies { set, errors })
+        .expect("sent");
     agent
         .wait_until("the frontend follows the slice", || {
             frontend(&kernel).is_some_and(|f| f.backend_count == 1)
@@ -184,6 +186,5 @@ async fn service_maps_follow_the_slices_sweep_orphans_and_a_restart_writes_nothi
         4,
         "only what changed is written"
     );
-    source.abort();
     agent.stop();
 }
