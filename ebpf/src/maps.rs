@@ -149,7 +149,7 @@ pub(crate) static SVC_SLOTS: HashMap<
 > = HashMap::new();
 
 /// Backend id → address and port; agent-written.
-#[btf_map(name = "svc_backends4_v1", pin_by_name)]
+#[btf_map(name = "svc_backend4_v1", pin_by_name)]
 pub(crate) static SVC_BACKENDS4: HashMap<u32, Backend4, { SVC_BACKENDS_MAX as usize }, AGENT_HASH> =
     HashMap::new();
 

@@ -12,7 +12,7 @@ pub const SVC4: &str = "svc4_v1";
 /// [`SlotKey`] → [`SlotValue`]: each service's backends in slot order. Written by the agent.
 pub const SVC_SLOTS: &str = "svc_slots_v1";
 /// backend id (`u32`) → [`Backend4`]. Written by the agent.
-pub const SVC_BACKENDS4: &str = "svc_backends4_v1";
+pub const SVC_BACKENDS4: &str = "svc_backend4_v1";
 /// service id (`u32`) → [`RevNat4`]: what a reply's source is rewritten back to. Written by the
 /// agent.
 pub const SVC_REVNAT4: &str = "svc_revnat4_v1";

@@ -66,7 +66,7 @@ pub struct SvcCt4Entry {
     pub _pad: u16,
     /// The service id (key of `svc_revnat4_v1`).
     pub service_id: u32,
-    /// The backend id the flow was given (key of `svc_backends4_v1` when it was chosen).
+    /// The backend id the flow was given (key of `svc_backend4_v1` when it was chosen).
     pub backend_id: u32,
     /// Last packet in this entry's direction (the conntrack clock).
     pub last_seen_ns: u64,

@@ -1,4 +1,4 @@
-//! The service maps' driver family: `svc4_v1` (frontends), `svc_slots_v1`, `svc_backends4_v1`
+//! The service maps' driver family: `svc4_v1` (frontends), `svc_slots_v1`, `svc_backend4_v1`
 //! and `svc_revnat4_v1`, desired from `services::desired` (no kernel I/O when the sources
 //! change), each reconciled by its own [`MapDriver`] (read back, write the diff, sweep orphans;
 //! a restart over unchanged state writes nothing).
@@ -35,7 +35,7 @@ pub struct ServiceMaps {
     pub frontends: MapDriver<Svc4Key, Svc4Value>,
     /// `svc_slots_v1`.
     pub slots: MapDriver<SlotKey, SlotValue>,
-    /// `svc_backends4_v1`.
+    /// `svc_backend4_v1`.
     pub backends: MapDriver<u32, Backend4>,
     /// `svc_revnat4_v1`.
     pub revnat: MapDriver<u32, RevNat4>,
