@@ -160,6 +160,7 @@ pub enum Command {
     ClusterPods(Vec<crate::nodes::ClusterPod>),
     /// Every pod address known cluster-wide with its identity and node (`weir status --all-addresses`).
     Addresses(oneshot::Sender<Vec<crate::nodes::AddressView>>),
+    /// Every Service frontend with its backends (`weir service list`).
     /// End the loop.
     Stop,
 }

@@ -183,6 +183,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &maps(IPCACHE4))?)),
         ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &maps(IPCACHE6))?)),
         policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &maps(POLICY))?)),
+        services: crate::dataplane::services::ServiceMaps::open(&paths)?,
     };
     // Standalone: the policy files are read now; Kubernetes: the watchers' initial lists gate the
     // first write (the node is not in sync until their first set).

@@ -121,7 +121,7 @@ impl Node {
     /// [`Node::open`] with the given identity allocator (cluster-wide identities from the datastore).
     pub fn open_with_identities(
         paths: &Paths,
-        dataplane: Dataplane,
+        mut dataplane: Dataplane,
         policies: PolicySet,
         policy_errors: Vec<PolicyFileError>,
         identities: Identities,
@@ -141,6 +141,9 @@ impl Node {
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
         let ipam_hints = IpamHints::of(&policies);
         let policy_warnings = caveats(&policies, &[]);
+        dataplane
+            .services
+            .set(&policies.services, &policies.endpoint_slices);
         let cluster = PolicySet {
             policies: Default::default(),
             namespaces: Default::default(),
@@ -203,6 +206,9 @@ impl Node {
         self.calc.set_remote_pods(&remote)?;
         self.ipam_hints = IpamHints::of(&policies);
         self.policy_warnings = caveats(&policies, &self.policy_warnings);
+        self.dataplane
+            .services
+            .set(&policies.services, &policies.endpoint_slices);
         // The policies and namespaces are the calculation's now; the set's own copies are freed
         // after the loop has published (`drop_retired`), not on the write's path.
         self.retired = Some(PolicySet {

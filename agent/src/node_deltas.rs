@@ -82,6 +82,12 @@ impl Node {
                 out.failed.push((delta.object, e));
             }
         }
+        if out.services {
+            // The service maps follow the model (the driver writes only what changed).
+            self.dataplane
+                .services
+                .set(&self.cluster.services, &self.cluster.endpoint_slices);
+        }
         self.flush();
         out.generation = self.changed();
         out

@@ -223,5 +223,6 @@ fn fake_dataplane(kernel: &FakeKernel) -> Dataplane {
         ipcache4: MapDriver::new(Box::new(kernel.map(IPCACHE4))),
         ipcache6: MapDriver::new(Box::new(kernel.map(IPCACHE6))),
         policy: MapDriver::new(Box::new(kernel.map(POLICY))),
+        services: crate::dataplane::services::ServiceMaps::fake(kernel),
     }
 }

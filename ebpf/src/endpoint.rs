@@ -1,5 +1,6 @@
 //! `from_endpoint` / `to_endpoint`: dispatch by ifindex to the endpoint (fail closed), then per
-//! ethertype: ARP passes, IPv4 and IPv6 go through conntrack and policy, the rest drops.
+//! ethertype: ARP passes, IPv4 (with service translation, `service`) and IPv6 go through
+//! conntrack and policy, the rest drops.
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
 use maps_schema::{
@@ -13,11 +14,11 @@ use maps_schema::{
 use crate::{
     counters::{Seen, Verdict, account, count, count_rule},
     flow::{Family, decide},
-    ipv4::{self, V4},
+    ipv4,
     ipv6::{self, V6},
     maps::ENDPOINTS,
     parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Packet, Parsed, Reason},
-    trace,
+    service, trace,
 };
 
 /// Packets leaving a pod.
@@ -52,7 +53,12 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     let mut rule = 0;
     let reason = match unsafe { ENDPOINTS.get(&ifindex) } {
         None => DROP_UNKNOWN_ENDPOINT,
-        Some(ep) => dispatch(ep, &seen, &pkt, &mut rule),
+        Some(ep) => dispatch(ctx, ep, &seen, &pkt, &mut rule),
+    };
+    // A service translation rewrote the packet: the pointers read before it are stale.
+    let pkt = Packet {
+        data: ctx.data(),
+        end: ctx.data_end(),
     };
     #[cfg(feature = "debug-log")]
     crate::debug_log::decision(ctx, &seen, reason, rule);
@@ -64,13 +70,35 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
 }
 
 #[inline(always)]
-fn dispatch(ep: &EndpointInfo, seen: &Seen, pkt: &Packet, rule: &mut u32) -> Reason {
+fn dispatch(
+    ctx: &TcContext,
+    ep: &EndpointInfo,
+    seen: &Seen,
+    pkt: &Packet,
+    rule: &mut u32,
+) -> Reason {
     match pkt.ethertype() {
         None => DROP_MALFORMED,
         Some(ETH_P_ARP) => PASS_NEIGHBOUR,
-        Some(ETH_P_IP) => ip::<V4>(ep, seen, ipv4::parse(pkt), rule),
+        Some(ETH_P_IP) => match ipv4::parse(pkt) {
+            Err(reason) => reason,
+            Ok(p) => {
+                note(&p, seen);
+                service::decide_v4(ctx, ep, seen, pkt, p, rule)
+            }
+        },
         Some(ETH_P_IPV6) => ip::<V6>(ep, seen, ipv6::parse(pkt), rule),
         Some(_) => DROP_UNSUPPORTED_ETHERTYPE,
+    }
+}
+
+/// Counts a parsed packet's note (IPv4 options, IPv6 extension headers) beside its verdict.
+#[inline(always)]
+fn note<A: Copy>(p: &Parsed<A>, seen: &Seen) {
+    if let Some(note) = p.note
+        && !seen.trace
+    {
+        count(note, seen.direction, seen.len);
     }
 }
 
@@ -84,11 +112,7 @@ fn ip<F: Family>(
     match parsed {
         Err(reason) => reason,
         Ok(p) => {
-            if let Some(note) = p.note
-                && !seen.trace
-            {
-                count(note, seen.direction, seen.len);
-            }
+            note(&p, seen);
             decide::<F>(ep, seen, &p, rule)
         }
     }

@@ -22,6 +22,7 @@ mod policy;
 mod prefilter;
 #[cfg(feature = "verifier-reject")]
 mod reject;
+mod service;
 mod trace;
 
 /// A reachable panic loops forever, which the verifier rejects: no panic path can ship.

@@ -6,13 +6,16 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use maps_schema::{
-    ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo, MasqCidr,
-    MasqInterface, Nat4Entry, Nat4Key, PolicyKey, PolicyValue, PrefilterEntry, TraceConfig,
+    Backend4, ClockCache, CounterValue, Ct4Key, Ct6Key, DropEvent, EndpointInfo, IdentityInfo,
+    MasqCidr, MasqInterface, Nat4Entry, Nat4Key, PolicyKey, PolicyValue, PrefilterEntry, RevNat4,
+    SlotKey, SlotValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key, TraceConfig,
     maps::{
         BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_CLOCK_MAX, CT_EVENTS_MAX, CT_MAX,
         DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX, MASQ_IF_MAX,
         NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
     },
+    service::{SVC_BACKENDS_MAX, SVC_MAX},
+    service_ct::SVC_CT_MAX,
 };
 
 /// Agent-written hash maps: read-only to programs, entries allocated on demand.
@@ -130,3 +133,32 @@ pub(crate) static MASQ_CIDR4: LpmTrie<[u8; 4], MasqCidr, { MASQ_CIDR_MAX as usiz
 /// NAT events (created, collisions, exhausted, insert failures), per CPU.
 #[btf_map(name = "nat_events_v1", pin_by_name)]
 pub(crate) static NAT_EVENTS: PerCpuArray<u64, { NAT_EVENTS_MAX as usize }> = PerCpuArray::new();
+
+/// Service frontends (`maps_schema::service`); agent-written.
+#[btf_map(name = "svc4_v1", pin_by_name)]
+pub(crate) static SVC4: HashMap<Svc4Key, Svc4Value, { SVC_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// (service, slot) → backend id; agent-written.
+#[btf_map(name = "svc_slots_v1", pin_by_name)]
+pub(crate) static SVC_SLOTS: HashMap<
+    SlotKey,
+    SlotValue,
+    { SVC_BACKENDS_MAX as usize },
+    AGENT_HASH,
+> = HashMap::new();
+
+/// Backend id → address and port; agent-written.
+#[btf_map(name = "svc_backend4_v1", pin_by_name)]
+pub(crate) static SVC_BACKENDS4: HashMap<u32, Backend4, { SVC_BACKENDS_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// Service id → frontend (reverse NAT); agent-written.
+#[btf_map(name = "svc_revnat4_v1", pin_by_name)]
+pub(crate) static SVC_REVNAT4: HashMap<u32, RevNat4, { SVC_MAX as usize }, AGENT_HASH> =
+    HashMap::new();
+
+/// Translated flows, both directions (`maps_schema::service_ct`); written by the programs.
+#[btf_map(name = "svc_ct4_v1", pin_by_name)]
+pub(crate) static SVC_CT4: LruHashMap<SvcCt4Key, SvcCt4Entry, { SVC_CT_MAX as usize }> =
+    LruHashMap::new();

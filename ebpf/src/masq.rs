@@ -43,7 +43,7 @@ const IP_DST: usize = ETH_HLEN + 16;
 
 /// The tuple of a packet these programs may translate, and where its fields are.
 #[derive(Clone, Copy)]
-struct Flow {
+pub(crate) struct Flow {
     /// Addresses as loaded (network-order bytes in a native word).
     src: u32,
     dst: u32,
@@ -88,7 +88,7 @@ impl Flow {
 /// The translatable tuple of an IPv4 packet: TCP, UDP, or an ICMP echo of type `echo_type`
 /// (egress translates requests, ingress replies). Fragments and everything else: `None`.
 #[inline(always)]
-fn parse(pkt: &Packet, echo_type: u8) -> Option<Flow> {
+pub(crate) fn parse(pkt: &Packet, echo_type: u8) -> Option<Flow> {
     if pkt.ethertype()? != ETH_P_IP {
         return None;
     }
@@ -199,10 +199,11 @@ fn context(ctx: &TcContext) -> (Option<u32>, Packet, Seen) {
     (node, pkt, seen)
 }
 
-/// Rewrites one address and one port (or echo identifier) with the checksums that cover them.
+/// Rewrites one address and one port (or echo identifier) with the checksums that cover them:
+/// the source's with `egress`, else the destination's (also the service translation's, `service`).
 /// Packet pointers are stale afterwards; callers only count and return.
 #[inline(always)]
-fn rewrite(
+pub(crate) fn rewrite(
     ctx: &TcContext,
     f: &Flow,
     egress: bool,

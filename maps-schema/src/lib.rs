@@ -22,6 +22,7 @@ pub mod programs;
 pub mod reason;
 pub mod rules;
 pub mod service;
+pub mod service_ct;
 pub mod trace;
 
 pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1};
@@ -32,6 +33,8 @@ pub use identity::IdentityInfo;
 pub use nat::{MasqCidr, MasqInterface, Nat4Entry, Nat4Key};
 pub use policy::{PolicyKey, PolicyValue, PortRange};
 pub use prefilter::PrefilterEntry;
+pub use service::{Backend4, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value};
+pub use service_ct::{SvcCt4Entry, SvcCt4Key};
 pub use trace::TraceConfig;
 
 /// Implements `aya::Pod` for map keys and values when built for user space.

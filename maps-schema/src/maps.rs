@@ -129,6 +129,11 @@ pub const ALL: &[&str] = &[
     MASQ_IF,
     MASQ_CIDR4,
     NAT_EVENTS,
+    crate::service::SVC4,
+    crate::service::SVC_SLOTS,
+    crate::service::SVC_BACKENDS4,
+    crate::service::SVC_REVNAT4,
+    crate::service_ct::SVC_CT4,
 ];
 
 /// The pin name of map `name` at version `version` (`ct4`, 2 → `ct4_v2`).

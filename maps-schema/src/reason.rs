@@ -46,6 +46,8 @@ pub const DROP_CT_INSERT_FAILED: u32 = 12;
 pub const DROP_NAT_PORT_EXHAUSTED: u32 = 13;
 /// Dropped: a new masqueraded flow could not be recorded in the NAT map (full or busy).
 pub const DROP_NAT_INSERT_FAILED: u32 = 14;
+/// Dropped: a packet to a Service frontend with no ready backend (`backend_count` 0).
+pub const DROP_SERVICE_NO_BACKEND: u32 = 15;
 
 /// Passed: a packet of a flow this side already approved (conntrack).
 pub const PASS_ESTABLISHED: u32 = 32;
@@ -106,6 +108,7 @@ pub const fn name(reason: u32) -> &'static str {
         DROP_CT_INSERT_FAILED => "conntrack-insert-failed",
         DROP_NAT_PORT_EXHAUSTED => "nat-port-exhausted",
         DROP_NAT_INSERT_FAILED => "nat-insert-failed",
+        DROP_SERVICE_NO_BACKEND => "service-no-backend",
         PASS_ESTABLISHED => "pass-established",
         PASS_RELATED => "pass-related",
         PASS_NEIGHBOUR => "pass-neighbour",
@@ -148,6 +151,7 @@ pub const ALL: &[u32] = &[
     DROP_CT_INSERT_FAILED,
     DROP_NAT_PORT_EXHAUSTED,
     DROP_NAT_INSERT_FAILED,
+    DROP_SERVICE_NO_BACKEND,
     PASS_ESTABLISHED,
     PASS_RELATED,
     PASS_NEIGHBOUR,

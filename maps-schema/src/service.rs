@@ -2,9 +2,8 @@
 //! backend id → address and port, service id → frontend (reverse NAT). Written by the agent from
 //! desired state; the programs only read them. Addresses in network byte order, ports in host
 //! byte order (as conntrack).
-//!
-//! Not yet declared by the eBPF object (so not yet in [`crate::maps::ALL`]); the datapath slice
-//! that reads them adds them there.
+//! `from_endpoint` looks every IPv4 TCP/UDP packet's destination up in [`SVC4`]; the flows it
+//! translated are in [`crate::service_ct`].
 
 use crate::{assert_size, user_pod};
 
@@ -13,7 +12,7 @@ pub const SVC4: &str = "svc4_v1";
 /// [`SlotKey`] → [`SlotValue`]: each service's backends in slot order. Written by the agent.
 pub const SVC_SLOTS: &str = "svc_slots_v1";
 /// backend id (`u32`) → [`Backend4`]. Written by the agent.
-pub const SVC_BACKENDS4: &str = "svc_backends4_v1";
+pub const SVC_BACKENDS4: &str = "svc_backend4_v1";
 /// service id (`u32`) → [`RevNat4`]: what a reply's source is rewritten back to. Written by the
 /// agent.
 pub const SVC_REVNAT4: &str = "svc_revnat4_v1";
@@ -149,7 +148,9 @@ user_pod!(Svc4Key, Svc4Value, SlotKey, SlotValue, Backend4, RevNat4);
 
 /// A flow's hash for backend selection (FNV-1a over the tuple, then a final mix): the same for
 /// every packet of the flow, so the conntrack entry and a re-selection agree. With affinity only
-/// the client address counts, so a client's flows share a backend.
+/// the client address counts, so a client's flows share a backend. Byte by byte through
+/// registers, with no byte array: a stack array the BPF compiler fills with merged, misaligned
+/// stores is refused by the verifier.
 #[must_use]
 pub const fn flow_hash(
     saddr: [u8; 4],
@@ -159,32 +160,25 @@ pub const fn flow_hash(
     protocol: u8,
     affinity: bool,
 ) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    let mut bytes = [0u8; 13];
-    let mut n = 4;
-    bytes[0] = saddr[0];
-    bytes[1] = saddr[1];
-    bytes[2] = saddr[2];
-    bytes[3] = saddr[3];
+    const fn step(h: u32, byte: u8) -> u32 {
+        (h ^ byte as u32).wrapping_mul(0x0100_0193)
+    }
+    const fn word(mut h: u32, bytes: [u8; 4]) -> u32 {
+        h = step(h, bytes[0]);
+        h = step(h, bytes[1]);
+        h = step(h, bytes[2]);
+        step(h, bytes[3])
+    }
+    let mut h = word(0x811c_9dc5, saddr);
     if !affinity {
         let s = sport.to_be_bytes();
         let d = dport.to_be_bytes();
-        bytes[4] = s[0];
-        bytes[5] = s[1];
-        bytes[6] = daddr[0];
-        bytes[7] = daddr[1];
-        bytes[8] = daddr[2];
-        bytes[9] = daddr[3];
-        bytes[10] = d[0];
-        bytes[11] = d[1];
-        bytes[12] = protocol;
-        n = 13;
-    }
-    let mut i = 0;
-    while i < n {
-        h ^= bytes[i] as u32;
-        h = h.wrapping_mul(0x0100_0193);
-        i += 1;
+        h = step(h, s[0]);
+        h = step(h, s[1]);
+        h = word(h, daddr);
+        h = step(h, d[0]);
+        h = step(h, d[1]);
+        h = step(h, protocol);
     }
     // murmur3's finaliser, so nearby ports land on different slots.
     h ^= h >> 16;

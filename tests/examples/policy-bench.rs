@@ -124,6 +124,7 @@ fn dataplane(paths: &Paths) -> Result<Dataplane> {
         ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &pin(IPCACHE4))?)),
         ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &pin(IPCACHE6))?)),
         policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &pin(POLICY))?)),
+        services: agent::dataplane::services::ServiceMaps::open(paths)?,
     })
 }
 

@@ -113,9 +113,22 @@ pub fn test_run_tc(
     ifindex: Option<u32>,
     repeat: u32,
 ) -> TestRunResult {
+    test_run_tc_out(program, packet, ifindex, repeat, None)
+}
+
+/// [`test_run_tc`], also copying the packet as the program left it into `out` (the result's
+/// `data_size_out` says how much of it).
+pub fn test_run_tc_out(
+    program: &SchedClassifier,
+    packet: &[u8],
+    ifindex: Option<u32>,
+    repeat: u32,
+    out: Option<&mut [u8]>,
+) -> TestRunResult {
     let mut ctx = [0u8; SK_BUFF_SIZE];
     let mut opts = TestRunOptions {
         data_in: Some(packet),
+        data_out: out,
         repeat,
         ..TestRunOptions::default()
     };

@@ -23,7 +23,7 @@ use maps_schema::{
 };
 
 use crate::{
-    bpf::{PinRoot, load_weir, tc, test_run_tc},
+    bpf::{PinRoot, load_weir, tc, test_run_tc_out},
     names,
     netns::NetNs,
     packet,
@@ -282,11 +282,48 @@ impl Lab {
         )
     }
 
+    /// [`Lab::from`], also returning the frame as the program left it.
+    pub fn from_out(&mut self, i: usize, frame: &[u8]) -> (Outcome, Vec<u8>) {
+        let ifindex = self.ifindex[i];
+        self.run_out(
+            maps_schema::programs::FROM_ENDPOINT,
+            DIR_FROM_ENDPOINT,
+            ifindex,
+            frame,
+        )
+    }
+
+    /// [`Lab::to`], also returning the frame as the program left it.
+    pub fn to_out(&mut self, i: usize, frame: &[u8]) -> (Outcome, Vec<u8>) {
+        let ifindex = self.ifindex[i];
+        self.run_out(
+            maps_schema::programs::TO_ENDPOINT,
+            DIR_TO_ENDPOINT,
+            ifindex,
+            frame,
+        )
+    }
+
     /// Runs `frame` through a program on `ifindex`; the reason is the verdict counter that moved.
     pub fn run(&mut self, program: &str, direction: u32, ifindex: u32, frame: &[u8]) -> Outcome {
+        self.run_out(program, direction, ifindex, frame).0
+    }
+
+    /// [`Lab::run`], also returning the frame as the program left it.
+    pub fn run_out(
+        &mut self,
+        program: &str,
+        direction: u32,
+        ifindex: u32,
+        frame: &[u8],
+    ) -> (Outcome, Vec<u8>) {
         let before = self.verdict_counters(direction);
         let prog = tc(&mut self.ebpf, program);
-        let result = self.ns.run(|| test_run_tc(prog, frame, Some(ifindex), 1));
+        let mut out = vec![0u8; frame.len() + 256];
+        let result = self
+            .ns
+            .run(|| test_run_tc_out(prog, frame, Some(ifindex), 1, Some(&mut out)));
+        out.truncate(result.data_size_out as usize);
         let after = self.verdict_counters(direction);
         let moved: Vec<u32> = before
             .iter()
@@ -309,7 +346,7 @@ impl Lab {
             reason::is_pass(outcome.reason),
             "the verdict matches its reason: {outcome}"
         );
-        outcome
+        (outcome, out)
     }
 
     /// (reason, packets) for every pass and drop reason in `direction`.

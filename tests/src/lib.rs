@@ -29,6 +29,7 @@ pub mod bin;
 pub mod bpf;
 pub mod cni;
 pub mod cri;
+pub mod csum;
 pub mod ct;
 pub mod datapath;
 pub mod demo;

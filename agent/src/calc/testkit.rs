@@ -213,6 +213,12 @@ pub(crate) fn dataplane_over(maps: &Maps) -> Dataplane {
         ipcache4: MapDriver::new(Box::new(maps.ipcache4.clone())),
         ipcache6: MapDriver::new(Box::new(maps.ipcache6.clone())),
         policy: MapDriver::new(Box::new(maps.policy.clone())),
+        services: crate::dataplane::services::ServiceMaps::new(
+            Box::new(Recorder::new(maps_schema::service::SVC4)),
+            Box::new(Recorder::new(maps_schema::service::SVC_SLOTS)),
+            Box::new(Recorder::new(maps_schema::service::SVC_BACKENDS4)),
+            Box::new(Recorder::new(maps_schema::service::SVC_REVNAT4)),
+        ),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The drivers together, applied in security order: attachments to new links first (they only
-//! close), then identities, ipcache and policy, and the endpoint entries (whose isolation flags
-//! and addresses open an endpoint), so nothing is opened before the policy that guards it is in
-//! place; program replacements and sweeps of attachments come last, once the maps the new
+//! close), then identities, ipcache and policy, then the service maps (a frontend leads to
+//! backends judged by their identities: written only once those maps are), and the endpoint
+//! entries (whose isolation flags and addresses open an endpoint), so nothing is opened before
+//! the policy that guards it is in place; program replacements and sweeps of attachments come last, once the maps the new
 //! programs read are filled. A failing key or link stays dirty and is retried with backoff while
 //! the other drivers proceed, except where that order requires waiting: an endpoint whose policy
 //! entries or identities are not written is not opened, and programs are not replaced while a map
@@ -17,6 +18,7 @@ use super::{
     endpoints::EndpointsManager,
     kernel::Prefix,
     map_driver::{DriverStats, MapDriver, Pending},
+    services::ServiceMaps,
 };
 
 /// Every driver and manager of the node.
@@ -37,6 +39,8 @@ pub struct Dataplane {
     pub ipcache6: MapDriver<Prefix<[u8; 16]>, IdentityInfo>,
     /// `policy_v1`.
     pub policy: MapDriver<PolicyKey, PolicyValue>,
+    /// The service maps (`svc4_v1`, slots, backends, reverse NAT).
+    pub services: ServiceMaps,
 }
 
 /// Counters of every driver, for metrics and `weir status`.
@@ -58,6 +62,7 @@ impl Dataplane {
             || self.ipcache4.is_dirty()
             || self.ipcache6.is_dirty()
             || self.policy.is_dirty()
+            || self.services.is_dirty()
     }
 
     /// Before the first in-sync: only attach the deny-by-default programs to new workload links.
@@ -92,7 +97,8 @@ impl Dataplane {
         ]
         .iter()
         .map(|s| s.writes + s.deletes)
-        .sum()
+        .sum::<u64>()
+            + self.services.writes()
     }
 
     fn apply_all(&mut self) -> Result<(), ApplyError> {
@@ -104,6 +110,8 @@ impl Dataplane {
         left.push(self.ipcache4.apply_due(now, &|_, _| true));
         left.push(self.ipcache6.apply_due(now, &|_, _| true));
         left.push(self.policy.apply_due(now, &|_, _| true));
+        let policy_in_place = left.iter().all(Pending::is_clean);
+        left.extend(self.services.apply_due(now, policy_in_place));
         let gate = Gate::new(self);
         left.push(
             self.endpoints
@@ -127,16 +135,18 @@ impl Dataplane {
 
     /// Counters.
     pub fn stats(&self) -> DataplaneStats {
+        let mut maps = vec![
+            (self.endpoints.name().to_owned(), self.endpoints.stats()),
+            (self.ident4.name().to_owned(), self.ident4.stats()),
+            (self.ident6.name().to_owned(), self.ident6.stats()),
+            (self.ipcache4.name().to_owned(), self.ipcache4.stats()),
+            (self.ipcache6.name().to_owned(), self.ipcache6.stats()),
+            (self.policy.name().to_owned(), self.policy.stats()),
+        ];
+        maps.extend(self.services.stats());
         DataplaneStats {
             attachments: self.attachments.stats(),
-            maps: vec![
-                (self.endpoints.name().to_owned(), self.endpoints.stats()),
-                (self.ident4.name().to_owned(), self.ident4.stats()),
-                (self.ident6.name().to_owned(), self.ident6.stats()),
-                (self.ipcache4.name().to_owned(), self.ipcache4.stats()),
-                (self.ipcache6.name().to_owned(), self.ipcache6.stats()),
-                (self.policy.name().to_owned(), self.policy.stats()),
-            ],
+            maps,
         }
     }
 }
@@ -246,6 +256,7 @@ mod tests {
         endpoints: crate::dataplane::fake::FakeMap<u32, EndpointInfo>,
         ident4: crate::dataplane::fake::FakeMap<[u8; 4], IdentityInfo>,
         policy: crate::dataplane::fake::FakeMap<PolicyKey, PolicyValue>,
+        services: crate::dataplane::services::FakeServiceMaps,
     }
 
     fn kernel() -> Kernel {
@@ -255,6 +266,7 @@ mod tests {
             endpoints: k.map(ENDPOINTS),
             ident4: k.map(IDENT4),
             policy: k.map(POLICY),
+            services: crate::dataplane::services::FakeServiceMaps::new(&k),
             k,
         }
     }
@@ -270,6 +282,7 @@ mod tests {
             ipcache4: MapDriver::new(Box::new(k.map::<Prefix<[u8; 4]>, IdentityInfo>(IPCACHE4))),
             ipcache6: MapDriver::new(Box::new(k.map::<Prefix<[u8; 16]>, IdentityInfo>(IPCACHE6))),
             policy: MapDriver::new(Box::new(kernel.policy.clone())),
+            services: kernel.services.drivers(),
         }
     }
 
@@ -511,5 +524,63 @@ mod tests {
             kernel.endpoints.mutations() + kernel.policy.mutations() + u64::from(kernel.k.tc().ops),
             before
         );
+    }
+
+    /// A Service `db` (10.96.0.10:80) whose one ready endpoint is endpoint 1's address.
+    fn db_service() -> crate::policy::model::PolicySet {
+        let docs = format!(
+            "kind: Service\nmetadata: {{name: db, namespace: prod}}\nspec: {{clusterIP: 10.96.0.10, ports: [{{name: sql, port: 80, targetPort: 8080}}]}}\n---\nkind: EndpointSlice\nmetadata: {{name: db-1, namespace: prod, labels: {{kubernetes.io/service-name: db}}}}\naddressType: IPv4\nports: [{{name: sql, port: 8080}}]\nendpoints:\n- {{addresses: [{}], conditions: {{ready: true}}}}\n",
+            std::net::Ipv4Addr::from(addr(1))
+        );
+        crate::policy::load::parse_str("s.yaml", &docs).expect("valid")
+    }
+
+    #[test]
+    fn service_maps_wait_for_policy_and_a_frontend_for_its_backends() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        add_endpoint(&kernel, &mut dp, 1);
+        let set = db_service();
+        dp.services.set(&set.services, &set.endpoint_slices);
+        kernel.policy.fail_next_writes(1);
+        let err = dp.apply().expect_err("the policy write fails");
+        assert!(
+            kernel.services.frontends.unordered().is_empty()
+                && kernel.services.backends.unordered().is_empty(),
+            "no service entry before the policy is written ({err})"
+        );
+        assert!(
+            err.pending
+                .iter()
+                .any(|p| p.driver == maps_schema::service::SVC4 && p.held == 1),
+            "{err}"
+        );
+        converge(&mut dp);
+        assert_eq!(kernel.services.frontends.unordered().len(), 1);
+        assert_eq!(kernel.services.backends.unordered().len(), 1);
+
+        // A backend that cannot be written holds its frontend; the retry writes both.
+        let mut more = db_service();
+        let mut svc = more.services.values().next().expect("db").clone();
+        svc.name = "db2".into();
+        svc.cluster_ips = vec![std::net::IpAddr::from([10, 96, 0, 11])];
+        more.services.insert(("prod".into(), "db2".into()), svc);
+        let mut slice = more.endpoint_slices.values().next().expect("slice").clone();
+        slice.name = "db2-1".into();
+        slice.service = "db2".into();
+        slice.endpoints[0].addresses = vec![std::net::IpAddr::from([10, 0, 0, 9])];
+        more.endpoint_slices
+            .insert(("prod".into(), "db2-1".into()), slice);
+        dp.services.set(&more.services, &more.endpoint_slices);
+        kernel.services.backends.fail_next_writes(1);
+        let err = dp.apply().expect_err("the backend write fails");
+        assert_eq!(
+            kernel.services.frontends.unordered().len(),
+            1,
+            "the new frontend waits for its backend ({err})"
+        );
+        converge(&mut dp);
+        assert_eq!(kernel.services.frontends.unordered().len(), 2);
+        assert_eq!(kernel.services.backends.unordered().len(), 2);
     }
 }

@@ -43,6 +43,8 @@ pub(crate) struct FakeKernel {
     pub(crate) ipcache4: FakeMap<Prefix<[u8; 4]>, IdentityInfo>,
     pub(crate) ipcache6: FakeMap<Prefix<[u8; 16]>, IdentityInfo>,
     pub(crate) policy: FakeMap<PolicyKey, PolicyValue>,
+    /// The service maps (not in [`Mark`]: their tests count them on their own).
+    pub(crate) services: crate::dataplane::services::FakeServiceMaps,
 }
 
 impl FakeKernel {
@@ -56,6 +58,7 @@ impl FakeKernel {
             ipcache4: fake.map(IPCACHE4),
             ipcache6: fake.map(IPCACHE6),
             policy: fake.map(POLICY),
+            services: crate::dataplane::services::FakeServiceMaps::new(&fake),
             fake,
         }
     }
@@ -71,6 +74,7 @@ impl FakeKernel {
             ipcache4: MapDriver::new(Box::new(self.ipcache4.clone())),
             ipcache6: MapDriver::new(Box::new(self.ipcache6.clone())),
             policy: MapDriver::new(Box::new(self.policy.clone())),
+            services: self.services.drivers(),
         }
     }
 

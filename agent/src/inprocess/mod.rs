@@ -9,3 +9,4 @@ pub(crate) mod harness;
 mod inspect;
 mod pod_wait;
 mod pods;
+mod services;

@@ -1,0 +1,266 @@
+//! ClusterIP services (IPv4 TCP and UDP, `maps_schema::service`): `from_endpoint` translates a
+//! packet to a frontend into one to a backend **before** conntrack and policy, so egress policy
+//! judges the backend's identity; the client's `to_endpoint` rewrites a reply's source back to the
+//! frontend. A flow keeps the backend it was given (`svc_ct4`, `maps_schema::service_ct`) while
+//! the service's slots change; only a new flow (or a new TCP connection on a tuple whose backend
+//! is gone) is placed by `backend_slot(flow_hash(..))`.
+//!
+//! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one `svc_ct4`
+//! lookup in `to_endpoint` (TCP and UDP only).
+
+use aya_ebpf::programs::TcContext;
+use maps_schema::{
+    EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
+    reason::{
+        DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
+    },
+    service::{SVC_FLAG_AFFINITY, backend_slot, flow_hash},
+    service_ct::{DIR_ORIGINAL, DIR_REPLY},
+};
+
+use crate::{
+    counters::Seen,
+    flow::{Family as _, decide, now_ns},
+    ipv4::V4,
+    maps::{SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    masq,
+    parse::{
+        Aligned, Class, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, TCP_ACK, TCP_SYN, Tuple,
+    },
+};
+
+/// ICMP echo request (what `masq::parse` translates; irrelevant for TCP and UDP).
+const ICMP_ECHO: u8 = 8;
+
+/// Where a packet to a frontend goes. 8-aligned: the compiler moves it on the stack in wide
+/// words, and the verifier refuses a misaligned stack access.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Translation {
+    /// The backend's address (as loaded).
+    addr: u32,
+    service_id: u32,
+    backend_id: u32,
+    /// The backend's port (host byte order).
+    port: u32,
+    /// Non-zero for a new flow: its entries are written once policy allowed it.
+    new: u32,
+}
+
+impl Translation {
+    #[inline(always)]
+    fn port(&self) -> u16 {
+        self.port as u16
+    }
+}
+
+#[inline(always)]
+fn key(t: &Tuple<u32>, direction: u8) -> Aligned<SvcCt4Key> {
+    Aligned(SvcCt4Key {
+        saddr: t.src.to_ne_bytes(),
+        daddr: t.dst.to_ne_bytes(),
+        sport: t.sport,
+        dport: t.dport,
+        protocol: t.proto,
+        direction,
+        _pad: [0; 2],
+    })
+}
+
+/// An IPv4 packet's verdict with services: the translation on the way out of a client, the
+/// reverse translation on the way into it, and the plain decision for everything else. `p` is
+/// rewritten in place (no copy: the programs' stack is tight).
+#[inline(always)]
+pub(crate) fn decide_v4(
+    ctx: &TcContext,
+    ep: &EndpointInfo,
+    seen: &Seen,
+    pkt: &Packet,
+    mut p: Parsed<u32>,
+    rule: &mut u32,
+) -> Reason {
+    let proto = p.tuple.proto;
+    let served = matches!(p.class, Class::Flow) && (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+    if !served {
+        return decide::<V4>(ep, seen, &p, rule);
+    }
+    if seen.direction != DIR_FROM_ENDPOINT {
+        let reason = decide::<V4>(ep, seen, &p, rule);
+        if !is_pass(reason) {
+            return reason;
+        }
+        return reply(ctx, pkt, &p.tuple, seen.trace, reason);
+    }
+    // A forged source is dropped by `decide` before anything is looked up for it.
+    if !V4::owns(ep, &p.tuple.src) {
+        return decide::<V4>(ep, seen, &p, rule);
+    }
+    let mut tr = Translation {
+        addr: 0,
+        service_id: 0,
+        backend_id: 0,
+        port: 0,
+        new: 0,
+    };
+    match frontend(&p.tuple, p.tcp_flags, &mut tr) {
+        Ok(false) => return decide::<V4>(ep, seen, &p, rule),
+        Ok(true) => {}
+        Err(reason) => return reason,
+    }
+    let (vip, vport) = (p.tuple.dst, p.tuple.dport);
+    p.tuple.dst = tr.addr;
+    p.tuple.dport = tr.port();
+    p.policy_port = tr.port();
+    let reason = decide::<V4>(ep, seen, &p, rule);
+    if !is_pass(reason) {
+        return reason;
+    }
+    if !seen.trace && record(&p.tuple, vip, vport, &tr).is_err() {
+        return DROP_CT_INSERT_FAILED;
+    }
+    let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
+        return DROP_MALFORMED;
+    };
+    match masq::rewrite(ctx, &f, false, (vip, tr.addr), (vport, tr.port())) {
+        Ok(()) => reason,
+        Err(_) => DROP_MALFORMED,
+    }
+}
+
+/// The backend of a packet to a frontend, into `out`: `Ok(false)` when its destination is no
+/// frontend; the flow's backend when it has one, else a newly chosen one; no ready backend drops.
+/// (An out parameter, not an `Option`: the verifier refuses the misaligned stack reads the
+/// compiler makes of a niche-packed enum around it.)
+#[inline(always)]
+fn frontend(t: &Tuple<u32>, tcp_flags: u8, out: &mut Translation) -> Result<bool, Reason> {
+    let fk = Aligned(Svc4Key {
+        addr: t.dst.to_ne_bytes(),
+        port: t.dport,
+        protocol: t.proto,
+        pad: 0,
+    });
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let Some(svc) = (unsafe { SVC4.get(&fk.0) }) else {
+        return Ok(false);
+    };
+    let (service_id, count, flags) = (svc.service_id, svc.backend_count, svc.flags);
+    let syn = t.proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0;
+    if let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_ORIGINAL).0) {
+        // SAFETY: a valid map value pointer for this program run.
+        let (addr, port, backend_id) = unsafe { ((*e).addr, (*e).port, (*e).backend_id) };
+        // A new connection on a tuple whose backend left the service is placed again; every
+        // other packet stays with the flow's backend, ready or not.
+        // SAFETY: as for `SVC4`.
+        let gone = syn
+            && unsafe { SVC_BACKENDS4.get(&backend_id) }
+                .is_none_or(|b| b.addr != addr || b.port != port);
+        if !gone {
+            let now = now_ns();
+            // SAFETY: as above; a lost stamp update from another CPU is benign.
+            unsafe {
+                if now > (*e).last_seen_ns {
+                    (*e).last_seen_ns = now;
+                }
+            }
+            *out = Translation {
+                addr: u32::from_ne_bytes(addr),
+                service_id,
+                backend_id,
+                port: u32::from(port),
+                new: 0,
+            };
+            return Ok(true);
+        }
+    }
+    let hash = flow_hash(
+        t.src.to_ne_bytes(),
+        t.sport,
+        t.dst.to_ne_bytes(),
+        t.dport,
+        t.proto,
+        flags & SVC_FLAG_AFFINITY != 0,
+    );
+    let slot = backend_slot(hash, count).ok_or(DROP_SERVICE_NO_BACKEND)?;
+    let sk = Aligned(SlotKey {
+        service_id,
+        slot,
+        pad: 0,
+    });
+    // SAFETY: as for `SVC4`.
+    let backend_id = unsafe { SVC_SLOTS.get(&sk.0) }
+        .ok_or(DROP_SERVICE_NO_BACKEND)?
+        .backend_id;
+    // SAFETY: as for `SVC4`.
+    let b = unsafe { SVC_BACKENDS4.get(&backend_id) }.ok_or(DROP_SERVICE_NO_BACKEND)?;
+    *out = Translation {
+        addr: u32::from_ne_bytes(b.addr),
+        service_id,
+        backend_id,
+        port: u32::from(b.port),
+        new: 1,
+    };
+    Ok(true)
+}
+
+/// Writes a new translated flow's two entries (nothing for a flow that has them): `t` is the
+/// translated tuple (client → backend), `vip:vport` the frontend the client sent to.
+#[inline(always)]
+fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
+    if tr.new == 0 {
+        return Ok(());
+    }
+    let now = now_ns();
+    let reply = SvcCt4Entry {
+        addr: t.src.to_ne_bytes(),
+        port: t.sport,
+        _pad: 0,
+        service_id: tr.service_id,
+        backend_id: tr.backend_id,
+        last_seen_ns: now,
+    };
+    SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &reply, 0)?;
+    let original = SvcCt4Entry {
+        addr: t.dst.to_ne_bytes(),
+        port: t.dport,
+        ..reply
+    };
+    let client = Tuple {
+        dst: vip,
+        dport: vport,
+        ..*t
+    };
+    SVC_CT4.insert(&key(&client, DIR_ORIGINAL).0, &original, 0)
+}
+
+/// A packet entering a pod: a reply of a flow it sent to a frontend gets the frontend as its
+/// source. Anything else keeps `reason` untouched.
+#[inline(always)]
+fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, trace: bool, reason: Reason) -> Reason {
+    let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_REPLY).0) else {
+        return reason;
+    };
+    // SAFETY: a valid map value pointer for this program run.
+    let service_id = unsafe { (*e).service_id };
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let Some(rev) = (unsafe { SVC_REVNAT4.get(&service_id) }) else {
+        // The service is gone: nothing to translate back to.
+        return reason;
+    };
+    let (addr, port) = (u32::from_ne_bytes(rev.addr), rev.port);
+    if !trace {
+        let now = now_ns();
+        // SAFETY: as above; a lost stamp update from another CPU is benign.
+        unsafe {
+            if now > (*e).last_seen_ns {
+                (*e).last_seen_ns = now;
+            }
+        }
+    }
+    let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
+        return DROP_MALFORMED;
+    };
+    match masq::rewrite(ctx, &f, true, (t.src, addr), (t.sport, port)) {
+        Ok(()) => reason,
+        Err(_) => DROP_MALFORMED,
+    }
+}

@@ -1,0 +1,338 @@
+//! ClusterIP services by `BPF_PROG_TEST_RUN`, in packet-flow order: a client's packet to a
+//! frontend leaves `from_endpoint` addressed to the backend `backend_slot(flow_hash(..))` picks,
+//! with valid checksums; the backend's reply enters the client from the frontend; a flow keeps
+//! its backend when the service's slots change (a new flow follows the new slots); egress policy
+//! judges the backend's identity; a frontend with no ready backend drops under its own reason.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use aya::maps::HashMap;
+use maps_schema::{
+    Backend4, PolicyValue, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key,
+    endpoint::FLAG_ISOLATED_EGRESS,
+    policy::{EGRESS, VERDICT_ALLOW},
+    reason::{DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY},
+    service::{SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, backend_slot, flow_hash},
+    service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
+};
+use tests::{
+    csum,
+    datapath::{Fam, IDENTITIES, Lab, Peer, expect},
+    packet::{ACK, PSH, SYN, TCP, UDP},
+};
+
+const CLIENT: usize = 0;
+/// The db backend (pod 1) and the web backend (pod 2).
+const DB: usize = 1;
+const WEB: usize = 2;
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const WEB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+const PORT: u16 = 80;
+const TARGET: u16 = 8080;
+
+fn v4(lab: &Lab, peer: Peer) -> Ipv4Addr {
+    match lab.addr(peer) {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) => unreachable!("an IPv4 lab"),
+    }
+}
+
+/// A TCP or UDP frame with valid checksums.
+fn frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, proto: u8, flags: u8) -> Vec<u8> {
+    let l4 = if proto == TCP {
+        tests::packet::tcp(sport, dport, flags)
+    } else {
+        tests::packet::udp(sport, dport)
+    };
+    csum::with_checksums(tests::packet::eth(
+        tests::packet::ETH_P_IP,
+        &tests::packet::ipv4(src.octets(), dst.octets(), proto, &l4),
+    ))
+}
+
+fn src_of(f: &[u8]) -> (Ipv4Addr, u16) {
+    let a: [u8; 4] = f[26..30].try_into().expect("4 bytes");
+    (a.into(), u16::from_be_bytes([f[34], f[35]]))
+}
+
+fn dst_of(f: &[u8]) -> (Ipv4Addr, u16) {
+    let a: [u8; 4] = f[30..34].try_into().expect("4 bytes");
+    (a.into(), u16::from_be_bytes([f[36], f[37]]))
+}
+
+/// Writes a frontend `vip:PORT/proto` (service `id`) with `backends` (backend id, pod) in slot
+/// order, all on `TARGET`. Slots beyond the new count are left as they were (the agent's writes
+/// order does the same: the count shrinks first).
+fn service(lab: &mut Lab, id: u32, vip: Ipv4Addr, proto: u8, backends: &[(u32, usize)]) {
+    let addrs: Vec<Ipv4Addr> = backends
+        .iter()
+        .map(|(_, p)| v4(lab, Peer::Pod(*p)))
+        .collect();
+    {
+        let mut m: HashMap<_, u32, Backend4> =
+            HashMap::try_from(lab.ebpf.map_mut(SVC_BACKENDS4).expect("backends")).expect("hash");
+        for ((bid, _), addr) in backends.iter().zip(&addrs) {
+            let b = Backend4 {
+                addr: addr.octets(),
+                port: TARGET,
+                protocol: proto,
+                pad: 0,
+            };
+            m.insert(bid, &b, 0).expect("insert backend");
+        }
+    }
+    {
+        let mut m: HashMap<_, SlotKey, SlotValue> =
+            HashMap::try_from(lab.ebpf.map_mut(SVC_SLOTS).expect("slots")).expect("hash");
+        for (slot, (bid, _)) in backends.iter().enumerate() {
+            let key = SlotKey {
+                service_id: id,
+                slot: u16::try_from(slot).expect("slot"),
+                pad: 0,
+            };
+            m.insert(&key, &SlotValue { backend_id: *bid }, 0)
+                .expect("insert slot");
+        }
+    }
+    {
+        let mut m: HashMap<_, u32, RevNat4> =
+            HashMap::try_from(lab.ebpf.map_mut(SVC_REVNAT4).expect("revnat")).expect("hash");
+        let rev = RevNat4 {
+            addr: vip.octets(),
+            port: PORT,
+            pad: 0,
+        };
+        m.insert(&id, &rev, 0).expect("insert revnat");
+    }
+    let mut m: HashMap<_, Svc4Key, Svc4Value> =
+        HashMap::try_from(lab.ebpf.map_mut(SVC4).expect("svc4")).expect("hash");
+    let key = Svc4Key {
+        addr: vip.octets(),
+        port: PORT,
+        protocol: proto,
+        pad: 0,
+    };
+    let value = Svc4Value {
+        service_id: id,
+        backend_count: u16::try_from(backends.len()).expect("count"),
+        ..Svc4Value::default()
+    };
+    m.insert(&key, &value, 0).expect("insert frontend");
+}
+
+fn remove_backend(lab: &mut Lab, id: u32) {
+    let mut m: HashMap<_, u32, Backend4> =
+        HashMap::try_from(lab.ebpf.map_mut(SVC_BACKENDS4).expect("backends")).expect("hash");
+    m.remove(&id).expect("remove backend");
+}
+
+fn svc_ct(lab: &Lab, key: &SvcCt4Key) -> Option<SvcCt4Entry> {
+    let m: HashMap<_, SvcCt4Key, SvcCt4Entry> =
+        HashMap::try_from(lab.ebpf.map(SVC_CT4).expect("svc_ct4")).expect("lru");
+    m.get(key, 0).ok()
+}
+
+fn svc_ct_len(lab: &Lab) -> usize {
+    let m: HashMap<_, SvcCt4Key, SvcCt4Entry> =
+        HashMap::try_from(lab.ebpf.map(SVC_CT4).expect("svc_ct4")).expect("lru");
+    m.keys().count()
+}
+
+fn ct_key(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, proto: u8, dir: u8) -> SvcCt4Key {
+    SvcCt4Key {
+        saddr: src.octets(),
+        daddr: dst.octets(),
+        sport,
+        dport,
+        protocol: proto,
+        direction: dir,
+        _pad: [0; 2],
+    }
+}
+
+/// The pod `backends[backend_slot(flow_hash(..))]` sends a client flow to.
+fn chosen(lab: &Lab, sport: u16, vip: Ipv4Addr, proto: u8, backends: &[usize]) -> usize {
+    let client = v4(lab, Peer::Pod(CLIENT)).octets();
+    let hash = flow_hash(client, sport, vip.octets(), PORT, proto, false);
+    let count = u16::try_from(backends.len()).expect("count");
+    backends[usize::from(backend_slot(hash, count).expect("a slot"))]
+}
+
+/// A client port whose flow the hash sends to `want` among `backends`.
+fn port_to(lab: &Lab, want: usize, vip: Ipv4Addr, proto: u8, backends: &[usize]) -> u16 {
+    (40_000..41_000)
+        .find(|p| chosen(lab, *p, vip, proto, backends) == want)
+        .expect("some port hashes to each backend")
+}
+
+fn lab(test: &str) -> Option<Lab> {
+    let mut lab = Lab::new(test, Fam::V4)?;
+    for i in 0..3 {
+        lab.register(i, 0);
+    }
+    Some(lab)
+}
+
+#[test]
+fn translated_to_a_backend_and_the_reply_from_the_frontend() {
+    let Some(mut lab) = lab("translated_to_a_backend_and_the_reply_from_the_frontend") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    for proto in [TCP, UDP] {
+        service(&mut lab, 1, VIP, proto, &[(1, DB), (2, WEB)]);
+        for sport in [40_000u16, 40_001, 40_002, 40_003] {
+            let want = chosen(&lab, sport, VIP, proto, &[DB, WEB]);
+            let backend = v4(&lab, Peer::Pod(want));
+            let out_flags = if proto == TCP { SYN } else { 0 };
+            let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, proto, out_flags));
+            expect("to the frontend, leaving the client", o, PASS);
+            assert_eq!(
+                dst_of(&out),
+                (backend, TARGET),
+                "proto {proto} port {sport}: DNAT"
+            );
+            assert_eq!(src_of(&out), (client, sport), "the source is untouched");
+            csum::assert_valid("translated", &out);
+            assert!(
+                lab.ct(Peer::Pod(CLIENT), sport, Peer::Pod(want), TARGET, proto)
+                    .is_some(),
+                "conntrack holds the translated flow"
+            );
+            let fwd = svc_ct(&lab, &ct_key(client, sport, VIP, PORT, proto, DIR_ORIGINAL))
+                .expect("the flow's backend is recorded");
+            assert_eq!((Ipv4Addr::from(fwd.addr), fwd.port), (backend, TARGET));
+            expect("entering the backend", lab.to(want, &out), PASS);
+
+            let reply_flags = if proto == TCP { SYN | ACK } else { 0 };
+            let reply = frame(backend, TARGET, client, sport, proto, reply_flags);
+            expect(
+                "the reply leaves the backend",
+                lab.from(want, &reply),
+                PASS_ESTABLISHED,
+            );
+            let (o, back) = lab.to_out(CLIENT, &reply);
+            expect("the reply enters the client", o, PASS_ESTABLISHED);
+            assert_eq!(src_of(&back), (VIP, PORT), "reply comes from the frontend");
+            assert_eq!(dst_of(&back), (client, sport));
+            csum::assert_valid("reverse translated", &back);
+            let rev = svc_ct(
+                &lab,
+                &ct_key(backend, TARGET, client, sport, proto, DIR_REPLY),
+            )
+            .expect("the reply entry");
+            assert_eq!(rev.service_id, 1);
+
+            // The next packet of the flow goes the same way, as an established flow.
+            let data_flags = if proto == TCP { ACK | PSH } else { 0 };
+            let (o, out) =
+                lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, proto, data_flags));
+            expect("data leaving the client", o, PASS_ESTABLISHED);
+            assert_eq!(dst_of(&out), (backend, TARGET));
+            csum::assert_valid("translated data", &out);
+        }
+    }
+    // A packet to no frontend is untouched (and the programs still decide it as before).
+    let plain = frame(client, 40_100, v4(&lab, Peer::Pod(DB)), TARGET, TCP, SYN);
+    let (o, out) = lab.from_out(CLIENT, &plain);
+    expect("to a pod directly", o, PASS);
+    assert_eq!(out, plain, "not a service packet: untouched");
+    let (o, out) = lab.to_out(DB, &plain);
+    expect("entering that pod", o, PASS);
+    assert_eq!(out, plain);
+}
+
+#[test]
+fn a_flow_keeps_its_backend_when_the_slots_change() {
+    let Some(mut lab) = lab("a_flow_keeps_its_backend_when_the_slots_change") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    service(&mut lab, 1, VIP, TCP, &[(1, DB), (2, WEB)]);
+    let sport = port_to(&lab, DB, VIP, TCP, &[DB, WEB]);
+    let db = v4(&lab, Peer::Pod(DB));
+    let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
+    expect("SYN", o, PASS);
+    assert_eq!(dst_of(&out).0, db);
+
+    // The db backend leaves the EndpointSlice: only web is in the slots (and a third slot
+    // count would not matter either).
+    service(&mut lab, 1, VIP, TCP, &[(2, WEB)]);
+    remove_backend(&mut lab, 1);
+    let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, ACK | PSH));
+    expect("data of the established flow", o, PASS_ESTABLISHED);
+    assert_eq!(dst_of(&out), (db, TARGET), "the flow stays on its backend");
+    // A new flow follows the new slots: every port goes to web now.
+    let web = v4(&lab, Peer::Pod(WEB));
+    for p in [sport + 1, sport + 2, sport + 3] {
+        let (o, out) = lab.from_out(CLIENT, &frame(client, p, VIP, PORT, TCP, SYN));
+        expect("a new flow", o, PASS);
+        assert_eq!(dst_of(&out).0, web, "port {p}: the new slots");
+    }
+    // A new connection reusing the old tuple: its backend is gone, so it is placed again.
+    let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
+    expect("a new SYN on the old tuple", o, PASS);
+    assert_eq!(dst_of(&out).0, web, "a gone backend gets no new connection");
+}
+
+#[test]
+fn egress_policy_judges_the_backend_identity() {
+    let Some(mut lab) = Lab::new("egress_policy_judges_the_backend_identity", Fam::V4) else {
+        return;
+    };
+    lab.register(CLIENT, FLAG_ISOLATED_EGRESS);
+    lab.register(DB, 0);
+    lab.register(WEB, 0);
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    service(&mut lab, 1, VIP, TCP, &[(1, DB)]);
+    service(&mut lab, 2, WEB_VIP, TCP, &[(2, WEB)]);
+
+    // Egress-isolated with no rule: no service is reachable.
+    for (vip, sport) in [(VIP, 40_000), (WEB_VIP, 40_001)] {
+        let o = lab.from(CLIENT, &frame(client, sport, vip, PORT, TCP, SYN));
+        expect("isolated, no rule", o, DROP_POLICY_DENIED);
+    }
+    assert_eq!(svc_ct_len(&lab), 0, "a denied flow records no backend");
+
+    // Allowed to app=db (pod 1's identity) on the backends' port, not to app=web.
+    let allow = PolicyValue::new(VERDICT_ALLOW, 9);
+    lab.policy(CLIENT, EGRESS, IDENTITIES[DB], TCP, TARGET, allow);
+    let (o, out) = lab.from_out(CLIENT, &frame(client, 40_002, VIP, PORT, TCP, SYN));
+    expect("to the db service", o, PASS_POLICY);
+    assert_eq!(dst_of(&out), (v4(&lab, Peer::Pod(DB)), TARGET));
+    // Rules match the backend's port: app=web on the frontend's port 80 opens nothing.
+    lab.policy(CLIENT, EGRESS, IDENTITIES[WEB], TCP, PORT, allow);
+    let o = lab.from(CLIENT, &frame(client, 40_003, WEB_VIP, PORT, TCP, SYN));
+    expect("to the web service", o, DROP_POLICY_DENIED);
+    assert!(
+        svc_ct(
+            &lab,
+            &ct_key(client, 40_003, WEB_VIP, PORT, TCP, DIR_ORIGINAL)
+        )
+        .is_none(),
+        "the denied flow has no entry"
+    );
+    assert_eq!(svc_ct_len(&lab), 2, "the db flow's two entries");
+}
+
+#[test]
+fn no_ready_backend_drops_under_its_own_reason() {
+    let Some(mut lab) = lab("no_ready_backend_drops_under_its_own_reason") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    service(&mut lab, 1, VIP, TCP, &[]);
+    let syn = frame(client, 40_000, VIP, PORT, TCP, SYN);
+    expect(
+        "no backend",
+        lab.from(CLIENT, &syn),
+        DROP_SERVICE_NO_BACKEND,
+    );
+    assert_eq!(lab.ct_len(), 0, "nothing recorded");
+    assert_eq!(svc_ct_len(&lab), 0);
+    // Positive control: with a ready backend the same packet passes, translated.
+    service(&mut lab, 1, VIP, TCP, &[(1, DB)]);
+    let (o, out) = lab.from_out(CLIENT, &syn);
+    expect("a backend is ready", o, PASS);
+    assert_eq!(dst_of(&out), (v4(&lab, Peer::Pod(DB)), TARGET));
+}
