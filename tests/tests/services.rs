@@ -1,0 +1,512 @@
+//! ClusterIP Services carrying real traffic between pods of one node, from `--policy-dir`
+//! documents (the standalone source): 300 new TCP connections from a client spread over the three
+//! backends (each at least 50), every UDP reply comes from the ClusterIP (read with `recv_from`),
+//! a backend turned terminating and then removed from the EndpointSlice gets no new connection
+//! while its established one keeps carrying data. Egress policy judges the backend, not the
+//! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
+//! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
+//! control) — every expectation computed by `tests::netpol`'s model from the policies.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
+use serde_json::Value;
+use tests::{
+    agent_pod::{Pod, pod},
+    agent_proc::{AgentDirs, AgentProcess},
+    bpf::PinRoot,
+    netns::NetNs,
+    netpol::{Model, ModelPod, Source, labels, match_labels},
+    privileged::require_root,
+};
+
+/// The port every backend serves TCP on (its name, then an echo of each line).
+const TCP_PORT: u16 = 8080;
+/// The port every backend answers UDP datagrams on (with its name).
+const UDP_PORT: u16 = 8081;
+
+/// A Service `name` at `cluster_ip` with a TCP port 80 and a UDP port 53 onto the backends'
+/// ports, and its EndpointSlice: each backend with its conditions.
+fn service_docs(name: &str, cluster_ip: &str, backends: &[(&str, &str)]) -> String {
+    let mut endpoints = String::new();
+    for (ip, conditions) in backends {
+        endpoints.push_str(&format!(
+            "- {{addresses: [{ip}], conditions: {conditions}, nodeName: wt-node}}\n"
+        ));
+    }
+    if endpoints.is_empty() {
+        endpoints.push_str("[]\n");
+    }
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  clusterIP: {cluster_ip}\n  ports:\n\
+         \x20 - {{name: tcp, port: 80, protocol: TCP, targetPort: {TCP_PORT}}}\n\
+         \x20 - {{name: udp, port: 53, protocol: UDP, targetPort: {UDP_PORT}}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+         addressType: IPv4\n\
+         ports: [{{name: tcp, port: {TCP_PORT}, protocol: TCP}}, {{name: udp, port: {UDP_PORT}, protocol: UDP}}]\n\
+         endpoints:{}{endpoints}",
+        if backends.is_empty() { " " } else { "\n" }
+    )
+}
+
+const READY: &str = "{ready: true}";
+const TERMINATING: &str = "{ready: false, serving: true, terminating: true}";
+
+/// Replaces `file` atomically (the agent's reloader never reads half a file).
+fn write_atomically(file: &std::path::Path, text: &str) {
+    let tmp = file.with_extension("yaml.tmp");
+    std::fs::write(&tmp, text).expect("write the document");
+    std::fs::rename(&tmp, file).expect("rename the document into place");
+}
+
+/// Serves `name` in `pod`: on TCP, the name as a first line, then every line echoed; on UDP, the
+/// name as the answer to every datagram. The serving threads live as long as the test process.
+fn serve(pod: &Pod<'_>, name: &str) {
+    let (tcp, udp) = pod.ns.run(|| {
+        (
+            TcpListener::bind(("0.0.0.0", TCP_PORT)).expect("listen on TCP"),
+            UdpSocket::bind(("0.0.0.0", UDP_PORT)).expect("bind UDP"),
+        )
+    });
+    let tcp_name = name.to_owned();
+    std::thread::spawn(move || {
+        for conn in tcp.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let name = tcp_name.clone();
+            std::thread::spawn(move || {
+                if writeln!(conn, "{name}").is_err() {
+                    return;
+                }
+                let mut reader = BufReader::new(conn.try_clone().expect("clone the stream"));
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if conn.write_all(line.as_bytes()).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    let udp_name = name.to_owned();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((_, from)) = udp.recv_from(&mut buf) {
+            let _ = udp.send_to(udp_name.as_bytes(), from);
+        }
+    });
+}
+
+/// A TCP connection through the Service: the stream and the backend's name (its first line).
+struct Conn {
+    reader: BufReader<TcpStream>,
+    backend: String,
+}
+
+impl Conn {
+    /// Writes a line and reads its echo back.
+    fn echo(&mut self, line: &str) -> std::io::Result<String> {
+        self.reader
+            .get_mut()
+            .write_all(format!("{line}\n").as_bytes())?;
+        let mut back = String::new();
+        self.reader.read_line(&mut back)?;
+        Ok(back.trim_end().to_owned())
+    }
+}
+
+fn connect(client: &Pod<'_>, to: SocketAddr, timeout: Duration) -> Option<Conn> {
+    let stream = client
+        .ns
+        .run(|| TcpStream::connect_timeout(&to, timeout).ok())?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut backend = String::new();
+    reader.read_line(&mut backend).ok()?;
+    let backend = backend.trim_end().to_owned();
+    (!backend.is_empty()).then_some(Conn { reader, backend })
+}
+
+/// Every frontend the agent lists (`GET /v1/services`): "service frontend" → (address, state) of each backend.
+fn listed(agent: &AgentProcess) -> BTreeMap<String, Vec<(String, String)>> {
+    let services: Value = agent
+        .api(hyper::Method::GET, "/v1/services", None)
+        .expect("GET /v1/services");
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let mut out = BTreeMap::new();
+    for f in services.as_array().expect("a list of frontends") {
+        let mut backends: Vec<(String, String)> = f["backends"]
+            .as_array()
+            .expect("backends")
+            .iter()
+            .map(|b| (text(&b["address"]), text(&b["state"])))
+            .collect();
+        backends.sort();
+        out.insert(
+            format!("{} {}", text(&f["service"]), text(&f["frontend"])),
+            backends,
+        );
+    }
+    out
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what} within 20 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the TCP frontend of `service` lists exactly `want` (address:port, state).
+fn wait_listed(agent: &AgentProcess, service: &str, cluster_ip: &str, want: &[(String, &str)]) {
+    let key = format!("default/{service} {cluster_ip}:80/tcp");
+    let mut want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, s)| (format!("{a}:{TCP_PORT}"), (*s).to_owned()))
+        .collect();
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = listed(agent);
+        if got.get(&key) == Some(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key}: the agent lists {got:#?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn node_with_agent(root: &PinRoot, dirs: &AgentDirs) -> (NetNs, AgentProcess) {
+    std::fs::create_dir_all(dirs.path("policies")).expect("policy dir");
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let agent = AgentProcess::start(root, dirs, Some(&node), &[]);
+    (node, agent)
+}
+
+#[test]
+fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed_backend() {
+    if !require_root(
+        "a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed_backend",
+    ) {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let (node, agent) = node_with_agent(&root, &dirs);
+    let names = ["web-a", "web-b", "web-c"];
+    let backends: Vec<Pod<'_>> = names.iter().map(|n| pod(&node, &agent, n, "web")).collect();
+    for (p, n) in backends.iter().zip(names) {
+        serve(p, n);
+    }
+    let client = pod(&node, &agent, "client", "client");
+    let cluster_ip = "10.96.0.10";
+    let frontend: SocketAddr = format!("{cluster_ip}:80").parse().expect("frontend");
+    let file = dirs.path("policies").join("web.yaml");
+
+    // Positive control first: each backend answers its own address.
+    for (p, n) in backends.iter().zip(names) {
+        let to: SocketAddr = format!("{}:{TCP_PORT}", p.ip).parse().expect("addr");
+        let conn = connect(&client, to, Duration::from_secs(2))
+            .unwrap_or_else(|| panic!("the client reaches backend {n} at {to} directly"));
+        assert_eq!(conn.backend, n);
+    }
+    // Before the Service exists nothing answers the ClusterIP.
+    assert!(
+        connect(&client, frontend, Duration::from_millis(700)).is_none(),
+        "nothing answers {frontend} before the Service exists"
+    );
+
+    let all_ready: Vec<(&str, &str)> = backends.iter().map(|p| (p.ip.as_str(), READY)).collect();
+    write_atomically(&file, &service_docs("web", cluster_ip, &all_ready));
+    let want: Vec<(String, &str)> = backends.iter().map(|p| (p.ip.clone(), "ready")).collect();
+    wait_listed(&agent, "web", cluster_ip, &want);
+    wait_for("the ClusterIP answers", || {
+        connect(&client, frontend, Duration::from_millis(700)).is_some()
+    });
+
+    // 300 new connections: every one answered by a backend through the ClusterIP; one of each
+    // backend's kept open for later.
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    let mut held: BTreeMap<String, Conn> = BTreeMap::new();
+    for i in 0..300 {
+        let conn = connect(&client, frontend, Duration::from_secs(2))
+            .unwrap_or_else(|| panic!("connection {i} to {frontend} failed"));
+        assert_eq!(
+            conn.reader.get_ref().peer_addr().expect("peer"),
+            frontend,
+            "the connection's peer is the ClusterIP"
+        );
+        *counts.entry(conn.backend.clone()).or_default() += 1;
+        held.entry(conn.backend.clone()).or_insert(conn);
+    }
+    eprintln!("300 connections over the backends: {counts:?}");
+    for n in names {
+        let got = counts.get(n).copied().unwrap_or(0);
+        assert!(
+            got >= 50,
+            "backend {n} got {got} of 300 connections: {counts:?}"
+        );
+    }
+    assert_eq!(
+        counts.len(),
+        3,
+        "only the three backends answer: {counts:?}"
+    );
+
+    // UDP: every reply's source is the ClusterIP's port 53, never a backend's address.
+    let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("udp frontend");
+    let mut udp_seen: BTreeMap<String, u32> = BTreeMap::new();
+    for i in 0..60 {
+        let (from, name) = client.ns.run(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("bind the client's UDP socket");
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            s.send_to(b"who", udp_frontend).expect("send");
+            let mut buf = [0u8; 64];
+            let (n, from) = s
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("UDP query {i} to {udp_frontend} got no answer: {e}"));
+            (from, String::from_utf8_lossy(&buf[..n]).into_owned())
+        });
+        assert_eq!(
+            from, udp_frontend,
+            "UDP reply {i} ({name}) came from {from}"
+        );
+        *udp_seen.entry(name).or_default() += 1;
+    }
+    eprintln!("60 UDP queries over the backends: {udp_seen:?}");
+    assert!(
+        udp_seen.len() >= 2,
+        "new UDP flows spread over the backends: {udp_seen:?}"
+    );
+
+    // web-a terminating: no new connection reaches it, its established one carries on.
+    let gone = "web-a";
+    let others: Vec<(&str, &str)> = backends
+        .iter()
+        .zip(names)
+        .map(|(p, n)| (p.ip.as_str(), if n == gone { TERMINATING } else { READY }))
+        .collect();
+    write_atomically(&file, &service_docs("web", cluster_ip, &others));
+    let want: Vec<(String, &str)> = backends
+        .iter()
+        .zip(names)
+        .map(|(p, n)| {
+            (
+                p.ip.clone(),
+                if n == gone { "terminating" } else { "ready" },
+            )
+        })
+        .collect();
+    wait_listed(&agent, "web", cluster_ip, &want);
+    let check_drained = |held: &mut BTreeMap<String, Conn>, what: &str| {
+        let mut after: BTreeMap<String, u32> = BTreeMap::new();
+        for i in 0..60 {
+            let conn = connect(&client, frontend, Duration::from_secs(2))
+                .unwrap_or_else(|| panic!("{what}: connection {i} to {frontend} failed"));
+            *after.entry(conn.backend).or_default() += 1;
+        }
+        eprintln!("{what}: 60 connections over the backends: {after:?}");
+        assert!(
+            !after.contains_key(gone),
+            "{what}: {gone} got new connections: {after:?}"
+        );
+        assert_eq!(
+            after.len(),
+            2,
+            "{what}: both other backends serve: {after:?}"
+        );
+        for (n, conn) in held.iter_mut() {
+            let line = format!("still {n} after {what}");
+            let back = conn
+                .echo(&line)
+                .unwrap_or_else(|e| panic!("{what}: the established flow to {n} broke: {e}"));
+            assert_eq!(back, line, "{what}: the established flow to {n} echoes");
+        }
+    };
+    check_drained(&mut held, "web-a terminating");
+
+    // web-a removed from the slice: the same.
+    let ready_others: Vec<(&str, &str)> = backends
+        .iter()
+        .zip(names)
+        .filter(|(_, n)| *n != gone)
+        .map(|(p, _)| (p.ip.as_str(), READY))
+        .collect();
+    write_atomically(&file, &service_docs("web", cluster_ip, &ready_others));
+    let want: Vec<(String, &str)> = backends
+        .iter()
+        .zip(names)
+        .filter(|(_, n)| *n != gone)
+        .map(|(p, _)| (p.ip.clone(), "ready"))
+        .collect();
+    wait_listed(&agent, "web", cluster_ip, &want);
+    check_drained(&mut held, "web-a removed from the slice");
+}
+
+/// An egress policy for pods labelled `app` allowing only `to_app` pods (none: egress-isolated).
+fn egress_policy(app: &str, to_app: Option<&str>) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("{app}-egress")),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(match_labels(&[("app", app)])),
+            policy_types: Some(vec!["Egress".into()]),
+            egress: Some(
+                to_app
+                    .map(|to| NetworkPolicyEgressRule {
+                        to: Some(vec![NetworkPolicyPeer {
+                            pod_selector: Some(match_labels(&[("app", to)])),
+                            ..Default::default()
+                        }]),
+                        ports: None,
+                    })
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+    }
+}
+
+#[test]
+fn egress_policy_toward_a_service_is_decided_by_its_backends_identities() {
+    if !require_root("egress_policy_toward_a_service_is_decided_by_its_backends_identities") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let (node, agent) = node_with_agent(&root, &dirs);
+    // Backends: two db pods and two web pods; clients: `client` (egress to db only), `iso`
+    // (egress-isolated, no rule) and `free` (no policy: the positive control).
+    let servers = [
+        ("db-1", "db"),
+        ("db-2", "db"),
+        ("web-1", "web"),
+        ("web-2", "web"),
+    ];
+    let server_pods: Vec<(Pod<'_>, &str)> = servers
+        .iter()
+        .map(|(n, app)| (pod(&node, &agent, n, app), *app))
+        .collect();
+    for ((p, _), (n, _)) in server_pods.iter().zip(servers) {
+        serve(p, n);
+    }
+    let clients = ["client", "iso", "free"];
+    let client_pods: Vec<Pod<'_>> = clients.iter().map(|c| pod(&node, &agent, c, c)).collect();
+    let model = Model {
+        namespaces: [("default".to_owned(), labels(&[]))].into_iter().collect(),
+        policies: vec![
+            egress_policy("client", Some("db")),
+            egress_policy("iso", None),
+        ],
+        ..Model::default()
+    };
+    let model_pod = |app: &str| ModelPod {
+        namespace: "default".into(),
+        labels: labels(&[("app", app)]),
+    };
+    let services = [("db", "10.96.0.20"), ("web", "10.96.0.21")];
+    let mut docs = vec![model.manifest()];
+    for (svc, ip) in services {
+        let backends: Vec<(&str, &str)> = server_pods
+            .iter()
+            .filter(|(_, app)| *app == svc)
+            .map(|(p, _)| (p.ip.as_str(), READY))
+            .collect();
+        docs.push(service_docs(svc, ip, &backends));
+    }
+    write_atomically(
+        &dirs.path("policies").join("all.yaml"),
+        &docs.join("\n---\n"),
+    );
+    for (svc, ip) in services {
+        let want: Vec<(String, &str)> = server_pods
+            .iter()
+            .filter(|(_, app)| *app == svc)
+            .map(|(p, _)| (p.ip.clone(), "ready"))
+            .collect();
+        wait_listed(&agent, svc, ip, &want);
+    }
+
+    // Expected: a Service is reachable when the model lets the client reach its backends' pods
+    // (all of one Service's backends carry the same labels).
+    let mut expected = Vec::new();
+    for (c, cp) in clients.iter().zip(&client_pods) {
+        for (svc, ip) in services {
+            let allowed = model.allows(Source::Pod(&model_pod(c)), &model_pod(svc), TCP_PORT);
+            let frontend: SocketAddr = format!("{ip}:80").parse().expect("frontend");
+            expected.push((*c, cp, svc, frontend, allowed));
+        }
+    }
+    assert!(
+        expected.iter().any(|e| e.4) && expected.iter().any(|e| !e.4),
+        "the matrix holds both allowed and denied pairs"
+    );
+    let observe = || -> Vec<(String, bool, bool)> {
+        expected
+            .iter()
+            .map(|(c, cp, svc, frontend, allowed)| {
+                // Several new connections: each may land on another backend, all must agree.
+                let got: Vec<bool> = (0..4)
+                    .map(|_| connect(cp, *frontend, Duration::from_millis(700)).is_some())
+                    .collect();
+                let ok = if *allowed {
+                    got.iter().all(|g| *g)
+                } else {
+                    got.iter().all(|g| !*g)
+                };
+                (
+                    format!("{c} → {svc} ({frontend}): got {got:?}"),
+                    *allowed,
+                    ok,
+                )
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = observe();
+        if seen.iter().all(|(_, _, ok)| *ok) {
+            for (what, allowed, _) in &seen {
+                eprintln!("{what}, expected {allowed}");
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connectivity through the Services differs from the model: {seen:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The ClusterIP is not what policy judges: the denied client reaches no web pod directly
+    // either, and reaches a db pod directly as it does through the Service.
+    let (client_pod, free_pod) = (&client_pods[0], &client_pods[2]);
+    for (p, app) in &server_pods {
+        let to: SocketAddr = format!("{}:{TCP_PORT}", p.ip).parse().expect("addr");
+        let allowed = model.allows(Source::Pod(&model_pod("client")), &model_pod(app), TCP_PORT);
+        let got = connect(client_pod, to, Duration::from_millis(700)).is_some();
+        assert_eq!(got, allowed, "client → {app} pod {to} directly");
+        assert!(
+            connect(free_pod, to, Duration::from_millis(700)).is_some(),
+            "free → {app} pod {to} directly (positive control)"
+        );
+    }
+}
