@@ -298,7 +298,9 @@ impl<S: Store + Clone> Ipam<S> {
         let took = self
             .store
             .read_modify_write(keys, move |cur| {
-                let keep = vec![Write::Keep, Write::Keep];
+                // Nothing taken: the decision rested on the block (and the affinity), never on the handle.
+                let mut keep = vec![Write::Keep, Write::Unread, Write::Keep];
+                keep.truncate(cur.len());
                 let mut block: Block = match cur[0].as_deref().map(|v| decode(&bk, v)) {
                     None => return (keep, Took::Missing),
                     Some(Err(e)) => return (keep, Took::Corrupt(e)),
@@ -330,13 +332,16 @@ impl<S: Store + Clone> Ipam<S> {
                         id: hid.clone(),
                         ..Handle::default()
                     },
-                    Some(Err(e)) => return (keep, Took::Corrupt(e)),
+                    Some(Err(e)) => {
+                        keep[1] = Write::Keep;
+                        return (keep, Took::Corrupt(e));
+                    }
                     Some(Ok(h)) => h,
                 };
                 block.garbage_collect(now, cooldown);
                 let ips = block.assign_from_head(n, &attr, &reservations);
                 if ips.is_empty() {
-                    return (vec![Write::Keep, Write::Keep, confirm], Took::Ips(ips));
+                    return (vec![Write::Keep, Write::Unread, confirm], Took::Ips(ips));
                 }
                 block.touch();
                 handle.deleted = false;

@@ -151,7 +151,7 @@ where
         let (writes, out) = (self.f)(&values);
         for (k, w) in self.keys.iter().zip(writes) {
             match w {
-                Write::Keep => {}
+                Write::Keep | Write::Unread => {}
                 Write::Put(v) => put_in(txn, k, &v, rev)?,
                 Write::Delete => delete_in(txn, k)?,
             }

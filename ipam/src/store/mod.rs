@@ -158,8 +158,11 @@ impl Op {
 /// What a read-modify-write callback wants done with each key it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
-    /// Leave the key as it is.
+    /// Leave the key as it is; the decision rests on its value (a store that can checks it is unchanged).
     Keep,
+    /// Leave the key as it is; the decision did not look at it, so nothing needs checking (a store that checks
+    /// every key read may still check it). An allocation from a full block, say, never used the handle.
+    Unread,
     /// Store a new value.
     Put(Vec<u8>),
     /// Delete the key.
@@ -335,7 +338,7 @@ pub fn plan_ops(keys: &[Key], read: &[Option<Versioned>], writes: Vec<Write>) ->
         let w = writes.get(i).cloned().unwrap_or(Write::Keep);
         let key = key.clone();
         ops.push(match (w, rev) {
-            (Write::Keep, revision) => Op::Check { key, revision },
+            (Write::Keep | Write::Unread, revision) => Op::Check { key, revision },
             (Write::Put(value), None) => Op::Create { key, value },
             (Write::Put(value), Some(revision)) => Op::Update {
                 key,

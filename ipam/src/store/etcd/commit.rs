@@ -13,7 +13,7 @@
 //! transaction that holds its write has committed.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     sync::{
         Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -21,6 +21,7 @@ use std::{
     time::Instant,
 };
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Cas, ETCD_MAX_TXN_OPS, EtcdStore};
@@ -193,35 +194,100 @@ impl Counters {
     }
 }
 
+/// Rounds in flight at once. A second round takes the jobs that queued while the first waits for etcd's fsync, so
+/// they no longer wait a whole round before theirs starts; rounds in flight never share a key (a job touching a
+/// key of a round in flight waits for it), so each round decides on values no other round in flight can change.
+const PIPELINE: usize = 2;
+
+/// A round that finished: its jobs with their results, and what it learned of its keys.
+type Finished = (Vec<Box<dyn Job>>, Vec<Result<(), StoreError>>, Known);
+
 /// The committer task. `store` must not hold the queue's sender (the task ends when every sender is gone).
 pub(super) async fn committer(store: EtcdStore, mut rx: mpsc::UnboundedReceiver<Box<dyn Job>>) {
-    let mut carry: Option<Box<dyn Job>> = None;
+    let mut waiting: VecDeque<Box<dyn Job>> = VecDeque::new();
     let mut known = Known::default();
+    let mut busy: BTreeSet<Key> = BTreeSet::new();
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
     loop {
-        let first = match carry.take() {
-            Some(j) => j,
-            None => match rx.recv().await {
-                Some(j) => j,
-                None => return,
-            },
-        };
-        let mut keys: BTreeSet<Key> = first.keys().iter().cloned().collect();
-        let mut batch = vec![first];
-        while let Ok(j) = rx.try_recv() {
-            let more = j.keys().iter().filter(|k| !keys.contains(*k)).count();
-            if keys.len() + more > ETCD_MAX_TXN_OPS {
-                carry = Some(j);
+        while in_flight.len() < PIPELINE {
+            let batch = next_batch(&mut waiting, &busy);
+            if batch.is_empty() {
                 break;
             }
-            keys.extend(j.keys().iter().cloned());
-            batch.push(j);
+            let mut keys: Vec<Key> = Vec::new();
+            for job in &batch {
+                for k in job.keys() {
+                    if !keys.contains(k) {
+                        keys.push(k.clone());
+                    }
+                }
+            }
+            busy.extend(keys.iter().cloned());
+            let mut local = known.take(&keys);
+            let store = store.clone();
+            in_flight.push(async move {
+                let mut batch = batch;
+                let results = round(&store, &mut batch, &mut local).await;
+                (batch, results, local)
+            });
         }
-        let results = round(&store, &mut batch, &mut known).await;
-        for (job, r) in batch.into_iter().zip(results) {
-            sample(&mut store.counters.samples().job, job.queued());
-            job.finish(r);
+        if !open && waiting.is_empty() && in_flight.is_empty() {
+            return;
+        }
+        tokio::select! {
+            job = rx.recv(), if open => match job {
+                Some(j) => {
+                    waiting.push_back(j);
+                    while let Ok(j) = rx.try_recv() {
+                        waiting.push_back(j);
+                    }
+                }
+                None => open = false,
+            },
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                let (batch, results, local): Finished = done;
+                for job in &batch {
+                    for k in job.keys() {
+                        busy.remove(k);
+                    }
+                }
+                known.merge(local);
+                for (job, r) in batch.into_iter().zip(results) {
+                    sample(&mut store.counters.samples().job, job.queued());
+                    job.finish(r);
+                }
+            }
         }
     }
+}
+
+/// The jobs of the next round, in queue order: as many as fit in one txn ([`ETCD_MAX_TXN_OPS`] keys), none
+/// touching a key of a round in flight. A job left waiting reserves its keys, so no later job on one of them
+/// overtakes it.
+fn next_batch(waiting: &mut VecDeque<Box<dyn Job>>, busy: &BTreeSet<Key>) -> Vec<Box<dyn Job>> {
+    let mut keys: BTreeSet<Key> = BTreeSet::new();
+    let mut reserved: BTreeSet<Key> = BTreeSet::new();
+    let mut batch = Vec::new();
+    let mut left = VecDeque::with_capacity(waiting.len());
+    let mut full = false;
+    while let Some(j) = waiting.pop_front() {
+        let blocked = full
+            || j.keys()
+                .iter()
+                .any(|k| busy.contains(k) || reserved.contains(k));
+        let more = j.keys().iter().filter(|k| !keys.contains(*k)).count();
+        if blocked || keys.len() + more > ETCD_MAX_TXN_OPS {
+            full |= !blocked && !batch.is_empty();
+            reserved.extend(j.keys().iter().cloned());
+            left.push_back(j);
+            continue;
+        }
+        keys.extend(j.keys().iter().cloned());
+        batch.push(j);
+    }
+    *waiting = left;
+    batch
 }
 
 /// Values (with their revisions) of keys as this committer last saw or wrote them.
@@ -237,6 +303,18 @@ impl Known {
             self.0.clear();
         }
         self.0.insert(key.clone(), value);
+    }
+
+    /// Moves what is known of `keys` out, for a round that owns them until it ends.
+    fn take(&mut self, keys: &[Key]) -> Known {
+        Known(keys.iter().filter_map(|k| self.0.remove_entry(k)).collect())
+    }
+
+    /// Takes back what a round knows of its keys after it ended.
+    fn merge(&mut self, round: Known) {
+        for (k, v) in round.0 {
+            self.remember(&k, v);
+        }
     }
 }
 
@@ -308,13 +386,19 @@ async fn round(
         })
         .collect();
     let t = Instant::now();
-    let outcome = decide_and_commit(store, batch, &keys, &mut read, !assumed.is_empty()).await;
+    let outcome = decide_and_commit(store, batch, &keys, &mut read, &assumed).await;
     c.cas_ns.fetch_add(nanos(t), Ordering::Relaxed);
     sample(&mut c.samples().cas, t);
     match outcome {
         Ok(after) => {
             for (k, v) in keys.iter().zip(after) {
-                known.remember(k, v);
+                match v {
+                    Some(v) => known.remember(k, v),
+                    // Assumed absent and never checked: nothing was learned of it.
+                    None => {
+                        known.0.remove(k);
+                    }
+                }
             }
             batch.iter().map(|_| Ok(())).collect()
         }
@@ -327,16 +411,18 @@ async fn round(
     }
 }
 
-/// Decides every job on `read` and commits; returns each key's value after the commit. With `assumed` (some
-/// keys were assumed absent, not read), a round that writes nothing still runs its checks as a txn, so no job's
-/// decision rests on an unverified absence.
+/// Decides every job on `read` and commits; returns each key's value after the commit, `None` for a key assumed
+/// absent that no txn checked (nothing was learned of it). A key no job wrote nor used ([`Write::Unread`]) gets no
+/// op. A round that writes nothing but used a key of `assumed` (assumed absent, not read) still runs its checks
+/// as a txn, so no job's decision rests on an unverified absence.
 async fn decide_and_commit(
     store: &EtcdStore,
     batch: &mut [Box<dyn Job>],
     keys: &[Key],
-    read: &mut Vec<Option<Versioned>>,
-    mut assumed: bool,
-) -> Result<Vec<Option<Versioned>>, StoreError> {
+    read: &mut [Option<Versioned>],
+    assumed: &[Key],
+) -> Result<Vec<Option<Option<Versioned>>>, StoreError> {
+    let mut assumed: BTreeSet<&Key> = assumed.iter().collect();
     let c = &store.counters;
     for _ in 0..RMW_RETRIES {
         let mut current: BTreeMap<&Key, Option<Vec<u8>>> = keys
@@ -345,21 +431,27 @@ async fn decide_and_commit(
             .map(|(k, v)| (k, v.as_ref().map(|v| v.value.clone())))
             .collect();
         let mut written: BTreeSet<&Key> = BTreeSet::new();
+        let mut used: BTreeSet<&Key> = BTreeSet::new();
         for job in batch.iter_mut() {
             let values: Vec<Option<Vec<u8>>> = job
                 .keys()
                 .iter()
                 .map(|k| current.get(k).cloned().flatten())
                 .collect();
-            let writes = job.decide(&values);
+            let mut writes = job.decide(&values);
             let job_keys = job.keys().to_vec();
+            // A write left out means the key is kept, and so used.
+            writes.resize(job_keys.len(), Write::Keep);
             for (k, w) in job_keys.iter().zip(writes) {
                 // The round's own reference to the key (the job's borrow ends with this loop).
                 let Some(key) = keys.iter().find(|x| *x == k) else {
                     continue;
                 };
+                if w != Write::Unread {
+                    used.insert(key);
+                }
                 match w {
-                    Write::Keep => {}
+                    Write::Keep | Write::Unread => {}
                     Write::Put(v) => {
                         current.insert(key, Some(v));
                         written.insert(key);
@@ -373,9 +465,16 @@ async fn decide_and_commit(
                 }
             }
         }
-        let ops = plan(keys, read, &current, &written);
-        if !assumed && ops.iter().all(|o| matches!(o, Op::Check { .. })) {
-            return Ok(read.clone());
+        let ops = plan(keys, read, &current, &written, &used);
+        let unverified = |k: &Key, checked: bool| assumed.contains(k) && !checked;
+        if !used.iter().any(|k| assumed.contains(*k))
+            && ops.iter().all(|o| matches!(o, Op::Check { .. }))
+        {
+            return Ok(keys
+                .iter()
+                .zip(read.iter())
+                .map(|(k, seen)| (!unverified(k, false)).then(|| seen.clone()))
+                .collect());
         }
         c.cas_txns.fetch_add(1, Ordering::Relaxed);
         match store.cas(&ops).await? {
@@ -385,22 +484,29 @@ async fn decide_and_commit(
                     .zip(read.iter())
                     .map(|(k, seen)| {
                         if written.contains(k) {
-                            current
-                                .get(k)
-                                .cloned()
-                                .flatten()
-                                .map(|value| Versioned { value, revision })
+                            Some(
+                                current
+                                    .get(k)
+                                    .cloned()
+                                    .flatten()
+                                    .map(|value| Versioned { value, revision }),
+                            )
                         } else {
-                            seen.clone()
+                            (!unverified(k, used.contains(k))).then(|| seen.clone())
                         }
                     })
                     .collect());
             }
             // The failure branch read every key linearizably: decide again on that.
+            // Keys the txn had no op on keep what was known of them (and stay assumed if they were).
             Cas::Lost(now) => {
                 c.lost.fetch_add(1, Ordering::Relaxed);
-                *read = now;
-                assumed = false;
+                for (op, v) in ops.iter().zip(now) {
+                    if let Some(i) = keys.iter().position(|k| k == op.key()) {
+                        read[i] = v;
+                        assumed.remove(op.key());
+                    }
+                }
             }
         }
     }
@@ -409,16 +515,18 @@ async fn decide_and_commit(
     })
 }
 
-/// The round's txn: every key written is created, updated or deleted on the revision read; every other key is
-/// checked at it.
+/// The round's txn: every key written is created, updated or deleted on the revision read; every other key a
+/// decision used is checked at it; a key no decision used gets no op.
 fn plan(
     keys: &[Key],
     read: &[Option<Versioned>],
     current: &BTreeMap<&Key, Option<Vec<u8>>>,
     written: &BTreeSet<&Key>,
+    used: &BTreeSet<&Key>,
 ) -> Vec<Op> {
     keys.iter()
         .zip(read)
+        .filter(|(key, _)| used.contains(key) || written.contains(key))
         .map(|(key, seen)| {
             let revision = seen.as_ref().map(|v| v.revision);
             let key_owned = key.clone();
@@ -449,4 +557,91 @@ fn plan(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Revision;
+
+    struct Fake(Vec<Key>, Instant);
+
+    impl Job for Fake {
+        fn keys(&self) -> &[Key] {
+            &self.0
+        }
+        fn decide(&mut self, _: &[Option<Vec<u8>>]) -> Vec<Write> {
+            Vec::new()
+        }
+        fn finish(self: Box<Self>, _: Result<(), StoreError>) {}
+        fn queued(&self) -> Instant {
+            self.1
+        }
+    }
+
+    fn key(name: &str) -> Key {
+        Key::new(Kind::Block, name)
+    }
+
+    fn job(names: &[&str]) -> Box<dyn Job> {
+        Box::new(Fake(names.iter().map(|n| key(n)).collect(), Instant::now()))
+    }
+
+    fn names(jobs: &[Box<dyn Job>]) -> Vec<String> {
+        jobs.iter()
+            .map(|j| {
+                j.keys()
+                    .iter()
+                    .map(|k| k.name.clone())
+                    .collect::<Vec<_>>()
+                    .join("+")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_job_on_a_busy_key_waits_and_reserves_its_keys_for_the_queue_order() {
+        let mut waiting: VecDeque<Box<dyn Job>> =
+            [job(&["a"]), job(&["b", "c"]), job(&["c"]), job(&["d", "a"])].into();
+        let busy: BTreeSet<Key> = [key("b")].into();
+        let batch = next_batch(&mut waiting, &busy);
+        assert_eq!(names(&batch), ["a", "d+a"]);
+        let left: Vec<Box<dyn Job>> = waiting.into_iter().collect();
+        assert_eq!(names(&left), ["b+c", "c"]);
+    }
+
+    #[test]
+    fn an_unread_key_gets_no_op_and_a_used_one_is_checked() {
+        let keys = [key("w"), key("used"), key("unread")];
+        let seen = |r: u64| {
+            Some(Versioned {
+                value: b"v".to_vec(),
+                revision: Revision(r),
+            })
+        };
+        let read = [seen(1), seen(2), None];
+        let current: BTreeMap<&Key, Option<Vec<u8>>> = [
+            (&keys[0], Some(b"new".to_vec())),
+            (&keys[1], Some(b"v".to_vec())),
+            (&keys[2], None),
+        ]
+        .into();
+        let written: BTreeSet<&Key> = [&keys[0]].into();
+        let used: BTreeSet<&Key> = [&keys[0], &keys[1]].into();
+        let ops = plan(&keys, &read, &current, &written, &used);
+        assert_eq!(
+            ops,
+            [
+                Op::Update {
+                    key: key("w"),
+                    value: b"new".to_vec(),
+                    revision: Revision(1)
+                },
+                Op::Check {
+                    key: key("used"),
+                    revision: Some(Revision(2))
+                },
+            ]
+        );
+    }
 }
