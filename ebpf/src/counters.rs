@@ -17,6 +17,8 @@ use crate::{
 pub(crate) enum Verdict {
     Pass,
     Drop,
+    /// The packet was rewritten and redirected (`bpf_redirect_peer`); tc only.
+    Redirect,
 }
 
 /// Where the packet was seen: for counters and drop events.

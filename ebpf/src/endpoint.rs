@@ -1,13 +1,14 @@
 //! `from_endpoint` / `to_endpoint`: dispatch by ifindex to the endpoint (fail closed), then per
 //! ethertype: ARP passes, IPv4 (with service translation, `service`) and IPv6 go through
-//! conntrack and policy, the rest drops.
+//! conntrack and policy, the rest drops. A packet to a Service with no ready backend is answered
+//! with an ICMP port unreachable (`unreachable`).
 
 use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
 use maps_schema::{
     EndpointInfo,
     reason::{
-        DIR_FROM_ENDPOINT, DIR_TO_ENDPOINT, DROP_MALFORMED, DROP_UNKNOWN_ENDPOINT,
-        DROP_UNSUPPORTED_ETHERTYPE, PASS_NEIGHBOUR,
+        DIR_FROM_ENDPOINT, DIR_TO_ENDPOINT, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND,
+        DROP_UNKNOWN_ENDPOINT, DROP_UNSUPPORTED_ETHERTYPE, PASS_NEIGHBOUR,
     },
 };
 
@@ -18,7 +19,7 @@ use crate::{
     ipv6::{self, V6},
     maps::ENDPOINTS,
     parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Packet, Parsed, Reason},
-    service, trace,
+    service, trace, unreachable,
 };
 
 /// Packets leaving a pod.
@@ -66,7 +67,15 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
         return trace::answer(skb, reason, rule);
     }
     count_rule(rule, seen.len);
-    account(reason, &seen, &pkt)
+    let verdict = account(reason, &seen, &pkt);
+    // A Service without a ready backend refuses the client as kube-proxy's REJECT does.
+    if reason == DROP_SERVICE_NO_BACKEND
+        && direction == DIR_FROM_ENDPOINT
+        && unreachable::answer(ctx, ifindex)
+    {
+        return Verdict::Redirect;
+    }
+    verdict
 }
 
 #[inline(always)]

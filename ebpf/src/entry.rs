@@ -3,7 +3,7 @@
 //! context pointer of aya's macro expansion for a crate-public function, does not apply.)
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -27,7 +27,8 @@ pub fn to_endpoint(ctx: TcContext) -> i32 {
 pub fn xdp_prefilter(ctx: XdpContext) -> u32 {
     match prefilter::try_xdp_prefilter(&ctx) {
         Verdict::Pass => xdp_action::XDP_PASS,
-        Verdict::Drop => xdp_action::XDP_DROP,
+        // The prefilter never redirects.
+        Verdict::Drop | Verdict::Redirect => xdp_action::XDP_DROP,
     }
 }
 
@@ -48,6 +49,7 @@ fn tc_action(verdict: Verdict) -> i32 {
     match verdict {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop => TC_ACT_SHOT,
+        Verdict::Redirect => TC_ACT_REDIRECT,
     }
 }
 

@@ -24,6 +24,7 @@ mod prefilter;
 mod reject;
 mod service;
 mod trace;
+mod unreachable;
 
 /// A reachable panic loops forever, which the verifier rejects: no panic path can ship.
 #[cfg(not(test))]

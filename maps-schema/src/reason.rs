@@ -46,7 +46,8 @@ pub const DROP_CT_INSERT_FAILED: u32 = 12;
 pub const DROP_NAT_PORT_EXHAUSTED: u32 = 13;
 /// Dropped: a new masqueraded flow could not be recorded in the NAT map (full or busy).
 pub const DROP_NAT_INSERT_FAILED: u32 = 14;
-/// Dropped: a packet to a Service frontend with no ready backend (`backend_count` 0).
+/// Dropped: a packet to a Service frontend with no ready backend (`backend_count` 0); an IPv4
+/// packet that can be quoted is answered with an ICMP port unreachable into the client pod.
 pub const DROP_SERVICE_NO_BACKEND: u32 = 15;
 
 /// Passed: a packet of a flow this side already approved (conntrack).

@@ -1,4 +1,4 @@
-//! IPv4 checksums of test frames (Ethernet + a 20-byte IPv4 header + TCP or UDP): filled in, so a
+//! IPv4 checksums of test frames (Ethernet + a 20-byte IPv4 header + TCP or UDP, or ICMP): filled in, so a
 //! program's incremental rewrite can be checked against a full recomputation.
 
 /// The ones' complement sum of `data` (plus `sum`) folded to 16 bits; 0 over a header that
@@ -48,6 +48,13 @@ pub fn with_checksums(mut frame: Vec<u8>) -> Vec<u8> {
     let sum = l4_sum(&frame);
     frame[off..off + 2].copy_from_slice(&sum.to_be_bytes());
     frame
+}
+
+/// Asserts the IPv4 header and ICMP checksums of an ICMP `frame` verify, naming `what`.
+#[track_caller]
+pub fn assert_valid_icmp(what: &str, frame: &[u8]) {
+    assert_eq!(fold(0, &frame[14..34]), 0, "{what}: IPv4 header checksum");
+    assert_eq!(fold(0, &frame[34..]), 0, "{what}: ICMP checksum");
 }
 
 /// Asserts both checksums of `frame` verify, naming `what`.

@@ -34,6 +34,8 @@ use crate::{
 pub const TC_ACT_OK: u32 = 0;
 /// `TC_ACT_SHOT`.
 pub const TC_ACT_SHOT: u32 = 2;
+/// `TC_ACT_REDIRECT`.
+pub const TC_ACT_REDIRECT: u32 = 7;
 
 /// The address family a suite runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -317,6 +319,30 @@ impl Lab {
         ifindex: u32,
         frame: &[u8],
     ) -> (Outcome, Vec<u8>) {
+        let (outcome, _, out) = self.run_action(program, direction, ifindex, frame);
+        (outcome, out)
+    }
+
+    /// [`Lab::from_out`] with the program's return code (`TC_ACT_REDIRECT` for an answer sent
+    /// back into the pod).
+    pub fn from_action(&mut self, i: usize, frame: &[u8]) -> (Outcome, u32, Vec<u8>) {
+        let ifindex = self.ifindex[i];
+        self.run_action(
+            maps_schema::programs::FROM_ENDPOINT,
+            DIR_FROM_ENDPOINT,
+            ifindex,
+            frame,
+        )
+    }
+
+    /// [`Lab::run_out`] with the program's return code.
+    pub fn run_action(
+        &mut self,
+        program: &str,
+        direction: u32,
+        ifindex: u32,
+        frame: &[u8],
+    ) -> (Outcome, u32, Vec<u8>) {
         let before = self.verdict_counters(direction);
         let prog = tc(&mut self.ebpf, program);
         let mut out = vec![0u8; frame.len() + 256];
@@ -346,7 +372,7 @@ impl Lab {
             reason::is_pass(outcome.reason),
             "the verdict matches its reason: {outcome}"
         );
-        (outcome, out)
+        (outcome, result.return_value, out)
     }
 
     /// (reason, packets) for every pass and drop reason in `direction`.

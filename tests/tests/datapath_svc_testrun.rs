@@ -17,7 +17,7 @@ use maps_schema::{
 };
 use tests::{
     csum,
-    datapath::{Fam, IDENTITIES, Lab, Peer, expect},
+    datapath::{Fam, IDENTITIES, Lab, Peer, TC_ACT_OK, TC_ACT_REDIRECT, expect},
     packet::{ACK, PSH, SYN, TCP, UDP},
 };
 
@@ -315,24 +315,49 @@ fn egress_policy_judges_the_backend_identity() {
     assert_eq!(svc_ct_len(&lab), 2, "the db flow's two entries");
 }
 
+/// The answer a client gets from a frontend without a ready backend: `frame` turned into an ICMP
+/// port unreachable from the frontend back to the client, quoting the frame's IPv4 header and
+/// first 8 payload bytes, with valid checksums.
+fn assert_port_unreachable(what: &str, frame: &[u8], out: &[u8]) {
+    assert_eq!(out.len(), 14 + 20 + 8 + 28, "{what}: the answer's length");
+    assert_eq!(&out[..6], &frame[6..12], "{what}: to the client's MAC");
+    assert_eq!(&out[6..12], &frame[..6], "{what}: from the MAC it sent to");
+    assert_eq!(out[14 + 9], 1, "{what}: ICMP");
+    assert_eq!(&out[26..30], &frame[30..34], "{what}: from the frontend");
+    assert_eq!(&out[30..34], &frame[26..30], "{what}: to the client");
+    assert_eq!((out[34], out[35]), (3, 3), "{what}: port unreachable");
+    assert_eq!(&out[42..], &frame[14..42], "{what}: quotes the packet");
+    csum::assert_valid_icmp(what, out);
+}
+
 #[test]
-fn no_ready_backend_drops_under_its_own_reason() {
-    let Some(mut lab) = lab("no_ready_backend_drops_under_its_own_reason") else {
+fn no_ready_backend_answers_port_unreachable_under_its_own_reason() {
+    let Some(mut lab) = lab("no_ready_backend_answers_port_unreachable_under_its_own_reason")
+    else {
         return;
     };
     let client = v4(&lab, Peer::Pod(CLIENT));
     service(&mut lab, 1, VIP, TCP, &[]);
-    let syn = frame(client, 40_000, VIP, PORT, TCP, SYN);
-    expect(
-        "no backend",
-        lab.from(CLIENT, &syn),
-        DROP_SERVICE_NO_BACKEND,
-    );
+    service(&mut lab, 2, WEB_VIP, UDP, &[]);
+    for (what, f) in [
+        ("a TCP SYN", frame(client, 40_000, VIP, PORT, TCP, SYN)),
+        (
+            "a UDP datagram",
+            frame(client, 40_001, WEB_VIP, PORT, UDP, 0),
+        ),
+    ] {
+        let (o, action, out) = lab.from_action(CLIENT, &f);
+        expect(what, o, DROP_SERVICE_NO_BACKEND);
+        assert_eq!(action, TC_ACT_REDIRECT, "{what}: sent back into the pod");
+        assert_port_unreachable(what, &f, &out);
+    }
     assert_eq!(lab.ct_len(), 0, "nothing recorded");
     assert_eq!(svc_ct_len(&lab), 0);
     // Positive control: with a ready backend the same packet passes, translated.
     service(&mut lab, 1, VIP, TCP, &[(1, DB)]);
-    let (o, out) = lab.from_out(CLIENT, &syn);
+    let syn = frame(client, 40_000, VIP, PORT, TCP, SYN);
+    let (o, action, out) = lab.from_action(CLIENT, &syn);
     expect("a backend is ready", o, PASS);
+    assert_eq!(action, TC_ACT_OK);
     assert_eq!(dst_of(&out), (v4(&lab, Peer::Pod(DB)), TARGET));
 }

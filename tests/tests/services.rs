@@ -1,6 +1,7 @@
 //! ClusterIP Services carrying real traffic between pods of one node, from `--policy-dir`
 //! documents (the standalone source): 300 new TCP connections from a client spread over the three
 //! backends (each at least 50), every UDP reply comes from the ClusterIP (read with `recv_from`),
+//! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable),
 //! a backend turned terminating and then removed from the EndpointSlice gets no new connection
 //! while its established one keeps carrying data. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
@@ -230,6 +231,30 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         "nothing answers {frontend} before the Service exists"
     );
 
+    // No ready backend yet: refused at once, as kube-proxy's REJECT refuses (an ICMP port
+    // unreachable from the ClusterIP), on TCP and on UDP.
+    write_atomically(&file, &service_docs("web", cluster_ip, &[]));
+    wait_listed(&agent, "web", cluster_ip, &[]);
+    let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("udp frontend");
+    wait_for("the frontend without a backend refuses", || {
+        let (tcp, udp) = client.ns.run(|| {
+            let tcp = TcpStream::connect_timeout(&frontend, Duration::from_secs(2)).map(|_| ());
+            let s = UdpSocket::bind("0.0.0.0:0").expect("bind the client's UDP socket");
+            s.connect(udp_frontend).expect("connect the UDP socket");
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            s.send(b"who").expect("send");
+            let mut buf = [0u8; 64];
+            (tcp, s.recv(&mut buf).map(|_| ()))
+        });
+        let refused = |r: &std::io::Result<()>| {
+            r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        };
+        eprintln!("without a backend: TCP {tcp:?}, UDP {udp:?}");
+        refused(&tcp) && refused(&udp)
+    });
+
     let all_ready: Vec<(&str, &str)> = backends.iter().map(|p| (p.ip.as_str(), READY)).collect();
     write_atomically(&file, &service_docs("web", cluster_ip, &all_ready));
     let want: Vec<(String, &str)> = backends.iter().map(|p| (p.ip.clone(), "ready")).collect();
@@ -268,7 +293,6 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
     );
 
     // UDP: every reply's source is the ClusterIP's port 53, never a backend's address.
-    let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("udp frontend");
     let mut udp_seen: BTreeMap<String, u32> = BTreeMap::new();
     for i in 0..60 {
         let (from, name) = client.ns.run(|| {
