@@ -916,3 +916,60 @@ async fn deleting_a_pool_with_addresses_needs_force() {
         "old address still releasable"
     );
 }
+
+#[tokio::test]
+async fn a_stale_block_hint_never_serves_a_block_the_host_lost() {
+    let a = mem_with(&[pool("p", "10.8.0.0/24", 26)]).await;
+    // Another client of the same datastore (another process, `weir ipam release-node`).
+    let b = Ipam::new(a.store().clone());
+    let first = a
+        .auto_assign(&AssignArgs::new("h1", "net.a", 1, 0))
+        .await
+        .expect("first allocation claims a block");
+    let lost = first.ipv4[0];
+    let lost_block: ipnetwork::IpNetwork = format!(
+        "{}/26",
+        ipnetwork::Ipv4Network::new(
+            match lost.ip() {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => unreachable!("an IPv4 pool"),
+            },
+            26,
+        )
+        .expect("block")
+        .network()
+    )
+    .parse()
+    .expect("block cidr");
+    // Positive control: the host's next address comes from the same block (its hint).
+    let second = a
+        .auto_assign(&AssignArgs::new("h1", "net.b", 1, 0))
+        .await
+        .expect("second allocation");
+    assert!(lost_block.contains(second.ipv4[0].ip()), "{second:?}");
+    // `b` takes the block's affinity from h1 behind `a`'s back.
+    b.release_affinity("h1", lost_block, false)
+        .await
+        .expect("release h1's affinity");
+    let third = a
+        .auto_assign(&AssignArgs::new("h1", "net.c", 1, 0))
+        .await
+        .expect("third allocation");
+    let got = third.ipv4[0].ip();
+    assert!(
+        !lost_block.contains(got),
+        "{got} came from {lost_block}, no longer h1's"
+    );
+    let own: Vec<ipnetwork::IpNetwork> = a
+        .host_affinities("h1")
+        .await
+        .expect("affinities")
+        .into_iter()
+        .map(|x| x.cidr)
+        .collect();
+    assert!(
+        own.iter().any(|c| c.contains(got)),
+        "{got} is in one of h1's blocks {own:?}"
+    );
+    assert_consistent(&a).await;
+}

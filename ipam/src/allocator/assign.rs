@@ -1,6 +1,6 @@
 //! Auto-assign and assign-a-specific-address.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use ipnetwork::IpNetwork;
 
@@ -153,11 +153,35 @@ impl<S: Store + Clone> Ipam<S> {
         };
         let in_pools = |c: &IpNetwork| pools.iter().any(|p| cidr::contains_net(&p.cidr, c));
 
-        // 1. The host's own blocks, found through its affinities (an index, not a scan of every block).
+        // 1. The host's own blocks: first those of its hint (`hints`), then, if they cannot serve, found
+        // through its affinities (an index, not a scan of every block), read afresh before any claim.
+        let mut tried: BTreeSet<IpNetwork> = BTreeSet::new();
+        for cidr in self.hints.get(&args.host).unwrap_or_default() {
+            if want == 0 || Family::of(&cidr) != family || !in_pools(&cidr) {
+                continue;
+            }
+            tried.insert(cidr);
+            let ips = self
+                .take_from_block(
+                    cidr,
+                    Owner::Host(&args.host),
+                    want,
+                    &attr,
+                    &args.handle,
+                    snap,
+                )
+                .await?;
+            want -= ips.len() as u32;
+            got.extend(ips);
+        }
+        if want == 0 {
+            return Ok((got, msgs));
+        }
         let mut owned = 0u32;
+        let mut mine: Vec<IpNetwork> = Vec::new();
         let mut affs = self.host_affinities_relaxed(&args.host).await?;
         affs.sort_by_key(|a| a.cidr);
-        for aff in affs.into_iter().filter(|a| Family::of(&a.cidr) == family) {
+        for aff in affs {
             let state = if aff.state == AffinityState::Confirmed {
                 Claim::Claimed
             } else {
@@ -166,8 +190,12 @@ impl<S: Store + Clone> Ipam<S> {
             if state != Claim::Claimed {
                 continue;
             }
+            mine.push(aff.cidr);
+            if Family::of(&aff.cidr) != family {
+                continue;
+            }
             owned += 1;
-            if want == 0 || !in_pools(&aff.cidr) {
+            if want == 0 || !in_pools(&aff.cidr) || tried.contains(&aff.cidr) {
                 continue;
             }
             let ips = self
@@ -183,6 +211,7 @@ impl<S: Store + Clone> Ipam<S> {
             want -= ips.len() as u32;
             got.extend(ips);
         }
+        self.hints.set(&args.host, mine.clone());
 
         // 2. New blocks.
         let max_blocks = snap.config.effective_max_blocks(args.max_blocks);
@@ -219,6 +248,11 @@ impl<S: Store + Clone> Ipam<S> {
             let ips = self
                 .take_from_block(b, owner, want, &attr, &args.handle, snap)
                 .await?;
+            if !ips.is_empty() {
+                // The take confirmed the claim: the block is the host's.
+                mine.push(b);
+                self.hints.set(&args.host, mine.clone());
+            }
             want -= ips.len() as u32;
             got.extend(ips);
         }

@@ -335,6 +335,7 @@ impl<S: Store + Clone> Ipam<S> {
         require_empty: bool,
         required_seq: Option<u64>,
     ) -> Result<bool, IpamError> {
+        self.hints.forget(host);
         let bkey = block_key(&cidr);
         if let Some((b, _)) = self.get_obj::<Block>(&bkey).await?
             && b.is_affine_to(host)

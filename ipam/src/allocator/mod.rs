@@ -22,6 +22,7 @@ use crate::{
 mod assign;
 mod check;
 mod claim;
+mod hints;
 mod nodes;
 mod pools;
 mod release;
@@ -166,6 +167,7 @@ pub(crate) struct Snapshot {
 pub struct Ipam<S> {
     store: S,
     clock: Clock,
+    hints: hints::Hints,
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(key: &Key, bytes: &[u8]) -> Result<T, StoreError> {
@@ -186,12 +188,17 @@ impl<S: Store + Clone> Ipam<S> {
         Self {
             store,
             clock: Clock::default(),
+            hints: hints::Hints::default(),
         }
     }
 
     /// The IPAM over `store` with a given clock.
     pub fn with_clock(store: S, clock: Clock) -> Self {
-        Self { store, clock }
+        Self {
+            store,
+            clock,
+            hints: hints::Hints::default(),
+        }
     }
 
     /// The datastore.

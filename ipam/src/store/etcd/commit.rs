@@ -6,7 +6,8 @@
 //! reads all their keys in one read-only txn, runs their decisions one after another on those values (each sees
 //! the writes of the ones before it), and writes everything in one conditional txn. A lost CAS (another process
 //! wrote) re-decides every job on the values the failure branch returned. While one round is in flight the
-//! next requests queue and go together in the next round. Keys the committer itself wrote are not read again:
+//! next requests queue and go together in the next round; a second round may be in flight beside it
+//! when its jobs share no key with the first ([`PIPELINE`]), so a queue does not wait out a whole fsync. Keys the committer itself wrote are not read again:
 //! a txn's writes all get its revision, so their value and `mod_revision` are known; if another process wrote
 //! them since, the CAS fails and its failure branch supplies the current values. A handle key never seen is
 //! assumed absent (allocations create new ones) and not read; the CAS checks that too. Every caller still gets its answer only once the
