@@ -1,6 +1,9 @@
 //! `weir policy trace`: why would a packet from A to B pass or drop? Evaluated on the desired maps
-//! (equal to the kernel's once applied) with the programs' own lookup order: the source
-//! endpoint's egress, then the destination endpoint's ingress, each only when isolated.
+//! (equal to the kernel's once applied) with the programs' own lookup order: a destination that is
+//! a Service frontend is first translated to the backend the programs would choose for a new flow
+//! (`maps_schema::service::{flow_hash, backend_slot}`, shared with them), then the source
+//! endpoint's egress and the destination endpoint's ingress judge the backend, each only when
+//! isolated.
 
 use std::net::IpAddr;
 
@@ -9,6 +12,7 @@ use maps_schema::{
     endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
     identity::{HOST, WORLD, reserved_name},
     policy::{EGRESS, INGRESS, VERDICT_ALLOW, decide},
+    service::{SVC_FLAG_AFFINITY, SlotKey, Svc4Key, backend_slot, flow_hash},
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +55,19 @@ pub struct Step {
     pub reason: String,
 }
 
+/// The Service translation of a packet to a frontend, as the programs make it for a new flow.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServiceStep {
+    /// The frontend (`address:port/protocol`).
+    pub frontend: String,
+    /// The backend chosen (`address:port`); none without a ready backend.
+    pub backend: Option<String>,
+    /// How many ready backends the frontend has.
+    pub backends: u16,
+    /// How the backend was chosen, or why there is none.
+    pub reason: String,
+}
+
 /// The answer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TraceResult {
@@ -58,6 +75,10 @@ pub struct TraceResult {
     pub src_identity: String,
     /// Identity of the destination as the source sees it.
     pub dst_identity: String,
+    /// The Service translation, when the destination is a frontend (the steps then judge the
+    /// backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceStep>,
     /// Each side's decision, in packet order.
     pub steps: Vec<Step>,
     /// `allow` when every step allows.
@@ -140,10 +161,99 @@ fn lookup(
     .map(|v| (v.verdict == VERDICT_ALLOW, v.rule_id))
 }
 
+/// The default source port of a traced packet (as the kernel trace's).
+const DEFAULT_SRC_PORT: u16 = 40_000;
+
+/// The frontend `req` is addressed to, if any, with the backend the programs would choose for a
+/// new flow: `(step, Some((backend address, backend port)))`.
+fn translate(
+    node: &Node,
+    req: &TraceRequest,
+    proto: u8,
+) -> Option<(ServiceStep, Option<(IpAddr, u16)>)> {
+    let IpAddr::V4(dst) = req.dst else {
+        return None;
+    };
+    let IpAddr::V4(src) = req.src else {
+        return None;
+    };
+    let maps = &node.dataplane.services;
+    let key = Svc4Key {
+        addr: dst.octets(),
+        port: req.port,
+        protocol: proto,
+        pad: 0,
+    };
+    let svc = maps.frontends.desired(&key)?;
+    let frontend = format!("{dst}:{}/{}", req.port, req.protocol.to_ascii_lowercase());
+    let sport = req.src_port.unwrap_or(DEFAULT_SRC_PORT);
+    let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;
+    let hash = flow_hash(src.octets(), sport, dst.octets(), req.port, proto, affinity);
+    let Some(slot) = backend_slot(hash, svc.backend_count) else {
+        let step = ServiceStep {
+            frontend,
+            backend: None,
+            backends: 0,
+            reason: "no ready backend: rejected with an ICMP port unreachable (service-no-backend)"
+                .into(),
+        };
+        return Some((step, None));
+    };
+    let backend = maps
+        .slots
+        .desired(&SlotKey {
+            service_id: svc.service_id,
+            slot,
+            pad: 0,
+        })
+        .and_then(|v| maps.backends.desired(&v.backend_id));
+    let Some(b) = backend else {
+        let step = ServiceStep {
+            frontend,
+            backend: None,
+            backends: svc.backend_count,
+            reason: format!("slot {slot} has no backend yet (service-no-backend)"),
+        };
+        return Some((step, None));
+    };
+    let addr = IpAddr::from(b.addr);
+    let how = if affinity {
+        "by the client address (sessionAffinity: ClientIP)".to_owned()
+    } else {
+        format!("by the flow's hash (source port {sport})")
+    };
+    let step = ServiceStep {
+        frontend,
+        backend: Some(format!("{addr}:{}", b.port)),
+        backends: svc.backend_count,
+        reason: format!(
+            "slot {slot} of {} {how}; an established flow keeps its backend",
+            svc.backend_count
+        ),
+    };
+    Some((step, Some((addr, b.port))))
+}
+
 /// Traces `req` on `node`'s desired state.
 pub fn trace(node: &Node, req: &TraceRequest, proto: u8) -> TraceResult {
+    let service = translate(node, req, proto);
+    let (dst, port) = match &service {
+        Some((_, Some(backend))) => *backend,
+        _ => (req.dst, req.port),
+    };
+    if let Some((step, None)) = &service {
+        return TraceResult {
+            src_identity: name(identity_of(node, req.src)),
+            dst_identity: name(identity_of(node, req.dst)),
+            service: Some(step.clone()),
+            steps: Vec::new(),
+            verdict: "deny".into(),
+            kernel: None,
+            kernel_error: None,
+        };
+    }
     let src_identity = identity_of(node, req.src);
-    let dst_identity = identity_of(node, req.dst);
+    let dst_identity = identity_of(node, dst);
     let mut steps = Vec::new();
     for (ip, flag, dir, peer, stage) in [
         (
@@ -153,13 +263,7 @@ pub fn trace(node: &Node, req: &TraceRequest, proto: u8) -> TraceResult {
             dst_identity,
             "egress",
         ),
-        (
-            req.dst,
-            FLAG_ISOLATED_INGRESS,
-            INGRESS,
-            src_identity,
-            "ingress",
-        ),
+        (dst, FLAG_ISOLATED_INGRESS, INGRESS, src_identity, "ingress"),
     ] {
         let Some(endpoint) = node.endpoints().find(|e| e.ips.contains(&ip)) else {
             continue;
@@ -186,7 +290,7 @@ pub fn trace(node: &Node, req: &TraceRequest, proto: u8) -> TraceResult {
                 "the node itself (host identity) may always reach its pods".to_owned(),
             )
         } else {
-            match lookup(node, endpoint.id, dir, peer, proto, req.port) {
+            match lookup(node, endpoint.id, dir, peer, proto, port) {
                 Some((allowed, rule)) => {
                     let origin = node.rule(rule).map_or_else(
                         || format!("rule {rule}"),
@@ -217,6 +321,7 @@ pub fn trace(node: &Node, req: &TraceRequest, proto: u8) -> TraceResult {
     TraceResult {
         src_identity: name(src_identity),
         dst_identity: name(dst_identity),
+        service: service.map(|(step, _)| step),
         steps,
         verdict: verdict.into(),
         kernel: None,

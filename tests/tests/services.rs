@@ -6,7 +6,8 @@
 //! while its established one keeps carrying data. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
-//! control) — every expectation computed by `tests::netpol`'s model from the policies.
+//! control) — every expectation computed by `tests::netpol`'s model from the policies — and
+//! `weir policy trace` names the backend and the same verdict, in user space and in the kernel.
 
 use std::{
     collections::BTreeMap,
@@ -519,6 +520,28 @@ fn egress_policy_toward_a_service_is_decided_by_its_backends_identities() {
             "connectivity through the Services differs from the model: {seen:#?}"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // `weir policy trace` (the agent's `POST /v1/policy/trace`) follows the same path: the
+    // frontend's backend, then policy on it, in user space and through the loaded programs.
+    for (c, cp, svc, frontend, allowed) in &expected {
+        let req =
+            serde_json::json!({"src": cp.ip, "dst": frontend.ip(), "protocol": "tcp", "port": 80});
+        let result: Value = agent
+            .api(hyper::Method::POST, "/v1/policy/trace", Some(&req))
+            .expect("POST /v1/policy/trace");
+        let want = if *allowed { "allow" } else { "deny" };
+        assert_eq!(result["verdict"], want, "trace {c} → {svc}: {result:#}");
+        assert_eq!(
+            result["kernel"]["verdict"], want,
+            "kernel trace {c} → {svc}: {result:#}"
+        );
+        let backend = result["service"]["backend"].as_str().unwrap_or_default();
+        assert!(
+            server_pods
+                .iter()
+                .any(|(p, app)| app == svc && backend == format!("{}:{TCP_PORT}", p.ip)),
+            "trace {c} → {svc}: the backend {backend:?} is one of the Service's: {result:#}"
+        );
     }
     // The ClusterIP is not what policy judges: the denied client reaches no web pod directly
     // either, and reaches a db pod directly as it does through the Service.

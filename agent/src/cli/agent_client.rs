@@ -531,6 +531,14 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         result.src_identity, result.dst_identity
     );
     println!("user space (policy on the desired maps):");
+    if let Some(svc) = &result.service {
+        println!(
+            "  service {} -> {}: {}",
+            svc.frontend,
+            svc.backend.as_deref().unwrap_or("no backend"),
+            svc.reason
+        );
+    }
     for step in &result.steps {
         println!("  {:<5} {}: {}", step.verdict, step.stage, step.reason);
     }
