@@ -3,7 +3,8 @@
 //! backends (each at least 50), every UDP reply comes from the ClusterIP (read with `recv_from`),
 //! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable),
 //! a backend turned terminating and then removed from the EndpointSlice gets no new connection
-//! while its established one keeps carrying data. Egress policy judges the backend, not the
+//! while its established one keeps carrying data; with `sessionAffinity: ClientIP` every new
+//! connection lands on one backend. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
 //! control) — every expectation computed by `tests::netpol`'s model from the policies — and
@@ -381,6 +382,40 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         .collect();
     wait_listed(&agent, "web", cluster_ip, &want);
     check_drained(&mut held, "web-a removed from the slice");
+
+    // `sessionAffinity: ClientIP`: every new connection from the client lands on one backend (the
+    // spread above, without it, is the positive control).
+    let sticky = service_docs("web", cluster_ip, &ready_others).replacen(
+        "spec:\n",
+        "spec:\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+        1,
+    );
+    write_atomically(&file, &sticky);
+    wait_for("the agent lists the Service's affinity", || {
+        let services: Value = agent
+            .api(hyper::Method::GET, "/v1/services", None)
+            .expect("GET /v1/services");
+        services.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|f| f["affinity_timeout_seconds"].as_u64() == Some(600))
+        })
+    });
+    // The maps follow the view: wait until new connections stop spreading, then count.
+    let one_backend = |n: usize| -> BTreeMap<String, u32> {
+        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+        for i in 0..n {
+            let conn = connect(&client, frontend, Duration::from_secs(2))
+                .unwrap_or_else(|| panic!("affinity: connection {i} to {frontend} failed"));
+            *seen.entry(conn.backend).or_default() += 1;
+        }
+        seen
+    };
+    wait_for("new connections stick to one backend", || {
+        one_backend(10).len() == 1
+    });
+    let seen = one_backend(40);
+    eprintln!("sessionAffinity ClientIP: 40 connections over the backends: {seen:?}");
+    assert_eq!(seen.len(), 1, "every connection on one backend: {seen:?}");
 }
 
 /// An egress policy for pods labelled `app` allowing only `to_app` pods (none: egress-isolated).
