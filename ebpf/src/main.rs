@@ -23,6 +23,7 @@ mod prefilter;
 #[cfg(feature = "verifier-reject")]
 mod reject;
 mod service;
+mod service_related;
 mod trace;
 mod unreachable;
 

@@ -5,6 +5,8 @@
 //! the service's slots change; only a new flow (or a new TCP connection on a tuple whose backend
 //! is gone) is placed by `backend_slot(flow_hash(..))`.
 //!
+//! ICMP errors about translated flows are translated back in `service_related`.
+//!
 //! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one `svc_ct4`
 //! lookup in `to_endpoint` (TCP and UDP only).
 
@@ -27,6 +29,7 @@ use crate::{
     parse::{
         Aligned, Class, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, TCP_ACK, TCP_SYN, Tuple,
     },
+    service_related,
 };
 
 /// ICMP echo request (what `masq::parse` translates; irrelevant for TCP and UDP).
@@ -55,7 +58,7 @@ impl Translation {
 }
 
 #[inline(always)]
-fn key(t: &Tuple<u32>, direction: u8) -> Aligned<SvcCt4Key> {
+pub(crate) fn key(t: &Tuple<u32>, direction: u8) -> Aligned<SvcCt4Key> {
     Aligned(SvcCt4Key {
         saddr: t.src.to_ne_bytes(),
         daddr: t.dst.to_ne_bytes(),
@@ -82,7 +85,15 @@ pub(crate) fn decide_v4(
     let proto = p.tuple.proto;
     let served = matches!(p.class, Class::Flow) && (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
     if !served {
-        return decide::<V4>(ep, seen, &p, rule);
+        let reason = decide::<V4>(ep, seen, &p, rule);
+        // An ICMP error entering a client about a translated flow gets the frontend back.
+        if matches!(p.class, Class::Related)
+            && seen.direction != DIR_FROM_ENDPOINT
+            && is_pass(reason)
+        {
+            return service_related::translate_back(ctx, &p, reason);
+        }
+        return reason;
     }
     if seen.direction != DIR_FROM_ENDPOINT {
         let reason = decide::<V4>(ep, seen, &p, rule);

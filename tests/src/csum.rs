@@ -37,6 +37,15 @@ fn csum_offset(frame: &[u8]) -> usize {
         }
 }
 
+/// `frame` with a valid IPv4 header checksum (the payload left as it is).
+#[must_use]
+pub fn with_ip_checksum(mut frame: Vec<u8>) -> Vec<u8> {
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let ip = fold(0, &frame[14..34]);
+    frame[24..26].copy_from_slice(&ip.to_be_bytes());
+    frame
+}
+
 /// `frame` with valid IPv4 header and TCP/UDP checksums.
 #[must_use]
 pub fn with_checksums(mut frame: Vec<u8>) -> Vec<u8> {

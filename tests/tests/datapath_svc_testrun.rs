@@ -11,7 +11,10 @@ use maps_schema::{
     Backend4, PolicyValue, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key,
     endpoint::FLAG_ISOLATED_EGRESS,
     policy::{EGRESS, VERDICT_ALLOW},
-    reason::{DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY},
+    reason::{
+        DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY,
+        PASS_RELATED,
+    },
     service::{SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, backend_slot, flow_hash},
     service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
 };
@@ -360,4 +363,75 @@ fn no_ready_backend_answers_port_unreachable_under_its_own_reason() {
     expect("a backend is ready", o, PASS);
     assert_eq!(action, TC_ACT_OK);
     assert_eq!(dst_of(&out), (v4(&lab, Peer::Pod(DB)), TARGET));
+}
+
+/// The ICMP port unreachable `from` sends to `to` about `quoted` (a frame: its IPv4 header and
+/// first 8 payload bytes are quoted).
+fn port_unreachable(from: Ipv4Addr, to: Ipv4Addr, quoted: &[u8]) -> Vec<u8> {
+    let mut icmp = tests::packet::icmp(3, 3, [0; 4], &quoted[14..42]);
+    let sum = icmp_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    csum::with_ip_checksum(tests::packet::eth(
+        tests::packet::ETH_P_IP,
+        &tests::packet::ipv4(from.octets(), to.octets(), 1, &icmp),
+    ))
+}
+
+fn icmp_checksum(data: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for c in data.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[test]
+fn an_icmp_error_about_a_translated_flow_reaches_the_client_from_the_frontend() {
+    let Some(mut lab) =
+        lab("an_icmp_error_about_a_translated_flow_reaches_the_client_from_the_frontend")
+    else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let backend = v4(&lab, Peer::Pod(DB));
+    service(&mut lab, 1, VIP, UDP, &[(1, DB)]);
+    let (o, out) = lab.from_out(CLIENT, &frame(client, 40_010, VIP, PORT, UDP, 0));
+    expect("to the frontend", o, PASS);
+    assert_eq!(dst_of(&out), (backend, TARGET));
+    // The backend does not listen: its kernel answers the translated datagram.
+    let error = port_unreachable(backend, client, &out);
+    let (o, back) = lab.to_out(CLIENT, &error);
+    expect("the error entering the client", o, PASS_RELATED);
+    let outer_src: [u8; 4] = back[26..30].try_into().expect("4 bytes");
+    assert_eq!(Ipv4Addr::from(outer_src), VIP, "from the frontend");
+    let quoted = &back[42..];
+    let q_dst: [u8; 4] = quoted[16..20].try_into().expect("4 bytes");
+    assert_eq!(Ipv4Addr::from(q_dst), VIP, "the quoted destination");
+    assert_eq!(
+        u16::from_be_bytes([quoted[22], quoted[23]]),
+        PORT,
+        "the quoted destination port"
+    );
+    csum::assert_valid_icmp("the translated error", &back);
+    assert_eq!(
+        icmp_checksum(&quoted[..20]),
+        0,
+        "the quoted header's checksum"
+    );
+    // Positive control for the lookup: an error about a flow no service translated keeps its
+    // addresses (the same error, quoting a packet to the backend the client never sent).
+    let plain = port_unreachable(
+        backend,
+        client,
+        &frame(client, 40_011, backend, TARGET, UDP, 0),
+    );
+    let (_, untouched) = lab.to_out(CLIENT, &plain);
+    assert_eq!(
+        &untouched[26..30],
+        &backend.octets(),
+        "not a translated flow"
+    );
 }

@@ -1,7 +1,8 @@
 //! ClusterIP Services carrying real traffic between pods of one node, from `--policy-dir`
 //! documents (the standalone source): 300 new TCP connections from a client spread over the three
 //! backends (each at least 50), every UDP reply comes from the ClusterIP (read with `recv_from`),
-//! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable),
+//! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable), a
+//! backend's own ICMP error reaches the client's socket connected to the ClusterIP,
 //! a backend turned terminating and then removed from the EndpointSlice gets no new connection
 //! while its established one keeps carrying data; with `sessionAffinity: ClientIP` every new
 //! connection lands on one backend. Egress policy judges the backend, not the
@@ -34,9 +35,12 @@ use tests::{
 const TCP_PORT: u16 = 8080;
 /// The port every backend answers UDP datagrams on (with its name).
 const UDP_PORT: u16 = 8081;
+/// A UDP port no backend listens on: its kernel answers with an ICMP port unreachable.
+const CLOSED_PORT: u16 = 8099;
 
-/// A Service `name` at `cluster_ip` with a TCP port 80 and a UDP port 53 onto the backends'
-/// ports, and its EndpointSlice: each backend with its conditions.
+/// A Service `name` at `cluster_ip` with a TCP port 80, a UDP port 53 and a UDP port 54 (onto a
+/// port nothing listens on) onto the backends' ports, and its EndpointSlice: each backend with its
+/// conditions.
 fn service_docs(name: &str, cluster_ip: &str, backends: &[(&str, &str)]) -> String {
     let mut endpoints = String::new();
     for (ip, conditions) in backends {
@@ -52,10 +56,11 @@ fn service_docs(name: &str, cluster_ip: &str, backends: &[(&str, &str)]) -> Stri
          spec:\n  clusterIP: {cluster_ip}\n  ports:\n\
          \x20 - {{name: tcp, port: 80, protocol: TCP, targetPort: {TCP_PORT}}}\n\
          \x20 - {{name: udp, port: 53, protocol: UDP, targetPort: {UDP_PORT}}}\n\
+         \x20 - {{name: closed, port: 54, protocol: UDP, targetPort: {CLOSED_PORT}}}\n\
          ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
          metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
          addressType: IPv4\n\
-         ports: [{{name: tcp, port: {TCP_PORT}, protocol: TCP}}, {{name: udp, port: {UDP_PORT}, protocol: UDP}}]\n\
+         ports: [{{name: tcp, port: {TCP_PORT}, protocol: TCP}}, {{name: udp, port: {UDP_PORT}, protocol: UDP}}, {{name: closed, port: {CLOSED_PORT}, protocol: UDP}}]\n\
          endpoints:{}{endpoints}",
         if backends.is_empty() { " " } else { "\n" }
     )
@@ -315,6 +320,26 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         *udp_seen.entry(name).or_default() += 1;
     }
     eprintln!("60 UDP queries over the backends: {udp_seen:?}");
+    // A backend's own ICMP port unreachable (nothing listens on the target port) reaches the
+    // client's socket, connected to the ClusterIP: the error is translated back.
+    let closed: SocketAddr = format!("{cluster_ip}:54").parse().expect("closed frontend");
+    let refused = client.ns.run(|| {
+        (0..5).any(|_| {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("bind the client's UDP socket");
+            s.connect(closed).expect("connect the UDP socket");
+            s.set_read_timeout(Some(Duration::from_secs(1)))
+                .expect("timeout");
+            s.send(b"anyone?").expect("send");
+            let mut buf = [0u8; 64];
+            let r = s.recv(&mut buf);
+            eprintln!("UDP to {closed} (no listener behind it): {r:?}");
+            r.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        })
+    });
+    assert!(
+        refused,
+        "the backend's port unreachable reaches the client as ECONNREFUSED"
+    );
     assert!(
         udp_seen.len() >= 2,
         "new UDP flows spread over the backends: {udp_seen:?}"
