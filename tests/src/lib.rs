@@ -21,10 +21,13 @@
 //! - `manifests`: `deploy/weir.yaml` parsed with the `k8s-openapi` types and checked against the code.
 //! - `kube_api`: a minimal Kubernetes API server (lists, chunked watches, bookmarks, 410, faults).
 //! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
+//! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
+//! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_pod;
 pub mod agent_proc;
+pub mod bench_net;
 pub mod bin;
 pub mod bpf;
 pub mod cni;
@@ -53,3 +56,4 @@ pub mod pod;
 pub mod pod_doc;
 pub mod podnet;
 pub mod privileged;
+pub mod svc_maps;

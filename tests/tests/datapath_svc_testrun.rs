@@ -8,20 +8,21 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use aya::maps::HashMap;
 use maps_schema::{
-    Backend4, PolicyValue, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key,
+    Backend4, PolicyValue, SvcCt4Entry, SvcCt4Key,
     endpoint::FLAG_ISOLATED_EGRESS,
     policy::{EGRESS, VERDICT_ALLOW},
     reason::{
         DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY,
         PASS_RELATED,
     },
-    service::{SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, backend_slot, flow_hash},
+    service::{SVC_BACKENDS4, backend_slot, flow_hash},
     service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
 };
 use tests::{
     csum,
     datapath::{Fam, IDENTITIES, Lab, Peer, TC_ACT_OK, TC_ACT_REDIRECT, expect},
     packet::{ACK, PSH, SYN, TCP, UDP},
+    svc_maps::{self, Frontend},
 };
 
 const CLIENT: usize = 0;
@@ -67,60 +68,20 @@ fn dst_of(f: &[u8]) -> (Ipv4Addr, u16) {
 /// order, all on `TARGET`. Slots beyond the new count are left as they were (the agent's writes
 /// order does the same: the count shrinks first).
 fn service(lab: &mut Lab, id: u32, vip: Ipv4Addr, proto: u8, backends: &[(u32, usize)]) {
-    let addrs: Vec<Ipv4Addr> = backends
+    let backends: Vec<(u32, Ipv4Addr, u16)> = backends
         .iter()
-        .map(|(_, p)| v4(lab, Peer::Pod(*p)))
+        .map(|(bid, p)| (*bid, v4(lab, Peer::Pod(*p)), TARGET))
         .collect();
-    {
-        let mut m: HashMap<_, u32, Backend4> =
-            HashMap::try_from(lab.ebpf.map_mut(SVC_BACKENDS4).expect("backends")).expect("hash");
-        for ((bid, _), addr) in backends.iter().zip(&addrs) {
-            let b = Backend4 {
-                addr: addr.octets(),
-                port: TARGET,
-                protocol: proto,
-                pad: 0,
-            };
-            m.insert(bid, &b, 0).expect("insert backend");
-        }
-    }
-    {
-        let mut m: HashMap<_, SlotKey, SlotValue> =
-            HashMap::try_from(lab.ebpf.map_mut(SVC_SLOTS).expect("slots")).expect("hash");
-        for (slot, (bid, _)) in backends.iter().enumerate() {
-            let key = SlotKey {
-                service_id: id,
-                slot: u16::try_from(slot).expect("slot"),
-                pad: 0,
-            };
-            m.insert(&key, &SlotValue { backend_id: *bid }, 0)
-                .expect("insert slot");
-        }
-    }
-    {
-        let mut m: HashMap<_, u32, RevNat4> =
-            HashMap::try_from(lab.ebpf.map_mut(SVC_REVNAT4).expect("revnat")).expect("hash");
-        let rev = RevNat4 {
-            addr: vip.octets(),
+    svc_maps::write_service(
+        &mut lab.ebpf,
+        &Frontend {
+            id,
+            vip,
             port: PORT,
-            pad: 0,
-        };
-        m.insert(&id, &rev, 0).expect("insert revnat");
-    }
-    let mut m: HashMap<_, Svc4Key, Svc4Value> =
-        HashMap::try_from(lab.ebpf.map_mut(SVC4).expect("svc4")).expect("hash");
-    let key = Svc4Key {
-        addr: vip.octets(),
-        port: PORT,
-        protocol: proto,
-        pad: 0,
-    };
-    let value = Svc4Value {
-        service_id: id,
-        backend_count: u16::try_from(backends.len()).expect("count"),
-        ..Svc4Value::default()
-    };
-    m.insert(&key, &value, 0).expect("insert frontend");
+            protocol: proto,
+            backends: &backends,
+        },
+    );
 }
 
 fn remove_backend(lab: &mut Lab, id: u32) {

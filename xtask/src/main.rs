@@ -65,7 +65,8 @@ enum Task {
         /// A quick run with tiny counts, so benchmarks never rot.
         #[arg(long)]
         smoke: bool,
-        /// Only one part of a benchmark (datapath: `testrun` or `traffic`).
+        /// Only one part of a benchmark (datapath: `testrun` or `traffic`; services: `testrun`,
+        /// `traffic` or `update`).
         #[arg(long)]
         only: Option<String>,
     },

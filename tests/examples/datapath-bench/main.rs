@@ -54,17 +54,6 @@ const SMOKE: Sizes = Sizes {
     traffic_endpoints: 100,
 };
 
-/// The median of `values` (sorted in place).
-pub fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 pub fn main() -> Result<()> {
     let mut object = None;
     let mut out = None;

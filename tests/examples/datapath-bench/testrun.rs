@@ -23,7 +23,9 @@ use tests::{
     packet::{self, ACK, PSH, SYN, TCP},
 };
 
-use crate::{Sizes, median};
+use tests::bench_net::median;
+
+use crate::Sizes;
 
 /// The empty tc program of the `bench` variant.
 const EMPTY: &str = "wt_empty";

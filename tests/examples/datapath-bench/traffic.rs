@@ -7,13 +7,11 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    io::Write as _,
     net::{Ipv4Addr, UdpSocket},
-    process::{Command, Stdio},
     time::Instant,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use aya::programs::TcAttachType;
 use maps_schema::{
     EndpointInfo, PolicyKey, PolicyValue,
@@ -23,58 +21,21 @@ use maps_schema::{
 };
 use serde_json::{Value, json};
 use tests::{
+    bench_net::{feed, median, pin_cpu, plumb},
     bpf::{PinRoot, load, tc},
     datapath::{write_endpoint, write_identity, write_policy},
-    netns::{NetNs, VethPair},
+    netns::NetNs,
     packet::UDP,
 };
 
-use crate::{Sizes, median};
+use crate::Sizes;
 
-const GATEWAY: &str = "169.254.1.1";
 const PORT: u16 = 5001;
 const SENDER: usize = 0;
 const RECEIVER: usize = 1;
 
 fn pod_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 249, 0, 10 + u8::try_from(i).expect("two pods"))
-}
-
-fn plumb(node: &NetNs, pod: &NetNs, i: usize) -> (String, String) {
-    let veth = VethPair::new(node, &format!("h{i}"), pod, &format!("c{i}"));
-    let (a, b) = (veth.a.clone(), veth.b.clone());
-    // The namespaces own the links; dropping the pair here would delete them.
-    std::mem::forget(veth);
-    let out = node.exec(&["cat", &format!("/sys/class/net/{a}/address")]);
-    let mac = String::from_utf8(out.stdout).expect("mac");
-    let ip = pod_ip(i).to_string();
-    pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", &b]);
-    pod.exec(&["ip", "route", "add", GATEWAY, "dev", &b, "scope", "link"]);
-    pod.exec(&["ip", "route", "add", "default", "via", GATEWAY, "dev", &b]);
-    pod.exec(&[
-        "ip",
-        "neigh",
-        "add",
-        GATEWAY,
-        "lladdr",
-        mac.trim(),
-        "dev",
-        &b,
-        "nud",
-        "permanent",
-    ]);
-    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &a]);
-    (a, b)
-}
-
-/// Pins the calling thread to CPU 0.
-fn pin_cpu() {
-    // SAFETY: a zeroed cpu_set_t is valid; the calls only affect this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
-    }
 }
 
 /// ns per packet for `packets` datagrams sent from the sender pod to the receiver pod.
@@ -139,21 +100,7 @@ fn ruleset(endpoints: usize, host_if: &[String; 2]) -> String {
 }
 
 fn restore(node: &NetNs, tool: &str, rules: &str) -> Result<()> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", node.name(), tool])
-        .stdin(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {tool} (install iptables with `cargo xtask setup`)"))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(rules.as_bytes())?;
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("{tool} failed ({status})");
-    }
-    Ok(())
+    feed(node, tool, &[], rules)
 }
 
 const EMPTY_RULES: &str = "*filter\n:INPUT ACCEPT\n:FORWARD ACCEPT\n:OUTPUT ACCEPT\nCOMMIT\n";
@@ -166,7 +113,7 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
     let links: Vec<(String, String)> = pods
         .iter()
         .enumerate()
-        .map(|(i, p)| plumb(&node, p, i))
+        .map(|(i, p)| plumb(&node, p, i, pod_ip(i)))
         .collect();
     let host_if = [links[SENDER].0.clone(), links[RECEIVER].0.clone()];
     let to = pod_ip(RECEIVER);

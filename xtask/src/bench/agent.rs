@@ -18,6 +18,17 @@ pub(super) fn run_example_with_weir(
     example: &str,
     name: &str,
 ) -> Result<()> {
+    run_example_with_weir_args(workspace, smoke, example, name, &[])
+}
+
+/// [`run_example_with_weir`], passing `extra` arguments to the example too (`bench services`).
+pub(super) fn run_example_with_weir_args(
+    workspace: &Path,
+    smoke: bool,
+    example: &str,
+    name: &str,
+    extra: &[&str],
+) -> Result<()> {
     let out = workspace.join("target/weir-bench");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let json = out.join(format!("{name}.json"));
@@ -40,6 +51,7 @@ pub(super) fn run_example_with_weir(
     if smoke {
         args.push("--smoke");
     }
+    args.extend(extra);
     let status = std::process::Command::new("cargo")
         .args(&args)
         .current_dir(workspace)

@@ -1,4 +1,4 @@
-//! `cargo xtask bench NAME [--smoke] [--only PART]`: every benchmark prints a table and writes
+//! `cargo xtask bench NAME [--smoke] [--only PART]` (parts: `datapath`, `services`): every benchmark prints a table and writes
 //! `target/weir-bench/NAME.json`, a flat object of named figures.
 
 mod agent;
@@ -11,6 +11,7 @@ mod ipam;
 mod k8s;
 mod multinode;
 mod policy;
+mod services;
 
 use std::path::Path;
 
@@ -29,14 +30,18 @@ const BENCHES: &[(&str, Bench)] = &[
     ("policy", policy::run),
     ("k8s", k8s::run),
     ("multinode", multinode::run),
+    ("services", services::run),
 ];
 
 pub(crate) fn run(ws: &Path, name: &str, smoke: bool, only: Option<&str>) -> Result<()> {
     if let Some(part) = only {
-        if name != "datapath" {
-            bail!("--only selects a part of the datapath benchmark; {name:?} has no parts");
-        }
-        return datapath::run_part(ws, smoke, Some(part));
+        return match name {
+            "datapath" => datapath::run_part(ws, smoke, Some(part)),
+            "services" => services::run_part(ws, smoke, Some(part)),
+            _ => bail!(
+                "--only selects a part of the datapath or services benchmark; {name:?} has no parts"
+            ),
+        };
     }
     if name == "all" {
         for (bench, run) in BENCHES {

@@ -1,0 +1,137 @@
+//! `cargo xtask bench services [--smoke] [--only testrun|traffic|update]`: builds the `bench`
+//! variant of the eBPF object and `weir`, runs the `services-bench` example of the tests crate
+//! with them (root: it loads programs, builds namespaces and runs an agent), prints a table and
+//! writes `target/weir-bench/services.json`. Release build; `--smoke` uses the dev build and tiny
+//! sizes.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+
+use crate::ebpf_build::EbpfBuild;
+
+/// Figures printed, with the target each one is measured against.
+const ROWS: &[(&str, &str)] = &[
+    (
+        "established_ns",
+        "established plain flow, ns/packet (single runs)",
+    ),
+    (
+        "translated_established_ns",
+        "established translated flow, ns/packet",
+    ),
+    (
+        "established_ratio",
+        "  translated over plain (target <= 1.3)",
+    ),
+    ("new_ns", "new plain flow (SYN), ns"),
+    (
+        "translated_new_ns",
+        "new translated flow (SYN to a ClusterIP), ns",
+    ),
+    ("new_ratio", "  translated over plain (target <= 1.5)"),
+    (
+        "flatness_ratio",
+        "flatness: most Services over fewest (target <= 1.15)",
+    ),
+    ("traffic_services_1k", "traffic, smaller Service count"),
+    (
+        "weir_added_raw_ns_1k",
+        "  weir added, ns/packet, as measured",
+    ),
+    (
+        "weir_added_ns_1k",
+        "  weir added (at least its test-run cost)",
+    ),
+    ("iptables_added_ns_1k", "  kube-proxy iptables mode added"),
+    ("nft_added_ns_1k", "  kube-proxy nftables mode added"),
+    ("traffic_services_10k", "traffic, larger Service count"),
+    ("traffic_none_ns_10k", "  no translation, ns/packet"),
+    (
+        "weir_added_raw_ns_10k",
+        "  weir added, ns/packet, as measured",
+    ),
+    (
+        "weir_added_ns_10k",
+        "  weir added (at least its test-run cost)",
+    ),
+    ("iptables_added_ns_10k", "  kube-proxy iptables mode added"),
+    ("nft_added_ns_10k", "  kube-proxy nftables mode added"),
+    (
+        "iptables_over_weir_10k",
+        "  iptables over weir (target >= 100)",
+    ),
+    ("nft_over_weir_10k", "  nftables over weir (target > 1)"),
+    (
+        "update_services",
+        "update: Services in the agent's directory",
+    ),
+    (
+        "service_update_ms",
+        "  one Service added, file to svc4_v1, ms (target <= 10)",
+    ),
+    ("service_update_max_ms", "  the same, slowest round, ms"),
+    (
+        "service_full_sync_ms",
+        "  all Services, agent spawned to svc4_v1, ms",
+    ),
+    (
+        "iptables_restore_ms_10k",
+        "  iptables-nft-restore of the full table, ms",
+    ),
+];
+
+pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
+    run_part(workspace, smoke, None)
+}
+
+/// The benchmark, or only one of its parts (the other parts' rows print `-`).
+pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Result<()> {
+    let object = EbpfBuild {
+        workspace,
+        release: true,
+        features: &["bench"],
+    }
+    .run()
+    .map_err(|e| anyhow::anyhow!("building the bench eBPF variant: {e}"))?;
+    let object = object.to_string_lossy().into_owned();
+    let mut extra = vec!["--object", object.as_str()];
+    if let Some(part) = only {
+        extra.extend(["--only", part]);
+    }
+    super::agent::run_example_with_weir_args(
+        workspace,
+        smoke,
+        "services-bench",
+        "services",
+        &extra,
+    )?;
+    let path = workspace.join("target/weir-bench/services.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut figures: Value = serde_json::from_str(&text).context("malformed services.json")?;
+    // The no-translation baseline at the larger size under its issue-style name.
+    if let (Some(n), Some(map)) = (
+        figures.get("traffic_services_10k").and_then(Value::as_u64),
+        figures.as_object_mut(),
+    ) && let Some(v) = map.get(&format!("traffic_none_ns_s{n}")).cloned()
+    {
+        map.insert("traffic_none_ns_10k".into(), v);
+        std::fs::write(&path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!(
+        "{:<56} {:>12}",
+        "services benchmark",
+        if smoke { "smoke" } else { "value" }
+    );
+    for (key, label) in ROWS {
+        let v = figures
+            .get(key)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
+        println!("{label:<56} {v:>12}");
+    }
+    Ok(())
+}
