@@ -103,14 +103,22 @@ pub struct Nat4Entry {
 assert_size!(Nat4Entry, 24);
 user_pod!(Nat4Entry);
 
-/// `masq_if` value (key: ifindex): the address an interface masquerades to. Written by the agent.
+/// [`MasqInterface::flags`]: the interface serves NodePorts on its address (`--nodeport-interfaces`).
+pub const IF_NODEPORT: u32 = 1;
+/// [`MasqInterface::flags`]: the interface does not masquerade pod traffic (named by
+/// `--nodeport-interfaces` only). Zero, as entries written before flags existed, masquerades.
+pub const IF_NO_MASQUERADE: u32 = 2;
+
+/// `masq_if` value (key: ifindex): a host interface the programs `masq_egress`/`masq_ingress`
+/// serve — the address it masquerades to and serves NodePorts on, and its roles. Written by the
+/// agent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MasqInterface {
     /// The node address (network byte order).
     pub addr: [u8; 4],
-    /// Reserved; always zero.
-    pub _reserved: u32,
+    /// [`IF_NODEPORT`], [`IF_NO_MASQUERADE`].
+    pub flags: u32,
 }
 assert_size!(MasqInterface, 8);
 user_pod!(MasqInterface);

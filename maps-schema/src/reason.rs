@@ -49,6 +49,10 @@ pub const DROP_NAT_INSERT_FAILED: u32 = 14;
 /// Dropped: a packet to a Service frontend with no ready backend (`backend_count` 0); an IPv4
 /// packet that can be quoted is answered with an ICMP port unreachable into the client pod.
 pub const DROP_SERVICE_NO_BACKEND: u32 = 15;
+/// Dropped: a NodePort packet (or its reply) translated on a host interface that the kernel's
+/// FIB cannot forward (no route, forwarding disabled, or the way out is no NodePort interface,
+/// whose address a translation to another node's backend needs as its source).
+pub const DROP_NODEPORT_NO_ROUTE: u32 = 16;
 
 /// Passed: a packet of a flow this side already approved (conntrack).
 pub const PASS_ESTABLISHED: u32 = 32;
@@ -63,6 +67,12 @@ pub const PASS_POLICY: u32 = 35;
 pub const PASS_MASQUERADED: u32 = 36;
 /// Passed: a reply to a masqueraded flow, its destination translated back to the pod.
 pub const PASS_REVERSE_NAT: u32 = 37;
+/// Passed: a packet to a NodePort, its destination translated to a backend (and, for another
+/// node's backend, its source to this node's address).
+pub const PASS_NODEPORT: u32 = 38;
+/// Passed: a reply of a NodePort flow, its source translated back to the node's address and
+/// NodePort.
+pub const PASS_NODEPORT_REPLY: u32 = 39;
 
 /// Note: an IPv4 header with options (the packet still gets its verdict).
 pub const NOTE_IPV4_OPTIONS: u32 = 48;
@@ -110,12 +120,15 @@ pub const fn name(reason: u32) -> &'static str {
         DROP_NAT_PORT_EXHAUSTED => "nat-port-exhausted",
         DROP_NAT_INSERT_FAILED => "nat-insert-failed",
         DROP_SERVICE_NO_BACKEND => "service-no-backend",
+        DROP_NODEPORT_NO_ROUTE => "nodeport-no-route",
         PASS_ESTABLISHED => "pass-established",
         PASS_RELATED => "pass-related",
         PASS_NEIGHBOUR => "pass-neighbour",
         PASS_POLICY => "pass-policy",
         PASS_MASQUERADED => "pass-masqueraded",
         PASS_REVERSE_NAT => "pass-reverse-nat",
+        PASS_NODEPORT => "pass-nodeport",
+        PASS_NODEPORT_REPLY => "pass-nodeport-reply",
         NOTE_IPV4_OPTIONS => "note-ipv4-options",
         NOTE_IPV6_EXT_HEADERS => "note-ipv6-extension-headers",
         NOTE_NAT_PORT_COLLISION => "note-nat-port-collision",
@@ -153,12 +166,15 @@ pub const ALL: &[u32] = &[
     DROP_NAT_PORT_EXHAUSTED,
     DROP_NAT_INSERT_FAILED,
     DROP_SERVICE_NO_BACKEND,
+    DROP_NODEPORT_NO_ROUTE,
     PASS_ESTABLISHED,
     PASS_RELATED,
     PASS_NEIGHBOUR,
     PASS_POLICY,
     PASS_MASQUERADED,
     PASS_REVERSE_NAT,
+    PASS_NODEPORT,
+    PASS_NODEPORT_REPLY,
     NOTE_IPV4_OPTIONS,
     NOTE_IPV6_EXT_HEADERS,
     NOTE_NAT_PORT_COLLISION,

@@ -25,6 +25,24 @@ pub const MAX_SLOTS: u32 = 65_535;
 
 /// [`Svc4Value::flags`]: `sessionAffinity: ClientIP` (the hash covers the client address only).
 pub const SVC_FLAG_AFFINITY: u16 = 1;
+/// [`Svc4Value::flags`]: a NodePort frontend with `externalTrafficPolicy: Local` (its slots hold
+/// this node's backends only, and the client's address is kept).
+pub const SVC_FLAG_EXTERNAL_LOCAL: u16 = 2;
+/// [`Backend4::flags`]: the backend is a pod on this node (a NodePort packet to it is only
+/// translated to it; one to another node's backend also gets this node's address as its source,
+/// so the reply comes back through this node).
+pub const BACKEND_FLAG_LOCAL: u8 = 1;
+/// [`Svc4Key::addr`] of a NodePort frontend: any address of a host interface serving NodePorts
+/// (`masq_if` with `IF_NODEPORT`); only the host-interface programs look it up.
+pub const NODEPORT_ANY: [u8; 4] = [0; 4];
+
+/// The source a pod's packet gets when its Service sends it to the pod itself (hairpin): a
+/// link-local address no pod or node has, as Cilium's `169.254.42.1`. The pod cannot take a
+/// packet from its own address arriving from outside (the kernel drops it as martian), so
+/// `from_endpoint` sends it back in from this address, and the pod's reply to this address back
+/// to the pod from its own address, where `to_endpoint` translates it back to the frontend as it
+/// does every reply. Policy judges it as the pod's own traffic (the pod's identity).
+pub const HAIRPIN4: [u8; 4] = [169, 254, 42, 1];
 
 /// A frontend: cluster IP, port, IP protocol.
 #[repr(C)]
@@ -126,12 +144,14 @@ pub struct Backend4 {
     pub port: u16,
     /// IP protocol number.
     pub protocol: u8,
-    /// Explicit padding (zero).
-    pub pad: u8,
+    /// [`BACKEND_FLAG_LOCAL`] (zero in entries written before flags existed).
+    pub flags: u8,
 }
 assert_size!(Backend4, 8);
 
-/// Reverse NAT: the frontend a reply's source is rewritten back to.
+/// Reverse NAT: the frontend a reply's source is rewritten back to. A NodePort frontend's
+/// address is [`NODEPORT_ANY`]: its replies get the address of the host interface translating
+/// them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct RevNat4 {
