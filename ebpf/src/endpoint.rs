@@ -52,10 +52,11 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     // SAFETY: the map is read-only to programs, so BPF never writes the entry under us; the agent
     // replaces entries whole.
     let mut rule = 0;
-    let reason = match unsafe { ENDPOINTS.get(&ifindex) } {
+    let answer = match unsafe { ENDPOINTS.get(&ifindex) } {
         None => DROP_UNKNOWN_ENDPOINT,
         Some(ep) => dispatch(ctx, ep, &seen, &pkt, &mut rule),
     };
+    let (reason, hairpin) = service::hairpin(answer);
     // A service translation rewrote the packet: the pointers read before it are stale.
     let pkt = Packet {
         data: ctx.data(),
@@ -68,6 +69,16 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     }
     count_rule(rule, seen.len);
     let verdict = account(reason, &seen, &pkt);
+    // A pod reaching itself through its Service: back into it through its `to_endpoint`.
+    if let Some(to_self) = hairpin
+        && matches!(verdict, Verdict::Pass)
+    {
+        return if service::send_back(ctx, ifindex, to_self) {
+            Verdict::Redirect
+        } else {
+            Verdict::Drop
+        };
+    }
     // A Service without a ready backend refuses the client as kube-proxy's REJECT does.
     if reason == DROP_SERVICE_NO_BACKEND
         && direction == DIR_FROM_ENDPOINT

@@ -39,6 +39,12 @@ pub(crate) trait Family {
     const CREATED: u32;
     /// The security identity of an address (exact map, then ipcache, else world).
     fn identity(addr: &Self::Addr) -> u32;
+    /// The identity policy judges a peer of endpoint `ep` by: [`Self::identity`], except that the
+    /// hairpin source (`maps_schema::service::HAIRPIN4`) is the endpoint itself.
+    #[inline(always)]
+    fn peer_identity(_ep: &EndpointInfo, addr: &Self::Addr) -> u32 {
+        Self::identity(addr)
+    }
 }
 
 /// The conntrack bit this program checks: from_endpoint is the opener in the original direction
@@ -79,7 +85,7 @@ pub(crate) fn decide<F: Family>(
         evaluate(
             ep,
             direction,
-            || F::identity(&peer),
+            || F::peer_identity(ep, &peer),
             t.proto,
             p.policy_port,
             rule,

@@ -5,6 +5,7 @@ use maps_schema::{
     Ct4Key, EndpointInfo,
     identity::WORLD,
     reason::{DROP_FRAGMENT, DROP_INVALID_HEADER, DROP_MALFORMED, NOTE_IPV4_OPTIONS},
+    service::HAIRPIN4,
 };
 
 use crate::{
@@ -208,5 +209,13 @@ impl Family for V4 {
         }
         let key = Aligned(Key::new(32, exact.0));
         IPCACHE4.get(&key.0).map_or(WORLD, |info| info.identity)
+    }
+
+    #[inline(always)]
+    fn peer_identity(ep: &EndpointInfo, addr: &Addr) -> u32 {
+        if *addr == u32::from_ne_bytes(HAIRPIN4) {
+            return ep.identity;
+        }
+        Self::identity(addr)
     }
 }

@@ -17,6 +17,7 @@ mod ipv6;
 mod l4;
 mod maps;
 mod masq;
+mod nodeport;
 mod parse;
 mod policy;
 mod prefilter;

@@ -1,7 +1,8 @@
-//! `masq_egress` / `masq_ingress`: BPF masquerade on the host interfaces the operator names
-//! (`maps_schema::nat` has the model). Only IPv4 TCP, UDP and ICMP echo are translated; anything
-//! else, and any packet of an interface without a `masq_if` entry, passes untouched: these
-//! programs never drop what they do not own.
+//! `masq_egress` / `masq_ingress`: the host-interface programs. BPF masquerade on the host
+//! interfaces the operator names (`maps_schema::nat` has the model), and NodePorts on those named
+//! for them (`nodeport`). Only IPv4 TCP, UDP and ICMP echo are translated; anything else, and any
+//! packet of an interface without a `masq_if` entry, passes untouched: these programs never drop
+//! what they do not own.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -10,10 +11,11 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use maps_schema::{
-    Nat4Entry, Nat4Key,
+    MasqInterface, Nat4Entry, Nat4Key,
     nat::{
         DIR_EGRESS, DIR_INGRESS, EVENT_COLLISION, EVENT_CREATED, EVENT_EXHAUSTED,
-        EVENT_INSERT_FAILED, FLAG_TCP_CLOSING, PORT_RETRIES, port_candidate,
+        EVENT_INSERT_FAILED, FLAG_TCP_CLOSING, IF_NO_MASQUERADE, IF_NODEPORT, PORT_RETRIES,
+        port_candidate,
     },
     reason::{
         DIR_MASQUERADE, DROP_MALFORMED, DROP_NAT_INSERT_FAILED, DROP_NAT_PORT_EXHAUSTED,
@@ -25,6 +27,7 @@ use crate::{
     counters::{Seen, Verdict, account, count},
     flow::now_ns,
     maps::{MASQ_CIDR4, MASQ_IF, NAT_EVENTS, NAT4},
+    nodeport,
     parse::{
         Aligned, ETH_HLEN, ETH_P_IP, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Packet, Reason,
         TCP_FIN, TCP_RST, echo_ports, icmp_header, split_ports, word,
@@ -45,16 +48,18 @@ const IP_DST: usize = ETH_HLEN + 16;
 #[derive(Clone, Copy)]
 pub(crate) struct Flow {
     /// Addresses as loaded (network-order bytes in a native word).
-    src: u32,
-    dst: u32,
+    pub(crate) src: u32,
+    pub(crate) dst: u32,
     /// Ports in host byte order (ICMP echo: `(id, 0)` for a request, `(0, id)` for a reply).
-    sport: u16,
-    dport: u16,
-    proto: u8,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
+    /// TCP flags (zero for anything else).
+    pub(crate) tcp_flags: u8,
     /// Offset of the upper-layer header.
-    l4: usize,
+    pub(crate) l4: usize,
     /// A TCP FIN or RST.
-    closing: bool,
+    pub(crate) closing: bool,
 }
 
 impl Flow {
@@ -108,19 +113,19 @@ pub(crate) fn parse(pkt: &Packet, echo_type: u8) -> Option<Flow> {
         return None;
     }
     let l4 = ETH_HLEN + ihl * 4;
-    let (sport, dport, closing) = match proto {
+    let (sport, dport, tcp_flags) = match proto {
         IPPROTO_TCP => {
             let t: *const [u8; 20] = pkt.ptr(l4)?;
             // SAFETY: bounds checked by `ptr` (20 bytes).
             let (ports, flags) = unsafe { (word::<_, u32>(t, 0), word::<_, u8>(t, 13)) };
             let (s, d) = split_ports(ports);
-            (s, d, flags & (TCP_FIN | TCP_RST) != 0)
+            (s, d, flags)
         }
         IPPROTO_UDP => {
             let u: *const [u8; 8] = pkt.ptr(l4)?;
             // SAFETY: bounds checked by `ptr` (8 bytes).
             let (s, d) = split_ports(unsafe { word(u, 0) });
-            (s, d, false)
+            (s, d, 0)
         }
         IPPROTO_ICMP => {
             let (ty, id) = icmp_header(pkt, l4)?;
@@ -128,7 +133,7 @@ pub(crate) fn parse(pkt: &Packet, echo_type: u8) -> Option<Flow> {
                 return None;
             }
             let (s, d) = echo_ports(ty == ICMP_ECHO, id);
-            (s, d, false)
+            (s, d, 0)
         }
         _ => return None,
     };
@@ -138,8 +143,9 @@ pub(crate) fn parse(pkt: &Packet, echo_type: u8) -> Option<Flow> {
         sport,
         dport,
         proto,
+        tcp_flags,
         l4,
-        closing,
+        closing: proto == IPPROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0,
     })
 }
 
@@ -159,7 +165,7 @@ fn event(slot: u32) {
 }
 
 #[inline(always)]
-fn nat_key(
+pub(crate) fn nat_key(
     src: u32,
     dst: u32,
     sport: u16,
@@ -178,9 +184,9 @@ fn nat_key(
     })
 }
 
-/// The interface's masquerade address, the packet, and where it was seen.
+/// The interface's `masq_if` entry, the packet, and where it was seen.
 #[inline(always)]
-fn context(ctx: &TcContext) -> (Option<u32>, Packet, Seen) {
+fn context(ctx: &TcContext) -> (Option<MasqInterface>, Packet, Seen) {
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context pointer is the kernel's `__sk_buff` for this program run.
     let ifindex = unsafe { (*skb).ifindex };
@@ -195,8 +201,8 @@ fn context(ctx: &TcContext) -> (Option<u32>, Packet, Seen) {
         end: ctx.data_end(),
     };
     // SAFETY: read-only to programs; the agent replaces entries whole.
-    let node = unsafe { MASQ_IF.get(&ifindex) }.map(|i| u32::from_ne_bytes(i.addr));
-    (node, pkt, seen)
+    let iface = unsafe { MASQ_IF.get(&ifindex) }.copied();
+    (iface, pkt, seen)
 }
 
 /// Rewrites one address and one port (or echo identifier) with the checksums that cover them:
@@ -233,7 +239,7 @@ pub(crate) fn rewrite(
 
 /// The egress port (host byte order) a flow leaves with: its entry's, or a newly claimed one.
 #[inline(always)]
-fn egress_port(f: &Flow, node: u32, seen: &Seen) -> Result<u16, Reason> {
+pub(crate) fn egress_port(f: &Flow, node: u32, seen: &Seen) -> Result<u16, Reason> {
     let now = now_ns();
     let closing = if f.closing { FLAG_TCP_CLOSING } else { 0 };
     let key = nat_key(f.src, f.dst, f.sport, f.dport, f.proto, DIR_EGRESS);
@@ -298,15 +304,21 @@ fn egress_port(f: &Flow, node: u32, seen: &Seen) -> Result<u16, Reason> {
 /// Packets leaving through a masquerade interface.
 #[inline(always)]
 pub(crate) fn try_masq_egress(ctx: &TcContext) -> Verdict {
-    let (node, pkt, seen) = context(ctx);
-    let Some(node) = node else {
+    let (iface, pkt, seen) = context(ctx);
+    let Some(iface) = iface else {
         return Verdict::Pass;
     };
+    let node = u32::from_ne_bytes(iface.addr);
     let Some(f) = parse(&pkt, ICMP_ECHO) else {
         count(PASS, DIR_MASQUERADE, seen.len);
         return Verdict::Pass;
     };
-    if f.src == node || !in_pools(f.src) || in_pools(f.dst) {
+    if iface.flags & IF_NODEPORT != 0
+        && let Some(verdict) = nodeport::reply_out(ctx, &f, node, &seen)
+    {
+        return verdict;
+    }
+    if iface.flags & IF_NO_MASQUERADE != 0 || f.src == node || !in_pools(f.src) || in_pools(f.dst) {
         count(PASS, DIR_MASQUERADE, seen.len);
         return Verdict::Pass;
     }
@@ -329,14 +341,20 @@ pub(crate) fn try_masq_egress(ctx: &TcContext) -> Verdict {
 /// Packets arriving through a masquerade interface.
 #[inline(always)]
 pub(crate) fn try_masq_ingress(ctx: &TcContext) -> Verdict {
-    let (node, pkt, seen) = context(ctx);
-    let Some(node) = node else {
+    let (iface, pkt, seen) = context(ctx);
+    let Some(iface) = iface else {
         return Verdict::Pass;
     };
+    let node = u32::from_ne_bytes(iface.addr);
     let Some(f) = parse(&pkt, ICMP_ECHO_REPLY).filter(|f| f.dst == node) else {
         count(PASS, DIR_MASQUERADE, seen.len);
         return Verdict::Pass;
     };
+    if iface.flags & IF_NODEPORT != 0
+        && let Some(verdict) = nodeport::arriving(ctx, &pkt, &f, node, &seen)
+    {
+        return verdict;
+    }
     let key = nat_key(f.src, f.dst, f.sport, f.dport, f.proto, DIR_INGRESS);
     let Some(e) = NAT4.get_ptr_mut(&key.0) else {
         // The node's own traffic (or a flow whose entries the sweep removed).

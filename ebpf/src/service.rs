@@ -10,13 +10,13 @@
 //! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one `svc_ct4`
 //! lookup in `to_endpoint` (TCP and UDP only).
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcContext};
 use maps_schema::{
     EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{SVC_FLAG_AFFINITY, backend_slot, flow_hash},
+    service::{HAIRPIN4, SVC_FLAG_AFFINITY, backend_slot, flow_hash},
     service_ct::{DIR_ORIGINAL, DIR_REPLY},
 };
 
@@ -39,20 +39,32 @@ const ICMP_ECHO: u8 = 8;
 /// words, and the verifier refuses a misaligned stack access.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-struct Translation {
+pub(crate) struct Translation {
     /// The backend's address (as loaded).
-    addr: u32,
-    service_id: u32,
-    backend_id: u32,
+    pub(crate) addr: u32,
+    pub(crate) service_id: u32,
+    pub(crate) backend_id: u32,
     /// The backend's port (host byte order).
-    port: u32,
+    pub(crate) port: u32,
     /// Non-zero for a new flow: its entries are written once policy allowed it.
-    new: u32,
+    pub(crate) new: u32,
 }
 
 impl Translation {
+    /// Nothing chosen yet.
     #[inline(always)]
-    fn port(&self) -> u16 {
+    pub(crate) fn empty() -> Self {
+        Self {
+            addr: 0,
+            service_id: 0,
+            backend_id: 0,
+            port: 0,
+            new: 0,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn port(&self) -> u16 {
         self.port as u16
     }
 }
@@ -72,7 +84,10 @@ pub(crate) fn key(t: &Tuple<u32>, direction: u8) -> Aligned<SvcCt4Key> {
 
 /// An IPv4 packet's verdict with services: the translation on the way out of a client, the
 /// reverse translation on the way into it, and the plain decision for everything else. `p` is
-/// rewritten in place (no copy: the programs' stack is tight).
+/// rewritten in place (no copy: the programs' stack is tight). A passed packet that must go back
+/// into the pod it came from (`send_back`) has [`HAIRPIN_TO_SELF`] or [`HAIRPIN_REPLY`] or-ed
+/// into its reason (bits no reason code uses; a flag in a register, where an out parameter would
+/// take a stack slot the programs do not have): [`hairpin`] takes them off.
 #[inline(always)]
 pub(crate) fn decide_v4(
     ctx: &TcContext,
@@ -106,14 +121,20 @@ pub(crate) fn decide_v4(
     if !V4::owns(ep, &p.tuple.src) {
         return decide::<V4>(ep, seen, &p, rule);
     }
-    let mut tr = Translation {
-        addr: 0,
-        service_id: 0,
-        backend_id: 0,
-        port: 0,
-        new: 0,
-    };
-    match frontend(&p.tuple, p.tcp_flags, &mut tr) {
+    // A pod's packet to the hairpin address is its reply to a flow it sent itself through its
+    // Service: judged as sent (the flow's `to_endpoint` approved it), then sent back in to the
+    // pod from its own address (`send_back`), where `to_endpoint` finds the flow's reply entry
+    // and gives it the frontend as its source. Nothing else answers at that address.
+    let mut tr = Translation::empty();
+    if p.tuple.dst == u32::from_ne_bytes(HAIRPIN4) {
+        let reason = decide::<V4>(ep, seen, &p, rule);
+        return if is_pass(reason) && !seen.trace {
+            reason | HAIRPIN_REPLY
+        } else {
+            reason
+        };
+    }
+    match frontend(&p.tuple, p.tuple.dst, p.tcp_flags, &mut tr) {
         Ok(false) => return decide::<V4>(ep, seen, &p, rule),
         Ok(true) => {}
         Err(reason) => return reason,
@@ -132,20 +153,89 @@ pub(crate) fn decide_v4(
     let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
         return DROP_MALFORMED;
     };
-    match masq::rewrite(ctx, &f, false, (vip, tr.addr), (vport, tr.port())) {
-        Ok(()) => reason,
-        Err(_) => DROP_MALFORMED,
+    if masq::rewrite(ctx, &f, false, (vip, tr.addr), (vport, tr.port())).is_err() {
+        return DROP_MALFORMED;
     }
+    // The pod reached itself through its Service: it goes back in from the hairpin address.
+    if tr.addr == p.tuple.src && !seen.trace {
+        return reason | HAIRPIN_TO_SELF;
+    }
+    reason
 }
 
-/// The backend of a packet to a frontend, into `out`: `Ok(false)` when its destination is no
-/// frontend; the flow's backend when it has one, else a newly chosen one; no ready backend drops.
+/// [`decide_v4`]: the packet was translated to its own sender (its source becomes the hairpin
+/// address).
+pub(crate) const HAIRPIN_TO_SELF: Reason = 1 << 16;
+/// [`decide_v4`]: the packet is a pod's reply to the hairpin address (its destination becomes
+/// the pod itself: the reply of a flow it sent itself through its Service, which `to_endpoint`
+/// then finds and gives the frontend as its source; nothing else answers at that address).
+pub(crate) const HAIRPIN_REPLY: Reason = 1 << 17;
+
+/// Splits [`decide_v4`]'s answer into the reason and, for a hairpin packet, whether it was
+/// translated to its own sender (`Some(true)`) or is a reply to the hairpin address.
+#[inline(always)]
+pub(crate) fn hairpin(answer: Reason) -> (Reason, Option<bool>) {
+    let reason = answer & !(HAIRPIN_TO_SELF | HAIRPIN_REPLY);
+    let kind = if answer & HAIRPIN_TO_SELF != 0 {
+        Some(true)
+    } else if answer & HAIRPIN_REPLY != 0 {
+        Some(false)
+    } else {
+        None
+    };
+    (reason, kind)
+}
+
+/// Sends a hairpin packet back into the pod behind `ifindex`: one translated to the pod itself
+/// (`to_self`) gets the hairpin address as its source, one to the hairpin address the pod as its
+/// destination (the pod's reply to a flow it sent itself: `to_endpoint` finds the flow's reply
+/// entry there and gives it the frontend as its source); the Ethernet addresses swapped (to the
+/// pod from its gateway), out of the host end of its veth, so its `to_endpoint` judges it. In
+/// its own stack frame (the decision's is nearly full). False when the packet cannot be
+/// rewritten or the kernel refused the redirect.
+#[inline(always)]
+pub(crate) fn send_back(ctx: &TcContext, ifindex: u32, to_self: bool) -> bool {
+    let pkt = Packet {
+        data: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let Some(f) = masq::parse(&pkt, ICMP_ECHO) else {
+        return false;
+    };
+    let hairpin = u32::from_ne_bytes(HAIRPIN4);
+    let rewritten = if to_self {
+        masq::rewrite(ctx, &f, true, (f.src, hairpin), (f.sport, f.sport))
+    } else {
+        masq::rewrite(ctx, &f, false, (f.dst, f.src), (f.dport, f.dport))
+    };
+    if rewritten.is_err() {
+        return false;
+    }
+    let (Ok(dst), Ok(src)) = (ctx.load::<[u8; 6]>(0), ctx.load::<[u8; 6]>(6)) else {
+        return false;
+    };
+    if ctx.store(0, &src, 0).is_err() || ctx.store(6, &dst, 0).is_err() {
+        return false;
+    }
+    // SAFETY: a helper call on this program's context; it only records the target.
+    let action = unsafe { bpf_redirect(ifindex, 0) };
+    action == i64::from(TC_ACT_REDIRECT)
+}
+
+/// The backend of a packet to a frontend, into `out`: `Ok(false)` when `(frontend, t.dport,
+/// t.proto)` is no frontend (`frontend` is the packet's destination, or `NODEPORT_ANY` for a
+/// NodePort); the flow's backend when it has one, else a newly chosen one; no ready backend drops.
 /// (An out parameter, not an `Option`: the verifier refuses the misaligned stack reads the
 /// compiler makes of a niche-packed enum around it.)
 #[inline(always)]
-fn frontend(t: &Tuple<u32>, tcp_flags: u8, out: &mut Translation) -> Result<bool, Reason> {
+pub(crate) fn frontend(
+    t: &Tuple<u32>,
+    frontend: u32,
+    tcp_flags: u8,
+    out: &mut Translation,
+) -> Result<bool, Reason> {
     let fk = Aligned(Svc4Key {
-        addr: t.dst.to_ne_bytes(),
+        addr: frontend.to_ne_bytes(),
         port: t.dport,
         protocol: t.proto,
         pad: 0,
@@ -216,7 +306,7 @@ fn frontend(t: &Tuple<u32>, tcp_flags: u8, out: &mut Translation) -> Result<bool
 /// Writes a new translated flow's two entries (nothing for a flow that has them): `t` is the
 /// translated tuple (client → backend), `vip:vport` the frontend the client sent to.
 #[inline(always)]
-fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
+pub(crate) fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
     if tr.new == 0 {
         return Ok(());
     }

@@ -1,0 +1,289 @@
+//! NodePorts on the host interfaces named by `--nodeport-interfaces` (`masq_if` entries with
+//! `IF_NODEPORT`), inside `masq_ingress` / `masq_egress`:
+//!
+//! - a TCP or UDP packet arriving for the interface's address on a port with a NodePort frontend
+//!   (`svc4` key `NODEPORT_ANY`) gets a backend as ClusterIP flows do (`service::frontend`: the
+//!   flow keeps its backend in `svc_ct4`). A backend on this node (`BACKEND_FLAG_LOCAL`) is only
+//!   the new destination: the packet goes on through the stack to the pod, whose `to_endpoint`
+//!   judges it by the client's address, which the pod sees (`externalTrafficPolicy: Local` slots
+//!   hold only such backends). Another node's backend also gets this node's address as the
+//!   source, with a NAT port (`masq::egress_port`, the masquerade's pairs in `nat4`), so the reply
+//!   comes back here; the packet is then forwarded by a FIB lookup and a redirect (a packet with
+//!   a local source address is a martian to the stack's forwarding);
+//! - a reply of such a remote flow arriving (its `nat4` ingress entry leads to a `svc_ct4` reply
+//!   entry of a NodePort) gets the client as destination and the node's address and NodePort as
+//!   source, and is forwarded the same way;
+//! - a local backend's reply leaving an interface gets the interface's address and the NodePort
+//!   as source.
+//!
+//! Nothing is judged by policy here: the backend's `to_endpoint` (on whichever node) does that.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{TC_ACT_REDIRECT, bpf_fib_lookup},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    programs::TcContext,
+};
+use maps_schema::{
+    nat::DIR_INGRESS,
+    reason::{
+        DIR_MASQUERADE, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_NODEPORT_NO_ROUTE,
+        PASS_NODEPORT, PASS_NODEPORT_REPLY,
+    },
+    service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY},
+    service_ct::DIR_REPLY,
+};
+
+use crate::{
+    counters::{Seen, Verdict, account, count},
+    maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4},
+    masq::{Flow, egress_port, nat_key, rewrite},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
+    service::{Translation, frontend, key, record},
+};
+
+/// `AF_INET`.
+const AF_INET: u8 = 2;
+/// `bpf_fib_lookup` results: forwarded with the neighbour known, or with it unresolved.
+const FIB_SUCCESS: i64 = 0;
+const FIB_NO_NEIGH: i64 = 7;
+
+/// The kernel's `struct bpf_fib_lookup` (64 bytes) as 64-bit words where it can be: the
+/// compiler merges neighbouring stores into wider ones, and the verifier refuses a stack store that
+/// is not aligned to its own size. `head`: family, L4 protocol (ports and length zero); `src` and
+/// `dst`: an IPv4 address in the first four bytes; `tail`: the VLAN words, then the source and
+/// destination MAC addresses the lookup fills in.
+#[repr(C, align(8))]
+struct Fib {
+    head: u64,
+    ifindex: u32,
+    tos: u32,
+    src: [u64; 2],
+    dst: [u64; 2],
+    tail: [u64; 2],
+}
+
+impl Fib {
+    /// The MAC address `tail` holds at byte `at` (4: source, 10: destination), in place.
+    #[inline(always)]
+    fn mac(&self, at: usize) -> &[u8; 6] {
+        // SAFETY: `at + 6 <= 16` for both callers: inside `tail`, byte-aligned data.
+        unsafe { &*self.tail.as_ptr().cast::<u8>().add(at).cast::<[u8; 6]>() }
+    }
+}
+const _: () = assert!(size_of::<Fib>() == size_of::<bpf_fib_lookup>());
+
+/// The NodePort frontend a `svc_ct4` reply entry's service has, if it is one: its port.
+#[inline(always)]
+fn nodeport_of(service_id: u32) -> Option<u16> {
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let rev = unsafe { SVC_REVNAT4.get(&service_id) }?;
+    (rev.addr == NODEPORT_ANY).then_some(rev.port)
+}
+
+#[inline(always)]
+fn tuple(f: &Flow) -> Tuple<u32> {
+    Tuple {
+        src: f.src,
+        dst: f.dst,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+    }
+}
+
+/// A drop after the packet was rewritten: counted only (its pointers are stale, so no drop
+/// event quotes it).
+#[inline(always)]
+fn dropped(reason: Reason, seen: &Seen) -> Verdict {
+    count(reason, DIR_MASQUERADE, seen.len);
+    Verdict::Drop
+}
+
+/// The FIB's way to `dst` for a packet that arrived on `ifindex`, with the address of the
+/// interface it names (its `masq_if` entry): `None` when there is none.
+#[inline(always)]
+fn route(ctx: &TcContext, ifindex: u32, proto: u8, src: u32, dst: u32) -> Option<(Fib, i64, u32)> {
+    let mut fib = lookup(ifindex, proto, src, dst);
+    // SAFETY: `fib` is a valid `struct bpf_fib_lookup` of its size on this program's stack.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            (&raw mut fib).cast::<bpf_fib_lookup>(),
+            size_of::<Fib>() as i32,
+            0,
+        )
+    };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return None;
+    }
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let out = unsafe { MASQ_IF.get(&fib.ifindex) }.map(|i| u32::from_ne_bytes(i.addr))?;
+    Some((fib, rc, out))
+}
+
+/// A packet arriving for the interface's address `node`: a NodePort flow's packet or a reply of
+/// one translated to another node's backend; `None` for anything else (the masquerade's, or the
+/// node's own).
+#[inline(always)]
+pub(crate) fn arriving(
+    ctx: &TcContext,
+    pkt: &Packet,
+    f: &Flow,
+    node: u32,
+    seen: &Seen,
+) -> Option<Verdict> {
+    if f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP {
+        return None;
+    }
+    // A reply of a flow sent to another node's backend: backend → node:NAT port.
+    let nk = nat_key(f.src, node, f.sport, f.dport, f.proto, DIR_INGRESS);
+    if let Some(e) = NAT4.get_ptr(&nk.0) {
+        // SAFETY: a pointer into the map's value for this program run.
+        let (client, cport) = unsafe { (u32::from_ne_bytes((*e).addr), (*e).port) };
+        let reply = Tuple {
+            src: f.src,
+            dst: client,
+            sport: f.sport,
+            dport: cport,
+            proto: f.proto,
+        };
+        let se = SVC_CT4.get_ptr(&key(&reply, DIR_REPLY).0)?;
+        // SAFETY: as above.
+        let nodeport = nodeport_of(unsafe { (*se).service_id })?;
+        return Some(remote_reply(ctx, f, (client, cport), nodeport, seen));
+    }
+    let t = tuple(f);
+    let mut tr = Translation::empty();
+    match frontend(&t, u32::from_ne_bytes(NODEPORT_ANY), f.tcp_flags, &mut tr) {
+        Ok(false) => None,
+        Ok(true) => Some(to_backend(ctx, pkt, f, &t, &tr, seen)),
+        Err(reason) => Some(account(reason, seen, pkt)),
+    }
+}
+
+/// A packet to a NodePort with its backend chosen (`tr`).
+#[inline(always)]
+fn to_backend(
+    ctx: &TcContext,
+    pkt: &Packet,
+    f: &Flow,
+    t: &Tuple<u32>,
+    tr: &Translation,
+    seen: &Seen,
+) -> Verdict {
+    let translated = Tuple {
+        dst: tr.addr,
+        dport: tr.port(),
+        ..*t
+    };
+    if record(&translated, t.dst, t.dport, tr).is_err() {
+        return account(DROP_CT_INSERT_FAILED, seen, pkt);
+    }
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let local = unsafe { SVC_BACKENDS4.get(&tr.backend_id) }.is_some_and(|b| {
+        u32::from_ne_bytes(b.addr) == tr.addr && b.flags & BACKEND_FLAG_LOCAL != 0
+    });
+    if rewrite(ctx, f, false, (t.dst, tr.addr), (t.dport, tr.port())).is_err() {
+        return dropped(DROP_MALFORMED, seen);
+    }
+    if local {
+        count(PASS_NODEPORT, DIR_MASQUERADE, seen.len);
+        return Verdict::Pass;
+    }
+    // Another node's backend: out through the interface the FIB names, from its address.
+    let Some((fib, rc, out)) = route(ctx, seen.ifindex, f.proto, t.src, tr.addr) else {
+        return dropped(DROP_NODEPORT_NO_ROUTE, seen);
+    };
+    let sent = Flow {
+        dst: tr.addr,
+        dport: tr.port(),
+        ..*f
+    };
+    let port = match egress_port(&sent, out, seen) {
+        Ok(port) => port,
+        Err(reason) => return dropped(reason, seen),
+    };
+    if rewrite(ctx, &sent, true, (t.src, out), (t.sport, port)).is_err() {
+        return dropped(DROP_MALFORMED, seen);
+    }
+    forward(ctx, &fib, rc, PASS_NODEPORT, seen)
+}
+
+/// The reply of a NodePort flow sent to another node's backend: to the client, from this node's
+/// address on the way out and the NodePort.
+#[inline(always)]
+fn remote_reply(
+    ctx: &TcContext,
+    f: &Flow,
+    (client, cport): (u32, u16),
+    nodeport: u16,
+    seen: &Seen,
+) -> Verdict {
+    let Some((fib, rc, out)) = route(ctx, seen.ifindex, f.proto, f.src, client) else {
+        return dropped(DROP_NODEPORT_NO_ROUTE, seen);
+    };
+    if rewrite(ctx, f, false, (f.dst, client), (f.dport, cport)).is_err() {
+        return dropped(DROP_MALFORMED, seen);
+    }
+    let back = Flow { dst: client, ..*f };
+    if rewrite(ctx, &back, true, (f.src, out), (f.sport, nodeport)).is_err() {
+        return dropped(DROP_MALFORMED, seen);
+    }
+    forward(ctx, &fib, rc, PASS_NODEPORT_REPLY, seen)
+}
+
+/// A packet leaving through the interface with address `node`: a local backend's reply to a
+/// NodePort client gets `node` and the NodePort as its source; `None` for anything else.
+#[inline(always)]
+pub(crate) fn reply_out(ctx: &TcContext, f: &Flow, node: u32, seen: &Seen) -> Option<Verdict> {
+    if f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP {
+        return None;
+    }
+    let e = SVC_CT4.get_ptr(&key(&tuple(f), DIR_REPLY).0)?;
+    // SAFETY: a pointer into the map's value for this program run.
+    let nodeport = nodeport_of(unsafe { (*e).service_id })?;
+    let reason = match rewrite(ctx, f, true, (f.src, node), (f.sport, nodeport)) {
+        Ok(()) => PASS_NODEPORT_REPLY,
+        Err(_) => DROP_MALFORMED,
+    };
+    count(reason, DIR_MASQUERADE, seen.len);
+    Some(if reason == PASS_NODEPORT_REPLY {
+        Verdict::Pass
+    } else {
+        Verdict::Drop
+    })
+}
+
+#[inline(always)]
+fn lookup(ifindex: u32, proto: u8, src: u32, dst: u32) -> Fib {
+    Fib {
+        head: u64::from(AF_INET) | (u64::from(proto) << 8),
+        ifindex,
+        tos: 0,
+        src: [u64::from(src), 0],
+        dst: [u64::from(dst), 0],
+        tail: [0; 2],
+    }
+}
+
+/// Sends the translated packet out of the interface the FIB lookup named: with the neighbour's
+/// address when it knew it, else through the neighbour subsystem.
+#[inline(always)]
+fn forward(ctx: &TcContext, fib: &Fib, rc: i64, reason: Reason, seen: &Seen) -> Verdict {
+    let action = if rc == FIB_SUCCESS {
+        if ctx.store(0, fib.mac(10), 0).is_err() || ctx.store(6, fib.mac(4), 0).is_err() {
+            return dropped(DROP_MALFORMED, seen);
+        }
+        // SAFETY: a plain helper call.
+        unsafe { bpf_redirect(fib.ifindex, 0) }
+    } else {
+        // SAFETY: no parameters: the helper looks the next hop up itself.
+        unsafe { bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) }
+    };
+    if action != i64::from(TC_ACT_REDIRECT) {
+        return dropped(DROP_NODEPORT_NO_ROUTE, seen);
+    }
+    count(reason, DIR_MASQUERADE, seen.len);
+    Verdict::Redirect
+}
