@@ -97,6 +97,13 @@ pub struct AgentArgs {
     /// See docs/masquerade.md.
     #[arg(long, env = "WEIR_MASQUERADE_INTERFACES", value_delimiter = ',')]
     pub masquerade_interfaces: Vec<String>,
+    /// Host interfaces whose address serves the Services' NodePorts (the same programs:
+    /// translated to a backend on this node, or on another node with this node's address as the
+    /// source; `externalTrafficPolicy: Local` only to this node's), comma-separated `IFNAME` or
+    /// `IFNAME=ADDRESS`. Name every interface NodePort traffic and the replies from other nodes
+    /// arrive on (the uplink and the node-to-node one). None by default. See docs/services.md.
+    #[arg(long, env = "WEIR_NODEPORT_INTERFACES", value_delimiter = ',')]
+    pub nodeport_interfaces: Vec<String>,
     /// How the endpoint programs attach to workload veths: `filter` (clsact + `cls_bpf`
     /// direct-action filters at weir's priority and handle; the default: a tenth of tcx's attach
     /// cost, see BENCHMARKS.md) or `tcx` (pinned tcx links). The conflist the agent writes tells
@@ -240,6 +247,11 @@ pub struct Config {
     pub prefilter_deny_file: Option<PathBuf>,
     /// The masquerade interfaces and the address each translates to (if named).
     pub masquerade_interfaces: Vec<crate::dataplane::masquerade::MasqSpec>,
+    /// The NodePort interfaces and the address each serves (if named).
+    pub nodeport_interfaces: Vec<crate::dataplane::masquerade::MasqSpec>,
+    /// Both lists merged: each host interface the programs serve, with its roles.
+    #[serde(skip)]
+    pub host_interfaces: Vec<crate::dataplane::masquerade::MasqSpec>,
     /// How the endpoint programs attach.
     pub tc_attach: attach::Mechanism,
     /// Metrics address.
@@ -433,6 +445,28 @@ impl AgentArgs {
             })?;
             masquerade_interfaces.push(spec);
         }
+        let mut nodeport_interfaces = Vec::new();
+        for item in &self.nodeport_interfaces {
+            let spec = crate::dataplane::masquerade::parse_spec(item).ok_or_else(|| {
+                invalid(
+                    "--nodeport-interfaces (WEIR_NODEPORT_INTERFACES)",
+                    item,
+                    "write IFNAME or IFNAME=IPV4-ADDRESS, e.g. eth0 or eth0=192.0.2.10 (names are 1-15 characters without '/' or spaces)",
+                )
+            })?;
+            nodeport_interfaces.push(spec);
+        }
+        let host_interfaces = crate::dataplane::masquerade::host_interfaces(
+            &masquerade_interfaces,
+            &nodeport_interfaces,
+        )
+        .map_err(|ifname| {
+            invalid(
+                "--nodeport-interfaces (WEIR_NODEPORT_INTERFACES)",
+                &ifname,
+                "the interface is also in --masquerade-interfaces with another address; name one address (or none) for it in both",
+            )
+        })?;
         let mut prefilter_deny = Vec::new();
         for cidr in &self.prefilter_deny {
             let net = crate::dataplane::prefilter::parse_cidr(cidr).ok_or_else(|| {
@@ -588,6 +622,8 @@ impl AgentArgs {
             prefilter_deny,
             prefilter_deny_file: self.prefilter_deny_file.clone(),
             masquerade_interfaces,
+            nodeport_interfaces,
+            host_interfaces,
             tc_attach: self.tc_attach,
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),

@@ -183,7 +183,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &maps(IPCACHE4))?)),
         ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &maps(IPCACHE6))?)),
         policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &maps(POLICY))?)),
-        services: crate::dataplane::services::ServiceMaps::open(&paths)?,
+        services: crate::dataplane::services::ServiceMaps::open(&paths)?.for_node(&config.node),
     };
     // Standalone: the policy files are read now; Kubernetes: the watchers' initial lists gate the
     // first write (the node is not in sync until their first set).
@@ -431,7 +431,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let v4 = masquerade_pools;
         let (masq, modes) = crate::dataplane::masquerade::Masquerade::start(
             &paths,
-            &config.masquerade_interfaces,
+            &config.host_interfaces,
             &v4(&pools),
         )?;
         let (tx, rx) = std::sync::mpsc::channel();

@@ -17,7 +17,7 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use ipnetwork::Ipv4Network;
 use maps_schema::{
     MasqCidr, MasqInterface, Nat4Entry, Nat4Key,
-    nat::{DIR_EGRESS, DIR_INGRESS, timeout_secs},
+    nat::{DIR_EGRESS, DIR_INGRESS, IF_NO_MASQUERADE, IF_NODEPORT, timeout_secs},
     programs::{MASQ_EGRESS, MASQ_INGRESS},
 };
 
@@ -35,16 +35,22 @@ const PROGRAMS: [(&str, TcAttachType); 2] = [
     (MASQ_INGRESS, TcAttachType::Ingress),
 ];
 
-/// One `--masquerade-interfaces` item: `IFNAME` or `IFNAME=ADDRESS`.
+/// One `--masquerade-interfaces` or `--nodeport-interfaces` item: `IFNAME` or `IFNAME=ADDRESS`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MasqSpec {
     /// The interface.
     pub ifname: String,
-    /// The address to masquerade to; `None`: the interface's first IPv4 address.
+    /// The address to masquerade to and serve NodePorts on; `None`: the interface's first IPv4
+    /// address.
     pub address: Option<Ipv4Addr>,
+    /// Its roles (`masq_if` flags: `IF_NODEPORT`, `IF_NO_MASQUERADE`); from which flag named it,
+    /// so not dumped.
+    #[serde(skip)]
+    pub flags: u32,
 }
 
-/// Parses `IFNAME` or `IFNAME=ADDRESS` (an IPv4 address); `None` when malformed.
+/// Parses `IFNAME` or `IFNAME=ADDRESS` (an IPv4 address) of `--masquerade-interfaces`; `None` when
+/// malformed.
 #[must_use]
 pub fn parse_spec(text: &str) -> Option<MasqSpec> {
     let (ifname, address) = match text.split_once('=') {
@@ -55,7 +61,50 @@ pub fn parse_spec(text: &str) -> Option<MasqSpec> {
     valid.then(|| MasqSpec {
         ifname: ifname.to_owned(),
         address,
+        flags: 0,
     })
+}
+
+/// The host interfaces the programs serve: every masquerade interface, and every NodePort one
+/// (`IF_NODEPORT`; `IF_NO_MASQUERADE` unless it masquerades too). An interface in both lists
+/// must not name two different addresses: `Err` names it.
+pub fn host_interfaces(
+    masquerade: &[MasqSpec],
+    nodeport: &[MasqSpec],
+) -> Result<Vec<MasqSpec>, String> {
+    let mut out: BTreeMap<String, MasqSpec> = masquerade
+        .iter()
+        .map(|s| {
+            (
+                s.ifname.clone(),
+                MasqSpec {
+                    flags: 0,
+                    ..s.clone()
+                },
+            )
+        })
+        .collect();
+    for s in nodeport {
+        match out.get_mut(&s.ifname) {
+            Some(both) => {
+                if both.address.is_some() && s.address.is_some() && both.address != s.address {
+                    return Err(s.ifname.clone());
+                }
+                both.address = both.address.or(s.address);
+                both.flags = IF_NODEPORT;
+            }
+            None => {
+                out.insert(
+                    s.ifname.clone(),
+                    MasqSpec {
+                        flags: IF_NODEPORT | IF_NO_MASQUERADE,
+                        ..s.clone()
+                    },
+                );
+            }
+        }
+    }
+    Ok(out.into_values().collect())
 }
 
 /// Why a named interface cannot masquerade (yet).
@@ -90,11 +139,11 @@ pub type AttachedMode = (String, String, AttachMode);
 /// The masquerade's drivers: the interface and CIDR maps, and the program attachments.
 pub struct MasqDriver {
     io: Box<dyn HostTcIo>,
-    interfaces: BTreeMap<String, Option<Ipv4Addr>>,
+    interfaces: BTreeMap<String, (Option<Ipv4Addr>, u32)>,
     dirty: BTreeSet<String>,
     resync: bool,
     backoff: Backoff<String>,
-    resolved: BTreeMap<String, (u32, Ipv4Addr)>,
+    resolved: BTreeMap<String, (u32, Ipv4Addr, u32)>,
     ifaces: MapDriver<u32, MasqInterface>,
     cidrs: MapDriver<Prefix<[u8; 4]>, MasqCidr>,
     modes: BTreeMap<(String, String), AttachMode>,
@@ -120,10 +169,12 @@ impl MasqDriver {
         }
     }
 
-    /// The interfaces that masquerade. No kernel I/O.
+    /// The host interfaces served (masquerade, NodePorts: [`host_interfaces`]). No kernel I/O.
     pub fn set_interfaces(&mut self, specs: impl IntoIterator<Item = MasqSpec>) {
-        let new: BTreeMap<String, Option<Ipv4Addr>> =
-            specs.into_iter().map(|s| (s.ifname, s.address)).collect();
+        let new: BTreeMap<String, (Option<Ipv4Addr>, u32)> = specs
+            .into_iter()
+            .map(|s| (s.ifname, (s.address, s.flags)))
+            .collect();
         for (ifname, address) in self.interfaces.iter().chain(&new) {
             if self.interfaces.get(ifname) != new.get(ifname) || new.get(ifname) != Some(address) {
                 self.dirty.insert(ifname.clone());
@@ -179,12 +230,12 @@ impl MasqDriver {
         let desired = self
             .resolved
             .values()
-            .map(|(ifindex, addr)| {
+            .map(|(ifindex, addr, flags)| {
                 (
                     *ifindex,
                     MasqInterface {
                         addr: addr.octets(),
-                        _reserved: 0,
+                        flags: *flags,
                     },
                 )
             })
@@ -236,7 +287,7 @@ impl MasqDriver {
     }
 
     fn reconcile(&mut self, ifname: &str) -> Result<(), KernelError> {
-        let Some(configured) = self.interfaces.get(ifname).copied() else {
+        let Some((configured, flags)) = self.interfaces.get(ifname).copied() else {
             self.resolved.remove(ifname);
             let pinned = self.io.pinned()?;
             for (program, _) in PROGRAMS {
@@ -260,7 +311,8 @@ impl MasqDriver {
             self.resolved.remove(ifname);
             return Err(MasqInterfaceError::NoAddress(ifname.to_owned()).into());
         };
-        self.resolved.insert(ifname.to_owned(), (ifindex, addr));
+        self.resolved
+            .insert(ifname.to_owned(), (ifindex, addr, flags));
         for (program, _) in PROGRAMS {
             let key = (ifname.to_owned(), program.to_owned());
             let current = self.io.current(program);
@@ -689,12 +741,42 @@ mod tests {
     }
 
     #[test]
+    fn host_interfaces_merge_the_roles_and_refuse_two_addresses() {
+        let merged = host_interfaces(
+            &[spec("eth0"), spec("eth1=192.0.2.1")],
+            &[spec("eth1"), spec("eth2=198.51.100.2")],
+        )
+        .expect("compatible");
+        let roles: Vec<(&str, Option<Ipv4Addr>, u32)> = merged
+            .iter()
+            .map(|s| (s.ifname.as_str(), s.address, s.flags))
+            .collect();
+        assert_eq!(
+            roles,
+            vec![
+                ("eth0", None, 0),
+                ("eth1", Some(Ipv4Addr::new(192, 0, 2, 1)), IF_NODEPORT),
+                (
+                    "eth2",
+                    Some(Ipv4Addr::new(198, 51, 100, 2)),
+                    IF_NODEPORT | IF_NO_MASQUERADE
+                ),
+            ]
+        );
+        assert_eq!(
+            host_interfaces(&[spec("eth1=192.0.2.1")], &[spec("eth1=192.0.2.2")]),
+            Err("eth1".to_owned())
+        );
+    }
+
+    #[test]
     fn specs_parse_names_and_addresses() {
         assert_eq!(
             parse_spec("eth0"),
             Some(MasqSpec {
                 ifname: "eth0".into(),
-                address: None
+                address: None,
+                flags: 0,
             })
         );
         assert_eq!(
@@ -778,14 +860,14 @@ mod tests {
                     7,
                     MasqInterface {
                         addr: [192, 0, 2, 7],
-                        _reserved: 0
+                        flags: 0
                     }
                 ),
                 (
                     8,
                     MasqInterface {
                         addr: [198, 51, 100, 2],
-                        _reserved: 0
+                        flags: 0
                     }
                 ),
             ],

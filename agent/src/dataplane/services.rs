@@ -40,6 +40,8 @@ pub struct ServiceMaps {
     /// `svc_revnat4_v1`.
     pub revnat: MapDriver<u32, RevNat4>,
     ids: Ids,
+    /// This node's name: endpoints with it as `nodeName` are local backends.
+    node: String,
 }
 
 fn contents<K: std::hash::Hash + Eq, V>(m: std::collections::BTreeMap<K, V>) -> HashMap<K, V> {
@@ -60,7 +62,16 @@ impl ServiceMaps {
             backends: MapDriver::new(backends),
             revnat: MapDriver::new(revnat),
             ids: Ids::default(),
+            node: String::new(),
         }
+    }
+
+    /// The node whose endpoints are local (NodePorts translate to them without a source change,
+    /// and `externalTrafficPolicy: Local` serves only them). Call before the first [`Self::set`].
+    #[must_use]
+    pub fn for_node(mut self, node: &str) -> Self {
+        node.clone_into(&mut self.node);
+        self
     }
 
     /// Drivers over the pinned maps under `paths`.
@@ -88,7 +99,7 @@ impl ServiceMaps {
             slots,
             backends,
             revnat,
-        } = desired::compute(services, slices, &mut self.ids);
+        } = desired::compute(services, slices, &mut self.ids, &self.node);
         self.frontends.replace_all(contents(frontends));
         self.slots.replace_all(contents(slots));
         self.backends.replace_all(contents(backends));

@@ -57,6 +57,27 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
         }
         cluster_ips.push(ip);
     }
+    let node_ports = match spec.type_.as_deref() {
+        // An ExternalName Service is a DNS name: it has no cluster IP, so nothing is translated.
+        None | Some("ClusterIP" | "ExternalName") => false,
+        Some("NodePort" | "LoadBalancer") => true,
+        Some(other) => {
+            return Err(ConvertError::invalid(
+                "spec.type",
+                format!("{other:?} is not ClusterIP, NodePort, LoadBalancer or ExternalName"),
+            ));
+        }
+    };
+    let external_local = match spec.external_traffic_policy.as_deref() {
+        None | Some("Cluster") => false,
+        Some("Local") => true,
+        Some(other) => {
+            return Err(ConvertError::invalid(
+                "spec.externalTrafficPolicy",
+                format!("{other:?} is not Cluster or Local"),
+            ));
+        }
+    };
     let listed = spec.ports.clone().unwrap_or_default();
     let mut ports: Vec<ServicePort> = Vec::with_capacity(listed.len());
     for (i, p) in listed.iter().enumerate() {
@@ -86,11 +107,32 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
             ));
         }
         let target = target_port(p.target_port.as_ref(), port, &format!("{at}.targetPort"))?;
+        let node_port = match (node_ports, p.node_port) {
+            (false, _) => None,
+            (true, Some(n)) => Some(port_number(n, &format!("{at}.nodePort"))?),
+            (true, None) => {
+                return Err(ConvertError::Missing {
+                    field: format!("{at}.nodePort"),
+                    hint: "give every port of a NodePort Service its nodePort (the API server allocates one; the directory has no allocator)",
+                });
+            }
+        };
+        if let Some(n) = node_port
+            && ports
+                .iter()
+                .any(|q| q.node_port == Some(n) && q.protocol == protocol)
+        {
+            return Err(ConvertError::invalid(
+                format!("{at}.nodePort"),
+                format!("nodePort {n} is listed twice for the same protocol"),
+            ));
+        }
         ports.push(ServicePort {
             name,
             protocol,
             port,
             target,
+            node_port,
         });
     }
     let affinity = match spec.session_affinity.as_deref() {
@@ -128,6 +170,7 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
         cluster_ips,
         ports,
         affinity,
+        external_local,
     })
 }
 

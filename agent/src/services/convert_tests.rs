@@ -105,6 +105,26 @@ fn bad_services_and_slices_name_file_line_and_field() {
             "timeoutSeconds",
         ),
         (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: NodePort, ports: [{port: 80}]}\n",
+            "spec.ports[0].nodePort is missing",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: NodePort, ports: [{name: a, port: 80, nodePort: 30080}, {name: b, port: 81, nodePort: 30080}]}\n",
+            "spec.ports[1].nodePort",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: NodePort, ports: [{port: 80, nodePort: 70000}]}\n",
+            "spec.ports[0].nodePort",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: Gateway}\n",
+            "spec.type",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: NodePort, externalTrafficPolicy: Nearby, ports: [{port: 80, nodePort: 30080}]}\n",
+            "spec.externalTrafficPolicy",
+        ),
+        (
             "kind: EndpointSlice\nmetadata: {name: x}\naddressType: IPv4\n",
             "kubernetes.io/service-name",
         ),

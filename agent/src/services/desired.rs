@@ -1,7 +1,8 @@
 //! The service maps' desired contents (IPv4), computed from the model with no kernel I/O: every
-//! frontend (cluster IP, port, protocol) of every Service, its ready backends in slot order
-//! (sorted by address and port, so the order does not depend on the slices' order), and reverse
-//! NAT. Ids are stable: a frontend or backend keeps its id for as long as it exists, so one
+//! frontend (cluster IP, port, protocol; a NodePort as `NODEPORT_ANY`, its port, protocol, with
+//! only this node's backends under `externalTrafficPolicy: Local`) of every Service, its ready
+//! backends in slot order (sorted by address and port, so the order does not depend on the
+//! slices' order; this node's flagged local), and reverse NAT. Ids are stable: a frontend or backend keeps its id for as long as it exists, so one
 //! Service changing changes only its own keys; freed ids are reused lowest first.
 
 use std::{
@@ -10,7 +11,8 @@ use std::{
 };
 
 use maps_schema::service::{
-    Backend4, MAX_SLOTS, RevNat4, SVC_FLAG_AFFINITY, SlotKey, SlotValue, Svc4Key, Svc4Value,
+    BACKEND_FLAG_LOCAL, Backend4, MAX_SLOTS, NODEPORT_ANY, RevNat4, SVC_FLAG_AFFINITY,
+    SVC_FLAG_EXTERNAL_LOCAL, SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
 use super::model::{EndpointSlice, Service, ServicePort, SessionAffinity, TargetPort};
@@ -72,8 +74,15 @@ pub(crate) fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<
     }
 }
 
-/// The ready IPv4 backends of one Service port, sorted, at most [`MAX_SLOTS`].
-fn backends_of(service: &Service, port: &ServicePort, slices: &Slices) -> Vec<Backend4> {
+/// The ready IPv4 backends of one Service port, sorted, at most [`MAX_SLOTS`]; those whose
+/// `nodeName` is `node` are flagged local; `local_only` keeps only those.
+fn backends_of(
+    service: &Service,
+    port: &ServicePort,
+    slices: &Slices,
+    node: &str,
+    local_only: bool,
+) -> Vec<Backend4> {
     let mut set = BTreeSet::new();
     for slice in slices
         .values()
@@ -83,13 +92,17 @@ fn backends_of(service: &Service, port: &ServicePort, slices: &Slices) -> Vec<Ba
             continue;
         };
         for e in slice.endpoints.iter().filter(|e| e.serves_new_flows()) {
+            let local = !node.is_empty() && e.node.as_deref() == Some(node);
+            if local_only && !local {
+                continue;
+            }
             for addr in &e.addresses {
                 if let IpAddr::V4(v4) = addr {
                     set.insert(Backend4 {
                         addr: v4.octets(),
                         port: target,
                         protocol: port.protocol,
-                        pad: 0,
+                        flags: if local { BACKEND_FLAG_LOCAL } else { 0 },
                     });
                 }
             }
@@ -98,26 +111,38 @@ fn backends_of(service: &Service, port: &ServicePort, slices: &Slices) -> Vec<Ba
     set.into_iter().take(MAX_SLOTS as usize).collect()
 }
 
-/// Computes the desired maps, keeping ids stable through `ids`.
+/// Computes the desired maps for node `node` (whose endpoints are local; empty: none is),
+/// keeping ids stable through `ids`. A frontend two Services claim (the same cluster IP or
+/// NodePort, port and protocol) goes to the first by namespace and name.
 #[must_use]
-pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids) -> Desired {
+pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids, node: &str) -> Desired {
     let mut frontends: Vec<(Svc4Key, RevNat4, Vec<Backend4>, &Service)> = Vec::new();
+    let mut claimed = BTreeSet::new();
     for service in services.values() {
-        for ip in &service.cluster_ips {
-            let IpAddr::V4(v4) = ip else { continue };
-            for port in &service.ports {
+        for port in &service.ports {
+            let cluster = service.cluster_ips.iter().filter_map(|ip| match ip {
+                IpAddr::V4(v4) => Some((v4.octets(), port.port, false)),
+                IpAddr::V6(_) => None,
+            });
+            let node_port = port.node_port.map(|n| (NODEPORT_ANY, n, true));
+            for (addr, frontend_port, is_node_port) in cluster.chain(node_port) {
                 let key = Svc4Key {
-                    addr: v4.octets(),
-                    port: port.port,
+                    addr,
+                    port: frontend_port,
                     protocol: port.protocol,
                     pad: 0,
                 };
+                if !claimed.insert(key) {
+                    continue;
+                }
                 let revnat = RevNat4 {
-                    addr: v4.octets(),
-                    port: port.port,
+                    addr,
+                    port: frontend_port,
                     pad: 0,
                 };
-                frontends.push((key, revnat, backends_of(service, port, slices), service));
+                let local_only = is_node_port && service.external_local;
+                let backends = backends_of(service, port, slices, node, local_only);
+                frontends.push((key, revnat, backends, service));
             }
         }
     }
@@ -131,10 +156,13 @@ pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids) -> Desired {
         let Some(&service_id) = ids.services.get(&key) else {
             continue;
         };
-        let (flags, affinity_timeout_secs) = match service.affinity {
+        let (mut flags, affinity_timeout_secs) = match service.affinity {
             SessionAffinity::None => (0, 0),
             SessionAffinity::ClientIp { timeout_seconds } => (SVC_FLAG_AFFINITY, timeout_seconds),
         };
+        if key.addr == NODEPORT_ANY && service.external_local {
+            flags |= SVC_FLAG_EXTERNAL_LOCAL;
+        }
         let mut count: u16 = 0;
         for backend in &backends {
             let Some(&backend_id) = ids.backends.get(backend) else {

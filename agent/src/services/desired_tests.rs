@@ -30,7 +30,7 @@ fn set(docs: &[String]) -> PolicySet {
 }
 
 fn run(set: &PolicySet, ids: &mut Ids) -> Desired {
-    compute(&set.services, &set.endpoint_slices, ids)
+    compute(&set.services, &set.endpoint_slices, ids, "")
 }
 
 fn key(vip: [u8; 4]) -> Svc4Key {
@@ -171,4 +171,92 @@ fn affinity_is_carried_and_a_slice_of_another_service_is_ignored() {
         ([10, 0, 0, 1], 80),
         "a portless slice: the numbered targetPort"
     );
+}
+
+#[test]
+fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
+    use maps_schema::service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY, SVC_FLAG_EXTERNAL_LOCAL};
+    let doc = |name: &str, vip: &str, node_port: u16, policy: &str| {
+        format!(
+            "kind: Service\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{type: NodePort, externalTrafficPolicy: {policy}, clusterIP: {vip}, ports: [{{name: http, port: 80, targetPort: http, nodePort: {node_port}}}]}}\n---\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: prod, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n- {{addresses: [10.0.0.1], nodeName: n1}}\n- {{addresses: [10.0.1.1], nodeName: n2}}\n- {{addresses: [10.0.1.2], nodeName: n2, conditions: {{ready: false}}}}\n"
+        )
+    };
+    let set = set(&[
+        doc("cluster", "10.96.0.1", 30080, "Cluster"),
+        doc("local", "10.96.0.2", 30081, "Local"),
+    ]);
+    let d = compute(
+        &set.services,
+        &set.endpoint_slices,
+        &mut Ids::default(),
+        "n1",
+    );
+    let frontend = |port: u16| {
+        let k = Svc4Key {
+            addr: NODEPORT_ANY,
+            port,
+            protocol: 6,
+            pad: 0,
+        };
+        let f = d.frontends[&k];
+        let backends: Vec<([u8; 4], u8)> = (0..f.backend_count)
+            .map(|slot| {
+                let id = d.slots[&SlotKey {
+                    service_id: f.service_id,
+                    slot,
+                    pad: 0,
+                }]
+                    .backend_id;
+                (d.backends[&id].addr, d.backends[&id].flags)
+            })
+            .collect();
+        (f, backends, d.revnat[&f.service_id])
+    };
+    let (cluster, backends, revnat) = frontend(30080);
+    assert_eq!(
+        backends,
+        vec![([10, 0, 0, 1], BACKEND_FLAG_LOCAL), ([10, 0, 1, 1], 0)],
+        "Cluster: every ready endpoint, this node's flagged local"
+    );
+    assert_eq!(cluster.flags & SVC_FLAG_EXTERNAL_LOCAL, 0);
+    assert_eq!((revnat.addr, revnat.port), (NODEPORT_ANY, 30080));
+    let (local, backends, _) = frontend(30081);
+    assert_eq!(
+        backends,
+        vec![([10, 0, 0, 1], BACKEND_FLAG_LOCAL)],
+        "Local: this node's ready endpoints only"
+    );
+    assert_ne!(local.flags & SVC_FLAG_EXTERNAL_LOCAL, 0);
+    // The ClusterIP frontend of a NodePort Service keeps every ready backend.
+    assert_eq!(slot_backends(&d, [10, 96, 0, 2]).len(), 2);
+    // A node that is neither: under Local nothing serves, so the NodePort rejects.
+    let other = compute(
+        &set.services,
+        &set.endpoint_slices,
+        &mut Ids::default(),
+        "n3",
+    );
+    let k = Svc4Key {
+        addr: NODEPORT_ANY,
+        port: 30081,
+        protocol: 6,
+        pad: 0,
+    };
+    assert_eq!(other.frontends[&k].backend_count, 0);
+}
+
+#[test]
+fn a_frontend_two_services_claim_goes_to_the_first() {
+    let set = set(&[
+        service("a", "10.96.0.9"),
+        slice("a", &[("10.0.0.1", true)]),
+        service("b", "10.96.0.9"),
+        slice("b", &[("10.0.0.2", true)]),
+    ]);
+    let d = run(&set, &mut Ids::default());
+    let backends: Vec<[u8; 4]> = slot_backends(&d, [10, 96, 0, 9])
+        .iter()
+        .map(|b| b.addr)
+        .collect();
+    assert_eq!(backends, vec![[10, 0, 0, 1]], "prod/a, not a mix of both");
 }

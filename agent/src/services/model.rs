@@ -3,7 +3,8 @@
 
 use std::net::IpAddr;
 
-/// One Service (ClusterIP only in this slice; other types keep their ClusterIP frontends).
+/// One Service: its ClusterIP frontends and, for `type: NodePort` and `LoadBalancer`, its
+/// NodePorts (served on the host interfaces `--nodeport-interfaces` names).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     /// Namespace.
@@ -16,6 +17,10 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// `spec.sessionAffinity` with its timeout.
     pub affinity: SessionAffinity,
+    /// `spec.externalTrafficPolicy: Local`: NodePort traffic goes to this node's endpoints only
+    /// and keeps the client's address (else `Cluster`: any endpoint; another node's sees this
+    /// node's address).
+    pub external_local: bool,
 }
 
 /// One port of a Service.
@@ -29,6 +34,8 @@ pub struct ServicePort {
     pub port: u16,
     /// `targetPort` (absent: the same number as `port`).
     pub target: TargetPort,
+    /// `nodePort` of a `NodePort` or `LoadBalancer` Service (`None` for other types).
+    pub node_port: Option<u16>,
 }
 
 /// Where a Service port sends to on the backend.

@@ -21,8 +21,13 @@ use crate::policy::warnings::protocol_name;
 pub struct ServiceView {
     /// `namespace/name` of the Service.
     pub service: String,
-    /// `cluster-ip:port/protocol` (`10.96.0.10:80/tcp`, `[fd00::10]:80/tcp`).
+    /// `cluster-ip:port/protocol` (`10.96.0.10:80/tcp`, `[fd00::10]:80/tcp`); a NodePort is
+    /// `*:node-port/protocol` (served on the addresses of `--nodeport-interfaces`).
     pub frontend: String,
+    /// `Local` for a NodePort of a Service with `externalTrafficPolicy: Local` (only this
+    /// node's endpoints serve it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<String>,
     /// The Service port's name (empty for a Service's one unnamed port).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub port_name: String,
@@ -117,8 +122,8 @@ fn backends(
         .collect()
 }
 
-/// Every frontend of every Service, by (namespace, name), then cluster IP, then port; a headless
-/// Service has none.
+/// Every frontend of every Service, by (namespace, name), then cluster IP, then port, then its
+/// NodePorts; a headless ClusterIP Service has none.
 #[must_use]
 pub fn views(services: &Services, slices: &Slices) -> Vec<ServiceView> {
     let mut out = Vec::new();
@@ -137,10 +142,27 @@ pub fn views(services: &Services, slices: &Slices) -> Vec<ServiceView> {
                         protocol_name(port.protocol).to_lowercase()
                     ),
                     port_name: port.name.clone(),
+                    external_traffic_policy: None,
                     affinity_timeout_seconds,
                     backends: backends(service, *ip, port, slices),
                 });
             }
+        }
+        for port in &service.ports {
+            let Some(node_port) = port.node_port else {
+                continue;
+            };
+            out.push(ServiceView {
+                service: format!("{}/{}", service.namespace, service.name),
+                frontend: format!(
+                    "*:{node_port}/{}",
+                    protocol_name(port.protocol).to_lowercase()
+                ),
+                port_name: port.name.clone(),
+                external_traffic_policy: service.external_local.then(|| "Local".to_owned()),
+                affinity_timeout_seconds,
+                backends: backends(service, IpAddr::from([0u8; 4]), port, slices),
+            });
         }
     }
     out
