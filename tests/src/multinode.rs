@@ -128,6 +128,16 @@ impl Cluster {
 
     /// Adds node number `self.nodes.len()`: its namespace joined to the bridge, and its agent.
     pub fn add_node(&mut self) -> &mut Node {
+        self.add_node_with(|_, _| Vec::new())
+    }
+
+    /// [`Self::add_node`], with `prepare` run in between: given the node's namespace and its
+    /// underlay link's name, it sets up what the node needs before its agent starts and returns
+    /// the agent's extra flags for this node.
+    pub fn add_node_with(
+        &mut self,
+        prepare: impl FnOnce(&NetNs, &str) -> Vec<String>,
+    ) -> &mut Node {
         let i = self.nodes.len();
         let name = format!("wt-node-{i}");
         let address = format!("10.99.0.{}", 11 + i);
@@ -152,9 +162,11 @@ impl Cluster {
         ns.exec(&["ip", "addr", "add", &format!("{address}/24"), "dev", &inner]);
         ns.exec(&["ip", "link", "set", &inner, "up"]);
         ns.exec(&["ip", "link", "set", "lo", "up"]);
+        let own = prepare(&ns, &inner);
         let datastore = Self::datastore();
         let mut flags: Vec<&str> = vec!["--datastore", &datastore, "--node", &name];
         flags.extend(self.extra.iter().map(String::as_str));
+        flags.extend(own.iter().map(String::as_str));
         let cni = CniNode::start_in(ns, &flags);
         self.nodes.push(Some(Node {
             cni,

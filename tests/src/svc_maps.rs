@@ -50,7 +50,7 @@ pub fn write_service(ebpf: &mut Ebpf, f: &Frontend<'_>) {
                 addr: addr.octets(),
                 port: *port,
                 protocol: f.protocol,
-                pad: 0,
+                flags: 0,
             };
             m.insert(bid, &b, 0).expect("insert backend");
         }

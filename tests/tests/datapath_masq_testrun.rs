@@ -128,7 +128,7 @@ impl Lab {
                 HashMap::try_from(ebpf.map_mut(maps::MASQ_IF).expect("masq_if")).expect("hash");
             let value = MasqInterface {
                 addr: NODE.octets(),
-                _reserved: 0,
+                flags: 0,
             };
             m.insert(&LO, &value, 0).expect("insert masq_if");
         }

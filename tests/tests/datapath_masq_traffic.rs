@@ -169,7 +169,7 @@ fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
             &ifindex,
             &MasqInterface {
                 addr: NODE.octets(),
-                _reserved: 0,
+                flags: 0,
             },
             0,
         )

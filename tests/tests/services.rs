@@ -19,7 +19,8 @@ use std::{
 };
 
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicySpec,
 };
 use serde_json::Value;
 use tests::{
@@ -615,5 +616,125 @@ fn egress_policy_toward_a_service_is_decided_by_its_backends_identities() {
             connect(free_pod, to, Duration::from_millis(700)).is_some(),
             "free → {app} pod {to} directly (positive control)"
         );
+    }
+}
+
+/// An ingress policy for pods labelled `app` allowing only `from_app` pods.
+fn ingress_policy(app: &str, from_app: &str) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("{app}-ingress")),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(match_labels(&[("app", app)])),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(match_labels(&[("app", from_app)])),
+                    ..Default::default()
+                }]),
+                ports: None,
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// One UDP query from `pod` to `to`: the answer's source and text, if one came.
+fn udp_query(pod: &Pod<'_>, to: SocketAddr) -> Option<(SocketAddr, String)> {
+    pod.ns.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").expect("bind the UDP socket");
+        s.set_read_timeout(Some(Duration::from_secs(1)))
+            .expect("timeout");
+        s.send_to(b"who", to).expect("send");
+        let mut buf = [0u8; 64];
+        let (n, from) = s.recv_from(&mut buf).ok()?;
+        Some((from, String::from_utf8_lossy(&buf[..n]).into_owned()))
+    })
+}
+
+#[test]
+fn a_pod_reaches_itself_through_its_service_judged_as_itself() {
+    if !require_root("a_pod_reaches_itself_through_its_service_judged_as_itself") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let (node, agent) = node_with_agent(&root, &dirs);
+    // `echo` is the Service's only backend and its own client (hairpin); `other` is a client
+    // with other labels, whose reach shows each policy is in force.
+    let echo = pod(&node, &agent, "echo", "echo");
+    serve(&echo, "echo");
+    let other = pod(&node, &agent, "other", "other");
+    let cluster_ip = "10.96.0.30";
+    let frontend: SocketAddr = format!("{cluster_ip}:80").parse().expect("frontend");
+    let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("udp frontend");
+    let service = service_docs("echo", cluster_ip, &[(echo.ip.as_str(), READY)]);
+    let file = dirs.path("policies").join("all.yaml");
+    let model_pod = |app: &str| ModelPod {
+        namespace: "default".into(),
+        labels: labels(&[("app", app)]),
+    };
+
+    // No policy, then ingress to `echo` from itself only, then from `other` only: each time
+    // both clients connect (several new connections each) as the model says.
+    for from in [None, Some("echo"), Some("other")] {
+        let model = Model {
+            namespaces: [("default".to_owned(), labels(&[]))].into_iter().collect(),
+            policies: from
+                .map(|f| ingress_policy("echo", f))
+                .into_iter()
+                .collect(),
+            ..Model::default()
+        };
+        write_atomically(&file, &format!("{}\n---\n{service}", model.manifest()));
+        wait_listed(&agent, "echo", cluster_ip, &[(echo.ip.clone(), "ready")]);
+        let expect = |client: &str| {
+            model.allows(
+                Source::Pod(&model_pod(client)),
+                &model_pod("echo"),
+                TCP_PORT,
+            )
+        };
+        let (self_allowed, other_allowed) = (expect("echo"), expect("other"));
+        let what = format!("ingress to echo from {from:?}");
+        // The agent applies the policy file a moment after it lists the Service.
+        wait_for(&format!("{what}: the clients' reach settles"), || {
+            let hairpin = connect(&echo, frontend, Duration::from_millis(700)).is_some();
+            let across = connect(&other, frontend, Duration::from_millis(700)).is_some();
+            hairpin == self_allowed && across == other_allowed
+        });
+        for i in 0..5 {
+            let conn = connect(&echo, frontend, Duration::from_millis(700));
+            assert_eq!(
+                conn.is_some(),
+                self_allowed,
+                "{what}: hairpin connection {i} (model: {self_allowed})"
+            );
+            if let Some(mut conn) = conn {
+                assert_eq!(conn.backend, "echo");
+                assert_eq!(
+                    conn.reader.get_ref().peer_addr().expect("peer"),
+                    frontend,
+                    "{what}: the hairpin connection's peer is the ClusterIP"
+                );
+                let line = format!("hairpin {i}");
+                assert_eq!(conn.echo(&line).expect("echo"), line, "{what}: data flows");
+            }
+            let across = connect(&other, frontend, Duration::from_millis(700)).is_some();
+            assert_eq!(across, other_allowed, "{what}: other → echo {i}");
+            let answer = udp_query(&echo, udp_frontend);
+            if self_allowed {
+                assert_eq!(
+                    answer,
+                    Some((udp_frontend, "echo".to_owned())),
+                    "{what}: a hairpin UDP query is answered from the ClusterIP"
+                );
+            } else {
+                assert_eq!(answer, None, "{what}: a hairpin UDP query is refused");
+            }
+        }
     }
 }
