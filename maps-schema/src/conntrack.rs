@@ -106,8 +106,8 @@ pub struct Ct6Key {
 assert_size!(Ct6Key, 40);
 user_pod!(Ct6Key);
 
-/// Conntrack value, both families, layout version 2 (the current one): layout 1 plus
-/// `created_ns`. Layouts only ever append fields, so a value of a newer layout starts with the
+/// Conntrack value, both families, layout version 3 (the current one): layout 2 plus
+/// `rev_nat`. Layouts only ever append fields, so a value of a newer layout starts with the
 /// value of every older one (an older release can read the prefix it knows).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -121,12 +121,37 @@ pub struct CtEntry {
     /// First packet, same clock (layout 2). An entry converted from layout 1 gets its
     /// `last_seen_ns`, the oldest time known for it.
     pub created_ns: u64,
+    /// The service id (`svc_revnat4_v1` key) whose frontend the opener sent this flow to, or 0:
+    /// a reply entering the opener gets that frontend as its source (layout 3). `from_endpoint`
+    /// sets it on the flow's entry when it translates the flow. An entry converted from layout 2
+    /// gets it from the flow's reply entry in `svc_ct4_v1`, where layout 2 kept it.
+    pub rev_nat: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
 }
-assert_size!(CtEntry, 24);
+assert_size!(CtEntry, 32);
 user_pod!(CtEntry);
 
+/// Conntrack value of layout version 2 (`ct4_v2`, `ct6_v2`): kept so the agent can convert
+/// conntrack forward and back, and for the test-only `ct-v2` build of the programs (the previous
+/// release), which keeps a translated flow's reverse NAT in `svc_ct4_v1` instead.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CtEntryV2 {
+    /// As [`CtEntry::last_seen_ns`].
+    pub last_seen_ns: u64,
+    /// As [`CtEntry::flags`].
+    pub flags: u32,
+    /// Reserved; always zero.
+    pub _reserved: u32,
+    /// As [`CtEntry::created_ns`].
+    pub created_ns: u64,
+}
+assert_size!(CtEntryV2, 24);
+user_pod!(CtEntryV2);
+
 /// Conntrack value of layout version 1 (`ct4_v1`, `ct6_v1`): kept so the agent can convert
-/// conntrack forward and back, and for the test-only `ct-v1` build of the programs.
+/// conntrack forward and back.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CtEntryV1 {
@@ -140,8 +165,8 @@ pub struct CtEntryV1 {
 assert_size!(CtEntryV1, 16);
 user_pod!(CtEntryV1);
 
-/// The conntrack layout version of [`CtEntry`] (the map names end in `_v2`).
-pub const LAYOUT: u32 = 2;
+/// The conntrack layout version of [`CtEntry`] (the map names end in `_v3`).
+pub const LAYOUT: u32 = 3;
 /// The oldest conntrack layout this release converts from and back to.
 pub const OLDEST_LAYOUT: u32 = 1;
 
@@ -150,7 +175,8 @@ pub const OLDEST_LAYOUT: u32 = 1;
 pub const fn value_size(version: u32) -> Option<u32> {
     match version {
         1 => Some(core::mem::size_of::<CtEntryV1>() as u32),
-        2 => Some(core::mem::size_of::<CtEntry>() as u32),
+        2 => Some(core::mem::size_of::<CtEntryV2>() as u32),
+        3 => Some(core::mem::size_of::<CtEntry>() as u32),
         _ => None,
     }
 }
@@ -174,6 +200,35 @@ impl CtEntryV1 {
             flags: self.flags,
             _reserved: 0,
             created_ns: self.last_seen_ns,
+            rev_nat: 0,
+            _pad: 0,
+        }
+    }
+}
+
+impl CtEntryV2 {
+    /// A new entry seen first at `now_ns`.
+    #[must_use]
+    pub const fn new(now_ns: u64, flags: u32) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            flags,
+            _reserved: 0,
+            created_ns: now_ns,
+        }
+    }
+
+    /// Converted to the current layout, with no reverse NAT (the migration fills it in from
+    /// `svc_ct4_v1`).
+    #[must_use]
+    pub const fn upgrade(self) -> CtEntry {
+        CtEntry {
+            last_seen_ns: self.last_seen_ns,
+            flags: self.flags,
+            _reserved: 0,
+            created_ns: self.created_ns,
+            rev_nat: 0,
+            _pad: 0,
         }
     }
 }
@@ -187,6 +242,8 @@ impl CtEntry {
             flags,
             _reserved: 0,
             created_ns: now_ns,
+            rev_nat: 0,
+            _pad: 0,
         }
     }
 
@@ -197,6 +254,18 @@ impl CtEntry {
             last_seen_ns: self.last_seen_ns,
             flags: self.flags,
             _reserved: 0,
+        }
+    }
+
+    /// Converted back to layout 2 (its prefix; the migration writes the reverse NAT into
+    /// `svc_ct4_v1`, where layout 2 keeps it).
+    #[must_use]
+    pub const fn downgrade_v2(self) -> CtEntryV2 {
+        CtEntryV2 {
+            last_seen_ns: self.last_seen_ns,
+            flags: self.flags,
+            _reserved: 0,
+            created_ns: self.created_ns,
         }
     }
 

@@ -25,7 +25,7 @@ pub mod service;
 pub mod service_ct;
 pub mod trace;
 
-pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1};
+pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1, CtEntryV2};
 pub use counters::{CounterKey, CounterValue};
 pub use endpoint::EndpointInfo;
 pub use events::DropEvent;

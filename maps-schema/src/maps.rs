@@ -35,9 +35,9 @@ pub const POLICY_MAX: u32 = 262_144;
 
 /// [`crate::Ct4Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
 /// Conntrack layout [`crate::conntrack::LAYOUT`]; the agent migrates older layouts' entries.
-pub const CT4: &str = "ct4_v2";
+pub const CT4: &str = "ct4_v3";
 /// [`crate::Ct6Key`] → [`crate::CtEntry`], LRU. Written by the programs, swept by the agent.
-pub const CT6: &str = "ct6_v2";
+pub const CT6: &str = "ct6_v3";
 /// Name stem of the IPv4 conntrack map (`ct4_v<layout>`).
 pub const CT4_STEM: &str = "ct4";
 /// Name stem of the IPv6 conntrack map (`ct6_v<layout>`).
