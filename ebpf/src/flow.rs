@@ -134,6 +134,12 @@ fn stateful<F: Family>(
         if tcp {
             flags |= tcp_state(p.tcp_flags, true);
         }
+        #[cfg(not(feature = "ct-v2"))]
+        let new = Ct {
+            rev_nat: p.rev_nat,
+            ..Ct::new(now, flags)
+        };
+        #[cfg(feature = "ct-v2")]
         let new = Ct::new(now, flags);
         return match F::ct_insert(&key, &new) {
             Ok(()) => {

@@ -87,6 +87,7 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
         class: Class::Flow,
         inner: Tuple::zero(),
         note,
+        rev_nat: 0,
     };
     if proto == IPPROTO_ICMP {
         icmp(pkt, off, &mut parsed)?;

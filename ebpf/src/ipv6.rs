@@ -122,6 +122,7 @@ pub(crate) fn parse(pkt: &Packet) -> Result<Parsed<Addr>, Reason> {
         } else {
             None
         },
+        rev_nat: 0,
     };
     if proto == IPPROTO_ICMPV6 {
         icmp(pkt, off, &mut parsed)?;

@@ -53,22 +53,22 @@ pub(crate) static IPCACHE6: LpmTrie<[u8; 16], IdentityInfo, { IPCACHE_MAX as usi
 pub(crate) static POLICY: HashMap<PolicyKey, PolicyValue, { POLICY_MAX as usize }, AGENT_HASH> =
     HashMap::new();
 
-/// The conntrack value this build writes: the current layout, or layout 1 in the test-only
-/// `ct-v1` build (the "previous release" of the agent's migration tests).
-#[cfg(not(feature = "ct-v1"))]
+/// The conntrack value this build writes: the current layout, or layout 2 in the test-only
+/// `ct-v2` build (the "previous release" of the agent's migration tests).
+#[cfg(not(feature = "ct-v2"))]
 pub(crate) type Ct = maps_schema::CtEntry;
-/// The conntrack value this build writes (layout 1: the test-only `ct-v1` build).
-#[cfg(feature = "ct-v1")]
-pub(crate) type Ct = maps_schema::CtEntryV1;
+/// The conntrack value this build writes (layout 2: the test-only `ct-v2` build).
+#[cfg(feature = "ct-v2")]
+pub(crate) type Ct = maps_schema::CtEntryV2;
 
 /// IPv4 conntrack, written by the programs.
-#[cfg_attr(not(feature = "ct-v1"), btf_map(name = "ct4_v2", pin_by_name))]
-#[cfg_attr(feature = "ct-v1", btf_map(name = "ct4_v1", pin_by_name))]
+#[cfg_attr(not(feature = "ct-v2"), btf_map(name = "ct4_v3", pin_by_name))]
+#[cfg_attr(feature = "ct-v2", btf_map(name = "ct4_v2", pin_by_name))]
 pub(crate) static CT4: LruHashMap<Ct4Key, Ct, { CT_MAX as usize }> = LruHashMap::new();
 
 /// IPv6 conntrack, written by the programs.
-#[cfg_attr(not(feature = "ct-v1"), btf_map(name = "ct6_v2", pin_by_name))]
-#[cfg_attr(feature = "ct-v1", btf_map(name = "ct6_v1", pin_by_name))]
+#[cfg_attr(not(feature = "ct-v2"), btf_map(name = "ct6_v3", pin_by_name))]
+#[cfg_attr(feature = "ct-v2", btf_map(name = "ct6_v2", pin_by_name))]
 pub(crate) static CT6: LruHashMap<Ct6Key, Ct, { CT_MAX as usize }> = LruHashMap::new();
 
 /// IPv4 prefilter deny CIDRs.

@@ -140,6 +140,9 @@ pub(crate) struct Parsed<A: Copy> {
     pub(crate) inner: Tuple<A>,
     /// A note counter to bump beside the verdict (IPv4 options, IPv6 extension headers).
     pub(crate) note: Option<Reason>,
+    /// The service id of the frontend this packet was sent to before its translation, or 0: a
+    /// conntrack entry the packet creates records it, for the replies (`service`).
+    pub(crate) rev_nat: u32,
 }
 
 /// TCP flag bits.

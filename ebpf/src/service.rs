@@ -1,16 +1,20 @@
 //! ClusterIP services (IPv4 TCP and UDP, `maps_schema::service`): `from_endpoint` translates a
 //! packet to a frontend into one to a backend **before** conntrack and policy, so egress policy
 //! judges the backend's identity; the client's `to_endpoint` rewrites a reply's source back to the
-//! frontend. A flow keeps the backend it was given (`svc_ct4`, `maps_schema::service_ct`) while
+//! frontend its conntrack entry names (`rev_nat`, conntrack layout 3; the test-only `ct-v2` build
+//! of the previous release finds it in `svc_ct4`'s reply entry). A flow keeps the backend it was
+//! given (`svc_ct4`, `maps_schema::service_ct`) while
 //! the service's slots change; only a new flow (or a new TCP connection on a tuple whose backend
 //! is gone) is placed by `backend_slot(flow_hash(..))`.
 //!
 //! ICMP errors about translated flows are translated back in `service_related`.
 //!
-//! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one `svc_ct4`
+//! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one conntrack
 //! lookup in `to_endpoint` (TCP and UDP only).
 
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcContext};
+#[cfg(not(feature = "ct-v2"))]
+use maps_schema::conntrack::FLAG_OPENER_IS_B;
 use maps_schema::{
     EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
     reason::{
@@ -115,7 +119,7 @@ pub(crate) fn decide_v4(
         if !is_pass(reason) {
             return reason;
         }
-        return reply(ctx, pkt, &p.tuple, seen.trace, reason);
+        return reply(ctx, pkt, &p.tuple, reason);
     }
     // A forged source is dropped by `decide` before anything is looked up for it.
     if !V4::owns(ep, &p.tuple.src) {
@@ -143,11 +147,13 @@ pub(crate) fn decide_v4(
     p.tuple.dst = tr.addr;
     p.tuple.dport = tr.port();
     p.policy_port = tr.port();
+    // A conntrack entry this packet creates keeps the frontend for the replies.
+    p.rev_nat = tr.service_id;
     let reason = decide::<V4>(ep, seen, &p, rule);
     if !is_pass(reason) {
         return reason;
     }
-    if !seen.trace && record(&p.tuple, vip, vport, &tr).is_err() {
+    if !seen.trace && record_flow(&p.tuple, vip, vport, &tr).is_err() {
         return DROP_CT_INSERT_FAILED;
     }
     let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
@@ -303,27 +309,35 @@ pub(crate) fn frontend(
     Ok(true)
 }
 
-/// Writes a new translated flow's two entries (nothing for a flow that has them): `t` is the
-/// translated tuple (client → backend), `vip:vport` the frontend the client sent to.
+/// Writes a new translated flow's two `svc_ct4` entries (nothing for a flow that has them): `t`
+/// is the translated tuple (client → backend), `vip:vport` the frontend the client sent to. The
+/// reply entry is what NodePort flows (and the layout-2 build's every flow) find their frontend
+/// by; a pod's flow under conntrack layout 3 keeps it in its conntrack entry instead
+/// ([`record_flow`]).
 #[inline(always)]
 pub(crate) fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
     if tr.new == 0 {
         return Ok(());
     }
-    let now = now_ns();
     let reply = SvcCt4Entry {
         addr: t.src.to_ne_bytes(),
         port: t.sport,
         _pad: 0,
         service_id: tr.service_id,
         backend_id: tr.backend_id,
-        last_seen_ns: now,
+        last_seen_ns: now_ns(),
     };
     SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &reply, 0)?;
+    record_original(t, vip, vport, &reply)
+}
+
+/// The original entry (client → frontend: the backend the flow was given).
+#[inline(always)]
+fn record_original(t: &Tuple<u32>, vip: u32, vport: u16, e: &SvcCt4Entry) -> Result<(), i32> {
     let original = SvcCt4Entry {
         addr: t.dst.to_ne_bytes(),
         port: t.dport,
-        ..reply
+        ..*e
     };
     let client = Tuple {
         dst: vip,
@@ -333,30 +347,74 @@ pub(crate) fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> 
     SVC_CT4.insert(&key(&client, DIR_ORIGINAL).0, &original, 0)
 }
 
+/// A pod's new translated flow: its original entry only; the reply finds the frontend through
+/// the flow's conntrack entry, which `decide` created with `p.rev_nat` (conntrack layout 3). One
+/// LRU insert per new flow instead of two.
+#[cfg(not(feature = "ct-v2"))]
+#[inline(always)]
+fn record_flow(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
+    if tr.new == 0 {
+        return Ok(());
+    }
+    let e = SvcCt4Entry {
+        addr: t.src.to_ne_bytes(),
+        port: t.sport,
+        _pad: 0,
+        service_id: tr.service_id,
+        backend_id: tr.backend_id,
+        last_seen_ns: now_ns(),
+    };
+    record_original(t, vip, vport, &e)
+}
+
+/// The layout-2 build (`ct-v2`): both entries, as that release wrote them.
+#[cfg(feature = "ct-v2")]
+#[inline(always)]
+fn record_flow(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
+    record(t, vip, vport, tr)
+}
+
+/// The service id whose frontend a packet of tuple `t` belongs to, from the flow's conntrack
+/// entry (layout 3): `original` asks for a packet in the opener's direction (an ICMP error's
+/// quote), else for one against it (a reply). 0 for anything else.
+#[cfg(not(feature = "ct-v2"))]
+#[inline(always)]
+pub(crate) fn rev_nat_of(t: &Tuple<u32>, original: bool) -> u32 {
+    let (ct_key, src_is_b) = V4::ct_key(t);
+    let Some(e) = V4::ct_get(&ct_key) else {
+        return 0;
+    };
+    // SAFETY: a valid map value pointer for this program run.
+    let (flags, rev_nat) = unsafe { ((*e).flags, (*e).rev_nat) };
+    let is_original = (flags & FLAG_OPENER_IS_B != 0) == src_is_b;
+    if is_original == original { rev_nat } else { 0 }
+}
+
+/// The layout-2 build (`ct-v2`): from the flow's reply entry in `svc_ct4`.
+#[cfg(feature = "ct-v2")]
+#[inline(always)]
+pub(crate) fn rev_nat_of(t: &Tuple<u32>, original: bool) -> u32 {
+    let reply = if original { t.reversed() } else { *t };
+    SVC_CT4
+        .get_ptr(&key(&reply, DIR_REPLY).0)
+        // SAFETY: a valid map value pointer for this program run.
+        .map_or(0, |e| unsafe { (*e).service_id })
+}
+
 /// A packet entering a pod: a reply of a flow it sent to a frontend gets the frontend as its
 /// source. Anything else keeps `reason` untouched.
 #[inline(always)]
-fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, trace: bool, reason: Reason) -> Reason {
-    let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_REPLY).0) else {
+fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, reason: Reason) -> Reason {
+    let service_id = rev_nat_of(t, false);
+    if service_id == 0 {
         return reason;
-    };
-    // SAFETY: a valid map value pointer for this program run.
-    let service_id = unsafe { (*e).service_id };
+    }
     // SAFETY: read-only to programs; the agent replaces entries whole.
     let Some(rev) = (unsafe { SVC_REVNAT4.get(&service_id) }) else {
         // The service is gone: nothing to translate back to.
         return reason;
     };
     let (addr, port) = (u32::from_ne_bytes(rev.addr), rev.port);
-    if !trace {
-        let now = now_ns();
-        // SAFETY: as above; a lost stamp update from another CPU is benign.
-        unsafe {
-            if now > (*e).last_seen_ns {
-                (*e).last_seen_ns = now;
-            }
-        }
-    }
     let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
         return DROP_MALFORMED;
     };

@@ -7,12 +7,12 @@
 //! (`ECONNREFUSED`); a path-MTU error reaches the right socket.
 
 use aya_ebpf::programs::TcContext;
-use maps_schema::{reason::DROP_MALFORMED, service_ct::DIR_REPLY};
+use maps_schema::reason::DROP_MALFORMED;
 
 use crate::{
-    maps::{SVC_CT4, SVC_REVNAT4},
+    maps::SVC_REVNAT4,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, Parsed, Reason},
-    service::key,
+    service::rev_nat_of,
 };
 
 /// Offset of the IPv4 header checksum and source address in a header.
@@ -31,12 +31,11 @@ pub(crate) fn translate_back(ctx: &TcContext, p: &Parsed<u32>, reason: Reason) -
     if inner.proto != IPPROTO_TCP && inner.proto != IPPROTO_UDP {
         return reason;
     }
-    // The quoted packet went client → backend: its reply entry names the service.
-    let Some(e) = SVC_CT4.get_ptr(&key(&inner.reversed(), DIR_REPLY).0) else {
+    // The quoted packet went client → backend: its flow names the service.
+    let service_id = rev_nat_of(&inner, true);
+    if service_id == 0 {
         return reason;
-    };
-    // SAFETY: a valid map value pointer for this program run.
-    let service_id = unsafe { (*e).service_id };
+    }
     // SAFETY: read-only to programs; the agent replaces entries whole.
     let Some(rev) = (unsafe { SVC_REVNAT4.get(&service_id) }) else {
         return reason;
