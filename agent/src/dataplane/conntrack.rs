@@ -154,7 +154,7 @@ fn io_err(map: &str, op: &'static str, e: std::io::Error) -> KernelError {
     }
 }
 
-/// The pin names of the conntrack maps of layout `layout` (`ct4_v2`, `ct6_v2`).
+/// The pin names of the conntrack maps of layout `layout` (`ct4_v3`, `ct6_v3`).
 #[must_use]
 pub fn map_names(layout: u32) -> (String, String) {
     use maps_schema::maps::{CT4_STEM, CT6_STEM};

@@ -5,7 +5,7 @@
 use std::io;
 
 use bytemuck::Pod;
-use maps_schema::{CtEntry, CtEntryV1};
+use maps_schema::{CtEntry, CtEntryV1, CtEntryV2};
 
 use super::kernel::CtMapIo;
 
@@ -16,6 +16,11 @@ pub fn read<K: Pod>(map: &impl CtMapIo, version: u32) -> io::Result<Vec<(K, CtEn
     match version {
         1 => Ok(map
             .lookup_all::<K, CtEntryV1>()?
+            .into_iter()
+            .map(|(k, v)| (k, v.upgrade()))
+            .collect()),
+        2 => Ok(map
+            .lookup_all::<K, CtEntryV2>()?
             .into_iter()
             .map(|(k, v)| (k, v.upgrade()))
             .collect()),

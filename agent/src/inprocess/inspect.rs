@@ -30,7 +30,7 @@ const SIZES: Sizes = Sizes {
     namespaces: 2,
     policies: 2,
 };
-const LAYOUT: u32 = 2;
+const LAYOUT: u32 = maps_schema::conntrack::LAYOUT;
 const WAIT: Duration = Duration::from_secs(20);
 
 struct Served {

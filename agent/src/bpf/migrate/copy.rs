@@ -5,7 +5,7 @@
 use std::{collections::HashMap, hash::Hash, io};
 
 use bytemuck::Pod;
-use maps_schema::{CtEntry, CtEntryV1};
+use maps_schema::{CtEntry, CtEntryV1, CtEntryV2};
 
 use crate::dataplane::kernel::CtMapIo;
 
@@ -30,6 +30,13 @@ pub fn write<K: Pod>(
                 entries.iter().map(|(k, v)| (*k, v.downgrade())).collect();
             map.update(&old)
         }
+        2 => {
+            let old: Vec<(K, CtEntryV2)> = entries
+                .iter()
+                .map(|(k, v)| (*k, v.downgrade_v2()))
+                .collect();
+            map.update(&old)
+        }
         _ => map.update(entries),
     }
 }
@@ -39,6 +46,7 @@ pub fn write<K: Pod>(
 fn lookup<K: Pod>(map: &impl CtMapIo, version: u32, key: &K) -> io::Result<Option<CtEntry>> {
     match version {
         1 => Ok(map.lookup::<K, CtEntryV1>(key)?.map(CtEntryV1::upgrade)),
+        2 => Ok(map.lookup::<K, CtEntryV2>(key)?.map(CtEntryV2::upgrade)),
         _ => map.lookup::<K, CtEntry>(key),
     }
 }
@@ -60,21 +68,24 @@ pub fn copy_into<K: Pod>(
 }
 
 /// Merges `source` (layout `from`) into `target` (layout `to`): an entry refreshed since
-/// `since_ns` (every entry without it) is written unless the target holds a newer one.
-/// Returns how many were written.
+/// `since_ns` (every entry without it) is written unless the target holds a newer one. `fill`
+/// completes the candidates first (the reverse NAT an older layout kept elsewhere). Returns how
+/// many were written.
 pub fn merge<K: Pod + Eq + Hash>(
     source: &impl CtMapIo,
     from: u32,
     target: &impl CtMapIo,
     to: u32,
     since_ns: Option<u64>,
+    fill: impl FnOnce(&mut [(K, CtEntry)]) -> io::Result<()>,
 ) -> io::Result<usize> {
-    let candidates: Vec<(K, CtEntry)> = read::<K>(source, from)?
+    let mut candidates: Vec<(K, CtEntry)> = read::<K>(source, from)?
         .into_iter()
         .filter(|(_, v)| {
             since_ns.is_none_or(|s| v.last_seen_ns.saturating_add(CLOCK_MARGIN_NS) >= s)
         })
         .collect();
+    fill(&mut candidates)?;
     let newer = |candidate: &CtEntry, existing: Option<CtEntry>| match existing {
         Some(t) if t.last_seen_ns >= candidate.last_seen_ns => None,
         Some(t) => Some(CtEntry {
@@ -86,6 +97,7 @@ pub fn merge<K: Pod + Eq + Hash>(
     let mut writes = Vec::new();
     match to {
         1 => target.check::<K, CtEntryV1>(false)?,
+        2 => target.check::<K, CtEntryV2>(false)?,
         _ => target.check::<K, CtEntry>(false)?,
     }
     if candidates.len() <= LOOKUP_LIMIT {

@@ -13,6 +13,7 @@
 mod copy;
 pub mod failpoint;
 pub mod pins;
+pub mod rev_nat;
 #[cfg(test)]
 mod tests;
 
@@ -22,11 +23,14 @@ use std::{
     time::Instant,
 };
 
+use std::collections::HashMap;
+
 use bytemuck::Pod;
 use maps_schema::{
-    Ct4Key, Ct6Key,
+    Ct4Key, Ct6Key, CtEntry, SvcCt4Entry, SvcCt4Key,
     conntrack::{LAYOUT, OLDEST_LAYOUT, value_size},
     maps::{CT4_STEM, CT6_STEM},
+    service_ct::{DIR_REPLY, SVC_CT4},
 };
 use serde::Serialize;
 
@@ -117,20 +121,102 @@ fn io_err(
     move |source| MigrateError::Io { op, what, source }
 }
 
-/// One conntrack family: its stem and key type.
+/// One conntrack family: its stem and key type, and what it does about the reverse NAT of
+/// translated flows across layout 3 (`rev_nat`: IPv4 only; IPv6 has no services).
 trait Family {
     const STEM: &'static str;
     type Key: Pod + Eq + std::hash::Hash;
+
+    /// Converting entries of layout `from` to layout `to`: fills their reverse NAT from
+    /// `svc_ct4_v1` when `to` keeps it in conntrack and `from` did not. Returns how many.
+    fn fill_rev_nat(
+        _io: &impl MigrateIo,
+        _from: u32,
+        _to: u32,
+        _entries: &mut [(Self::Key, CtEntry)],
+    ) -> Result<usize, MigrateError> {
+        Ok(0)
+    }
+
+    /// Converting entries (current layout) to layout `to`: writes their reverse NAT into
+    /// `svc_ct4_v1` when `to` does not keep it in conntrack. Returns how many.
+    fn write_replies(
+        _io: &impl MigrateIo,
+        _to: u32,
+        _entries: &[(Self::Key, CtEntry)],
+    ) -> Result<usize, MigrateError> {
+        Ok(0)
+    }
 }
 struct V4;
 impl Family for V4 {
     const STEM: &'static str = CT4_STEM;
     type Key = Ct4Key;
+
+    fn fill_rev_nat(
+        io: &impl MigrateIo,
+        from: u32,
+        to: u32,
+        entries: &mut [(Ct4Key, CtEntry)],
+    ) -> Result<usize, MigrateError> {
+        if from >= rev_nat::FIRST_IN_CONNTRACK || to < rev_nat::FIRST_IN_CONNTRACK {
+            return Ok(0);
+        }
+        let replies = svc_replies(io)?;
+        let filled = rev_nat::fill(entries, &replies);
+        if filled > 0 {
+            tracing::info!(
+                filled,
+                "translated flows keep their frontend in conntrack now"
+            );
+        }
+        Ok(filled)
+    }
+
+    fn write_replies(
+        io: &impl MigrateIo,
+        to: u32,
+        entries: &[(Ct4Key, CtEntry)],
+    ) -> Result<usize, MigrateError> {
+        if to >= rev_nat::FIRST_IN_CONNTRACK {
+            return Ok(0);
+        }
+        let replies = rev_nat::replies(entries);
+        if replies.is_empty() {
+            return Ok(0);
+        }
+        let map = io
+            .open(SVC_CT4)
+            .map_err(io_err("open", io.path(SVC_CT4).display()))?;
+        map.check::<SvcCt4Key, SvcCt4Entry>(false)
+            .and_then(|()| map.update(&replies))
+            .map_err(io_err(
+                "write reply entries into",
+                io.path(SVC_CT4).display(),
+            ))
+    }
 }
 struct V6;
 impl Family for V6 {
     const STEM: &'static str = CT6_STEM;
     type Key = Ct6Key;
+}
+
+/// The reply entries of `svc_ct4_v1` (none when it is not pinned: no flow was ever translated).
+fn svc_replies(io: &impl MigrateIo) -> Result<HashMap<SvcCt4Key, SvcCt4Entry>, MigrateError> {
+    let map = match io.open(SVC_CT4) {
+        Ok(map) => map,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(io_err("open", io.path(SVC_CT4).display())(e)),
+    };
+    let read = map
+        .check::<SvcCt4Key, SvcCt4Entry>(false)
+        .and_then(|()| map.lookup_all::<SvcCt4Key, SvcCt4Entry>())
+        .map_err(io_err("read", io.path(SVC_CT4).display()))?;
+    Ok(read
+        .into_iter()
+        .filter(|(k, _)| k.direction == DIR_REPLY)
+        .collect())
 }
 
 fn known(version: u32) -> bool {
@@ -393,8 +479,9 @@ fn prepare_family<F: Family>(
         let started = Instant::now();
         let source_map = open(io, stem, source)?;
         since = Some(io.now_ns());
-        let entries = copy::read::<F::Key>(&source_map, source.version)
+        let mut entries = copy::read::<F::Key>(&source_map, source.version)
             .map_err(io_err("read", pin_path(io, stem, source).display()))?;
+        F::fill_rev_nat(io, source.version, target, &mut entries)?;
         let needed = with_headroom(entries.len());
         if needed > max_entries {
             tracing::warn!(
@@ -498,9 +585,23 @@ pub fn finish_with(
             let since = if i == 0 { *since } else { None };
             let (from_map, to_map) = (open(io, stem, source)?, open(io, stem, &target_pin)?);
             let merged = if *stem == CT4_STEM {
-                copy::merge::<Ct4Key>(&from_map, source.version, &to_map, target, since)
+                let mut filled = Ok(0);
+                let merged =
+                    copy::merge::<Ct4Key>(&from_map, source.version, &to_map, target, since, |c| {
+                        filled = V4::fill_rev_nat(io, source.version, target, c);
+                        Ok(())
+                    });
+                filled?;
+                merged
             } else {
-                copy::merge::<Ct6Key>(&from_map, source.version, &to_map, target, since)
+                copy::merge::<Ct6Key>(
+                    &from_map,
+                    source.version,
+                    &to_map,
+                    target,
+                    since,
+                    |_| Ok(()),
+                )
             }
             .map_err(io_err(
                 "merge",
@@ -596,7 +697,7 @@ fn rollback_family<F: Family>(
         // An upgrade never finished: older programs may still write the older map, so merge
         // into it in place rather than replace it.
         let target = open(io, stem, &target_pin)?;
-        copy::merge::<F::Key>(&source, current, &target, to, None).map_err(io_err(
+        copy::merge::<F::Key>(&source, current, &target, to, None, |_| Ok(())).map_err(io_err(
             "merge",
             format!(
                 "{} into {}",
@@ -625,6 +726,16 @@ fn rollback_family<F: Family>(
         rename(io, stem, &migrating, &target_pin)?;
         n
     };
+    // The older layout finds a translated flow's frontend in `svc_ct4_v1`: write it there.
+    let entries = copy::read::<F::Key>(&source, current)
+        .map_err(io_err("read", pin_path(io, stem, &source_pin).display()))?;
+    let replies = F::write_replies(io, to, &entries)?;
+    if replies > 0 {
+        tracing::info!(
+            replies,
+            "translated flows' frontends written back for the older layout"
+        );
+    }
     hit(io, "ct-rollback:after-rename")?;
     let rollback_pin = CtPin {
         version: current,

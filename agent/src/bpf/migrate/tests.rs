@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use maps_schema::{Ct4Key, Ct6Key, CtEntry, CtEntryV1};
+use maps_schema::{Ct4Key, Ct6Key, CtEntry, CtEntryV1, CtEntryV2, SvcCt4Entry, SvcCt4Key};
 
 use super::*;
 use crate::dataplane::{ct_layout, fake::FakeKernel, fake_ct::FakeCtMap};
@@ -162,11 +162,11 @@ fn the_delta_the_old_programs_wrote_meanwhile_is_merged_newest_wins() {
         (key4(2), stale),
     ])
     .expect("old programs write");
-    let newer = CtEntry {
+    let newer = CtEntryV2 {
         last_seen_ns: T0 + 9_000_000_000,
         flags: 99,
-        _reserved: 0,
         created_ns: T0 + 9_000_000_000,
+        _reserved: 0,
     };
     kernel
         .ct_pin("ct4_v2")
@@ -194,7 +194,11 @@ fn the_delta_the_old_programs_wrote_meanwhile_is_merged_newest_wins() {
         "the refreshed flow keeps the creation time of its copy"
     );
     assert_eq!(ct4[&key4(500)], new_flow.upgrade());
-    assert_eq!(ct4[&key4(2)], newer, "the new programs' newer entry wins");
+    assert_eq!(
+        ct4[&key4(2)],
+        newer.upgrade(),
+        "the new programs' newer entry wins"
+    );
     for i in 3..N {
         assert_eq!(ct4[&key4(i)], v1(i).upgrade(), "untouched entry {i}");
     }
@@ -304,11 +308,11 @@ fn a_rollback_converts_back_and_the_older_agent_merges_the_last_entries() {
         );
     }
     // The newer programs wrote one more flow before they stopped; the older agent merges it.
-    let last = CtEntry {
+    let last = CtEntryV2 {
         last_seen_ns: T0 + 8_000_000_000,
         flags: 8,
-        _reserved: 0,
         created_ns: T0,
+        _reserved: 0,
     };
     kernel
         .ct_pin("ct4_v2:rollback")
@@ -364,4 +368,86 @@ fn a_newer_layout_is_refused_naming_the_rollback_command() {
         "{e}"
     );
     assert_eq!(kernel.ct_pin_names(), ["ct4_v2"], "nothing touched");
+}
+
+/// Layout 2 kept a translated flow's service in `svc_ct4_v1`'s reply entry; layout 3 keeps it in
+/// the conntrack entry. The upgrade fills it in from there, and the rollback writes the reply
+/// entries of flows the layout-3 programs translated back, so every translated flow's reply finds
+/// its frontend under either release.
+#[test]
+fn translated_flows_keep_their_frontend_through_layout_3_and_back() {
+    let mut kernel = FakeKernel::default();
+    kernel.set_clock_ns(T0);
+    let m4 = kernel.pin_ct_map("ct4_v2", 16, 24, CAPACITY);
+    kernel.pin_ct_map("ct6_v2", 40, 24, CAPACITY);
+    let svc = kernel.pin_ct_map(SVC_CT4, 16, 24, CAPACITY);
+    // Even flows were translated (service id i + 1); the opener is `a` or `b` alternately.
+    let entry = |i: u32| CtEntryV2 {
+        last_seen_ns: T0 - 1_000_000_000,
+        flags: if i.is_multiple_of(4) {
+            maps_schema::conntrack::FLAG_OPENER_IS_B
+        } else {
+            0
+        },
+        _reserved: 0,
+        created_ns: T0 - 2_000_000_000,
+    };
+    let entries: Vec<(Ct4Key, CtEntryV2)> = (0..N).map(|i| (key4(i), entry(i))).collect();
+    m4.update(&entries).expect("fill ct4_v2");
+    let replies: Vec<(SvcCt4Key, SvcCt4Entry)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i.is_multiple_of(2))
+        .map(|(i, (k, e))| {
+            let key = rev_nat::reply_key(k, &e.upgrade());
+            let value = SvcCt4Entry {
+                addr: key.daddr,
+                port: key.dport,
+                service_id: i as u32 + 1,
+                ..SvcCt4Entry::default()
+            };
+            (key, value)
+        })
+        .collect();
+    svc.update(&replies).expect("fill svc_ct4");
+
+    let mut pending = prepare_with(&mut kernel, 3, CAPACITY).expect("prepare");
+    finish_with(&mut kernel, &mut pending).expect("finish");
+    let ct4 = read4(&kernel, "ct4_v3", 3);
+    assert_eq!(ct4.len(), N as usize, "no entry lost");
+    for i in 0..N {
+        let want = if i.is_multiple_of(2) { i + 1 } else { 0 };
+        assert_eq!(ct4[&key4(i)].rev_nat, want, "flow {i}'s frontend");
+        assert_eq!(ct4[&key4(i)].flags, entry(i).flags);
+    }
+
+    // The layout-3 programs translate a new flow (its service only in conntrack), then the
+    // operator rolls back: its reply entry is written for the layout-2 programs.
+    let new_flow = CtEntry {
+        rev_nat: 4242,
+        ..CtEntry::new(T0 + 1_000_000_000, 0)
+    };
+    kernel
+        .ct_pin("ct4_v3")
+        .expect("ct4_v3")
+        .update(&[(key4(700), new_flow)])
+        .expect("new programs write");
+    rollback_with(&mut kernel, 2).expect("rollback");
+    let table: HashMap<SvcCt4Key, SvcCt4Entry> = svc
+        .lookup_all::<SvcCt4Key, SvcCt4Entry>()
+        .expect("read svc_ct4")
+        .into_iter()
+        .collect();
+    let written = table
+        .get(&rev_nat::reply_key(&key4(700), &new_flow))
+        .expect("the new flow's reply entry");
+    assert_eq!(written.service_id, 4242);
+    for (k, v) in &replies {
+        assert_eq!(
+            table[k].service_id, v.service_id,
+            "an older flow's reply entry"
+        );
+    }
+    let v2 = read4(&kernel, "ct4_v2", 2);
+    assert_eq!(v2.len(), N as usize + 1, "every flow in layout 2");
 }
