@@ -22,7 +22,9 @@ use crate::{
 
 /// What one attempt on a block found.
 enum Took {
-    Ips(Vec<IpAddr>),
+    /// The addresses taken, and whether the block has nothing left to give (no free address and
+    /// none cooling down).
+    Ips(Vec<IpAddr>, bool),
     Missing,
     NotOurs,
     Corrupt(StoreError),
@@ -161,6 +163,9 @@ impl<S: Store + Clone> Ipam<S> {
                 continue;
             }
             tried.insert(cidr);
+            if self.hints.is_full(&args.host, &cidr) {
+                continue;
+            }
             let ips = self
                 .take_from_block(
                     cidr,
@@ -195,7 +200,11 @@ impl<S: Store + Clone> Ipam<S> {
                 continue;
             }
             owned += 1;
-            if want == 0 || !in_pools(&aff.cidr) || tried.contains(&aff.cidr) {
+            if want == 0
+                || !in_pools(&aff.cidr)
+                || tried.contains(&aff.cidr)
+                || self.hints.is_full(&args.host, &aff.cidr)
+            {
                 continue;
             }
             let ips = self
@@ -374,8 +383,12 @@ impl<S: Store + Clone> Ipam<S> {
                 };
                 block.garbage_collect(now, cooldown);
                 let ips = block.assign_from_head(n, &attr, &reservations);
+                let exhausted = block.exhausted(&reservations);
                 if ips.is_empty() {
-                    return (vec![Write::Keep, Write::Unread, confirm], Took::Ips(ips));
+                    return (
+                        vec![Write::Keep, Write::Unread, confirm],
+                        Took::Ips(ips, exhausted),
+                    );
                 }
                 block.touch();
                 handle.deleted = false;
@@ -386,15 +399,20 @@ impl<S: Store + Clone> Ipam<S> {
                         Write::Put(encode(&handle)),
                         confirm,
                     ],
-                    Took::Ips(ips),
+                    Took::Ips(ips, exhausted),
                 )
             })
             .await?;
         match took {
-            Took::Ips(ips) => Ok(ips
-                .into_iter()
-                .filter_map(|ip| IpNetwork::new(ip, cidr.prefix()).ok())
-                .collect()),
+            Took::Ips(ips, exhausted) => {
+                if exhausted && let Owner::Host(h) | Owner::Claiming(h) = owner {
+                    self.hints.mark_full(h, cidr);
+                }
+                Ok(ips
+                    .into_iter()
+                    .filter_map(|ip| IpNetwork::new(ip, cidr.prefix()).ok())
+                    .collect())
+            }
             Took::Missing | Took::NotOurs => Ok(Vec::new()),
             Took::Corrupt(e) => Err(e.into()),
         }

@@ -91,6 +91,8 @@ impl<S: Store + Clone> Ipam<S> {
         ips: Vec<(IpAddr, ReleaseCheck)>,
         cooldown: u64,
     ) -> Result<ReleaseReport, IpamError> {
+        // The block has room again (once its cooldown passes): no host skips it as full.
+        self.hints.freed(&cidr);
         let bkey = block_key(&cidr);
         for _ in 0..RMW_RETRIES {
             let Some((seen, _)) = self.get_obj::<Block>(&bkey).await? else {
@@ -250,7 +252,11 @@ impl<S: Store + Clone> Ipam<S> {
                     (vec![block_write, hw], Ok(ips))
                 })
                 .await?;
-            released.extend(r?);
+            let ips = r?;
+            for ip in &ips {
+                self.hints.freed_addr(*ip);
+            }
+            released.extend(ips);
         }
         Ok(released)
     }

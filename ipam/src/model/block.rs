@@ -188,6 +188,13 @@ impl Block {
         u32::try_from(free).unwrap_or(u32::MAX)
     }
 
+    /// True when the block has nothing left to give: no free address (reserved ones aside) and
+    /// none cooling down.
+    pub fn exhausted(&self, reservations: &[Reservation]) -> bool {
+        self.free_count(reservations) == 0
+            && self.allocations.iter().flatten().count() as u32 == self.in_use()
+    }
+
     /// Allocated (live, not cooling) addresses.
     pub fn in_use(&self) -> u32 {
         let n = self.live_ordinals().count();
