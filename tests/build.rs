@@ -9,7 +9,7 @@ use std::{env, path::PathBuf};
 /// (env var naming the object, eBPF crate features): one object per test-only variant.
 const VARIANTS: &[(&str, &[&str])] = &[
     ("WEIR_TEST_OBJECT_VERIFIER_REJECT", &["verifier-reject"]),
-    ("WEIR_TEST_OBJECT_CT_V1", &["ct-v1"]),
+    ("WEIR_TEST_OBJECT_CT_V2", &["ct-v2"]),
     ("WEIR_TEST_OBJECT_DEBUG_LOG", &["debug-log"]),
 ];
 

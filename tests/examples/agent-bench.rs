@@ -142,7 +142,7 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
 
     use agent::dataplane::batch;
     use aya_obj::generated::bpf_map_type;
-    use maps_schema::{Ct4Key, CtEntry, CtEntryV1, conntrack::FLAG_TCP_SYN_ACK};
+    use maps_schema::{Ct4Key, CtEntry, CtEntryV2, conntrack::FLAG_TCP_SYN_ACK};
     let root = PinRoot::new();
     let dir = root.paths().maps_dir();
     agent::bpf::bpffs::ensure_pin_dir(&root.paths().bpf_root)?;
@@ -151,14 +151,14 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     let obj = aya_obj::Map::new_from_params(
         bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
         16,
-        16,
+        24,
         capacity,
         0,
     );
-    let v1 = aya::maps::MapData::create(obj, "ct4_v1", None)?;
-    v1.pin(dir.join("ct4_v1"))?;
+    let previous = aya::maps::MapData::create(obj, "ct4_v2", None)?;
+    previous.pin(dir.join("ct4_v2"))?;
     let now = agent::dataplane::conntrack::now_ns();
-    let entries: Vec<(Ct4Key, CtEntryV1)> = (0..n)
+    let entries: Vec<(Ct4Key, CtEntryV2)> = (0..n)
         .map(|i| {
             let [a, b, c, d] = i.to_be_bytes();
             let key = Ct4Key {
@@ -170,14 +170,14 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
                 _pad: [0; 3],
             };
             let seen = now.saturating_sub(u64::from(i % 60) * 1_000_000_000);
-            (key, CtEntryV1::new(seen, FLAG_TCP_SYN_ACK))
+            (key, CtEntryV2::new(seen, FLAG_TCP_SYN_ACK))
         })
         .collect();
-    batch::update(v1.fd().as_fd(), &entries)?;
-    let source = batch::count::<Ct4Key, CtEntryV1>(v1.fd().as_fd())?;
-    drop((v1, entries));
+    batch::update(previous.fd().as_fd(), &entries)?;
+    let source = batch::count::<Ct4Key, CtEntryV2>(previous.fd().as_fd())?;
+    drop((previous, entries));
     let started = Instant::now();
-    let mut pending = agent::bpf::migrate::prepare(&dir, 2, capacity)?;
+    let mut pending = agent::bpf::migrate::prepare(&dir, 3, capacity)?;
     let finished = agent::bpf::migrate::finish(&mut pending)?;
     let seconds = started.elapsed().as_secs_f64();
     for step in pending.report.steps.iter().chain(&finished.steps) {
@@ -186,9 +186,9 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
             step.action, step.from, step.to, step.entries, step.seconds
         );
     }
-    anyhow::ensure!(!dir.join("ct4_v1").exists(), "the v1 pin is removed");
-    let v2 = aya::maps::MapData::from_pin(dir.join("ct4_v2"))?;
-    let target = batch::count::<Ct4Key, CtEntry>(v2.fd().as_fd())?;
+    anyhow::ensure!(!dir.join("ct4_v2").exists(), "the v2 pin is removed");
+    let current = aya::maps::MapData::from_pin(dir.join("ct4_v3"))?;
+    let target = batch::count::<Ct4Key, CtEntry>(current.fd().as_fd())?;
     Ok((seconds, u64::try_from(source.saturating_sub(target))?))
 }
 

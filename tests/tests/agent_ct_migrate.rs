@@ -1,11 +1,14 @@
-//! Conntrack layout migration under live flows, between two real layouts: the v1 agent is the
-//! same `weir` binary loading the test-only `ct-v1` build of the programs (`--ebpf-object`),
-//! whose conntrack value is layout 1 (`ct4_v1`, 16 bytes); the built-in object is layout 2
-//! (`ct4_v2`, 24 bytes). Upgrade v1 → v2, then roll back (`weir bpf migrate --to-version 1`, then
-//! the v1 agent), once per failpoint: the crashed step rolls forward to the same result. The
+//! Conntrack layout migration under live flows, between two real layouts: the v2 agent is the
+//! same `weir` binary loading the test-only `ct-v2` build of the programs (`--ebpf-object`),
+//! whose conntrack value is layout 2 (`ct4_v2`, 24 bytes, a translated flow's frontend kept in
+//! `svc_ct4_v1`); the built-in object is layout 3 (`ct4_v3`, 32 bytes, the frontend in the
+//! conntrack entry). Upgrade v2 → v3, then roll back (`weir bpf migrate --to-version 2`, then the
+//! v2 agent), once per failpoint: the crashed step rolls forward to the same result. The
 //! conntrack keys read with `bpftool` are the same set before and after every step, the
-//! synthetic entries keep their flags, and TCP flows between two ingress-isolated pods carry data
-//! throughout with no reset.
+//! synthetic entries keep their flags, every translated flow's entry carries its frontend in
+//! layout 3, and TCP flows between two ingress-isolated pods — straight to the server, and
+//! through a ClusterIP Service onto it, opened under either layout (every reply translated back,
+//! or the client's socket would stall) — carry data throughout with no reset.
 
 use std::{
     collections::BTreeSet, os::fd::AsFd as _, os::unix::process::ExitStatusExt as _, path::Path,
@@ -14,7 +17,7 @@ use std::{
 
 use aya::maps::MapData;
 use maps_schema::{
-    Ct4Key, Ct6Key, CtEntryV1,
+    Ct4Key, Ct6Key, CtEntryV2,
     conntrack::{FLAG_SRC_EGRESS_APPROVED, FLAG_TCP_SYN, FLAG_TCP_SYN_ACK},
 };
 use tests::{
@@ -28,8 +31,12 @@ use tests::{
     privileged::require_root,
 };
 
-const V1_OBJECT: &str = env!("WEIR_TEST_OBJECT_CT_V1");
+const V2_OBJECT: &str = env!("WEIR_TEST_OBJECT_CT_V2");
+/// Flows straight to the server, and as many through the Service.
 const FLOWS: usize = 3;
+/// The Service in front of the server (port 80 onto its 9000).
+const CLUSTER_IP: &str = "10.96.44.1";
+const SERVICE: &str = "kind: Service\nmetadata: {name: echo, namespace: default}\nspec:\n  clusterIP: 10.96.44.1\n  ports: [{port: 80, protocol: TCP, targetPort: 9000}]\n---\nkind: EndpointSlice\nmetadata: {name: echo-1, namespace: default, labels: {kubernetes.io/service-name: echo}}\naddressType: IPv4\nports: [{port: 9000, protocol: TCP}]\nendpoints:\n- {addresses: [SERVER]}\n";
 const SYNTHETIC4: u32 = 3000;
 const SYNTHETIC6: u32 = 500;
 const SYNTHETIC_FLAGS: u32 = FLAG_SRC_EGRESS_APPROVED | FLAG_TCP_SYN | FLAG_TCP_SYN_ACK;
@@ -68,16 +75,26 @@ fn synthetic6(i: u32) -> Ct6Key {
     }
 }
 
-/// Established entries the v1 programs could have written, straight into the v1 maps.
+/// Established entries the v2 programs could have written, straight into the v2 maps.
 fn insert_synthetic(root: &PinRoot) {
     let now = agent::dataplane::conntrack::now_ns();
-    let entry = CtEntryV1::new(now, SYNTHETIC_FLAGS);
-    let m4 = MapData::from_pin(root.paths().map_pin("ct4_v1")).expect("ct4_v1");
-    let e4: Vec<(Ct4Key, CtEntryV1)> = (0..SYNTHETIC4).map(|i| (synthetic4(i), entry)).collect();
-    agent::dataplane::batch::update(m4.fd().as_fd(), &e4).expect("fill ct4_v1");
-    let m6 = MapData::from_pin(root.paths().map_pin("ct6_v1")).expect("ct6_v1");
-    let e6: Vec<(Ct6Key, CtEntryV1)> = (0..SYNTHETIC6).map(|i| (synthetic6(i), entry)).collect();
-    agent::dataplane::batch::update(m6.fd().as_fd(), &e6).expect("fill ct6_v1");
+    let entry = CtEntryV2::new(now, SYNTHETIC_FLAGS);
+    let m4 = MapData::from_pin(root.paths().map_pin("ct4_v2")).expect("ct4_v2");
+    let e4: Vec<(Ct4Key, CtEntryV2)> = (0..SYNTHETIC4).map(|i| (synthetic4(i), entry)).collect();
+    agent::dataplane::batch::update(m4.fd().as_fd(), &e4).expect("fill ct4_v2");
+    let m6 = MapData::from_pin(root.paths().map_pin("ct6_v2")).expect("ct6_v2");
+    let e6: Vec<(Ct6Key, CtEntryV2)> = (0..SYNTHETIC6).map(|i| (synthetic6(i), entry)).collect();
+    agent::dataplane::batch::update(m6.fd().as_fd(), &e6).expect("fill ct6_v2");
+}
+
+/// How many layout-3 entries name a frontend (`rev_nat`).
+fn translated_entries(root: &PinRoot) -> usize {
+    let m4 = MapData::from_pin(root.paths().map_pin("ct4_v3")).expect("ct4_v3");
+    agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3)
+        .expect("read")
+        .iter()
+        .filter(|(_, v)| v.rev_nat != 0)
+        .count()
 }
 
 /// The synthetic entries' flags, read through the agent's layout-aware reader.
@@ -122,7 +139,7 @@ fn conntrack_upgrades_and_rolls_back_under_live_flows_and_every_crash_rolls_forw
     ) {
         return;
     }
-    assert!(Path::new(V1_OBJECT).is_file(), "the ct-v1 object was built");
+    assert!(Path::new(V2_OBJECT).is_file(), "the ct-v2 object was built");
     let root = PinRoot::new();
     let dirs = AgentDirs::new();
     with_two_pods('m', 44, |pods| upgrade_and_roll_back(&root, &dirs, pods));
@@ -131,25 +148,46 @@ fn conntrack_upgrades_and_rolls_back_under_live_flows_and_every_crash_rolls_forw
 fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     let node = pods.node;
     pods.write_state(dirs, Some(ISOLATE_ALL_ADMIT_CLIENT));
+    std::fs::write(
+        dirs.path("policies").join("service.yaml"),
+        SERVICE.replace("SERVER", &pods.ips[0]),
+    )
+    .expect("the Service");
 
-    let v1 = ["--ebpf-object", V1_OBJECT, "--ct-max-entries", "65536"];
-    let v2 = ["--ct-max-entries", "65536"];
-    let agent = AgentProcess::start(root, dirs, Some(node), &v1);
-    assert_eq!(agent.started["ct_layout"], 1);
-    assert_eq!(value_size(root, "ct4_v1"), 16, "layout 1 is 16 bytes");
+    let previous = ["--ebpf-object", V2_OBJECT, "--ct-max-entries", "65536"];
+    let current = ["--ct-max-entries", "65536"];
+    let agent = AgentProcess::start(root, dirs, Some(node), &previous);
+    assert_eq!(agent.started["ct_layout"], 2);
+    assert_eq!(value_size(root, "ct4_v2"), 24, "layout 2 is 24 bytes");
     wait_for_links(node, root, 4);
-    let _server = echo_server(pods.server, 9000, FLOWS);
-    let flows: Vec<Flow> = (0..FLOWS)
+    let _server = echo_server(pods.server, 9000, 3 * FLOWS);
+    let mut flows: Vec<Flow> = (0..FLOWS)
         .map(|_| Flow::open(pods.client, &pods.server_addr(9000)))
         .collect();
+    // Through the Service, once its frontend is in the kernel (read from outside; a probe
+    // connection would leave a conntrack entry the sweep may remove mid-test).
+    let frontend = format!("{CLUSTER_IP}:80");
+    let svc4 = root.paths().map_pin("svc4_v1").display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tests::bpf::bpftool(&["map", "dump", "pinned", &svc4])
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Service's frontend is in svc4_v1 within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    flows.extend((0..FLOWS).map(|_| Flow::open(pods.client, &frontend)));
     for f in &flows {
         f.assert_moving("before the upgrade");
     }
     insert_synthetic(root);
-    let before = ct_keys(root, 1);
+    let mut before = ct_keys(root, 2);
     assert_eq!(
         before.len(),
-        FLOWS + (SYNTHETIC4 + SYNTHETIC6) as usize,
+        2 * FLOWS + (SYNTHETIC4 + SYNTHETIC6) as usize,
         "one entry per live flow plus the synthetic ones"
     );
     assert!(agent.terminate().success());
@@ -164,87 +202,108 @@ fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     let rollback_steps = ["ct-rollback:after-copy", "ct-rollback:after-rename"];
     for (round, step) in upgrade_steps.iter().enumerate() {
         // Upgrade, killed at `step`, then rolled forward by a clean start.
-        let (status, stderr) =
-            AgentProcess::run_to_exit(root, dirs, Some(node), &v2, &[("WEIR_FAILPOINT", step)]);
+        let (status, stderr) = AgentProcess::run_to_exit(
+            root,
+            dirs,
+            Some(node),
+            &current,
+            &[("WEIR_FAILPOINT", step)],
+        );
         assert!(
             killed(status),
             "{step}: the failpoint kills the agent ({status}): {stderr}"
         );
         let left = ct_pins(root);
         assert!(
-            left.contains("ct4_v1"),
-            "{step}: the v1 map survives a crash: {left:?}"
+            left.contains("ct4_v2"),
+            "{step}: the v2 map survives a crash: {left:?}"
         );
         for f in &flows {
             f.assert_moving(&format!("after a crash at {step}"));
         }
-        let agent = AgentProcess::start(root, dirs, Some(node), &v2);
-        assert_eq!(agent.started["ct_layout"], 2);
+        let agent = AgentProcess::start(root, dirs, Some(node), &current);
+        assert_eq!(agent.started["ct_layout"], 3);
         let left = ct_pins(root);
         assert_eq!(
             left,
-            BTreeSet::from(["ct4_v2".to_owned(), "ct6_v2".to_owned()]),
-            "{step}: the upgrade finished and removed the v1 pins"
+            BTreeSet::from(["ct4_v3".to_owned(), "ct6_v3".to_owned()]),
+            "{step}: the upgrade finished and removed the v2 pins"
         );
-        assert_eq!(value_size(root, "ct4_v2"), 24, "layout 2 is 24 bytes");
+        assert_eq!(value_size(root, "ct4_v3"), 32, "layout 3 is 32 bytes");
         assert_eq!(
-            ct_keys(root, 2),
+            ct_keys(root, 3),
             before,
             "{step}: the same conntrack keys after the upgrade"
         );
         assert!(
-            synthetic_flags_intact(root, 2),
+            synthetic_flags_intact(root, 3),
             "{step}: entries keep their flags"
+        );
+        assert_eq!(
+            translated_entries(root),
+            if round == 0 { FLOWS } else { 2 * FLOWS },
+            "{step}: every translated flow's entry names its frontend"
         );
         for f in &flows {
             f.assert_moving(&format!("after the upgrade ({step})"));
         }
+        if round == 0 {
+            // Flows the layout-3 programs translate: their frontend is only in conntrack, so
+            // every rollback must write it where the layout-2 programs look.
+            flows.extend((0..FLOWS).map(|_| Flow::open(pods.client, &frontend)));
+            for f in &flows {
+                f.assert_moving("with flows translated by the layout-3 programs");
+            }
+            assert_eq!(translated_entries(root), 2 * FLOWS);
+            before = ct_keys(root, 3);
+        }
         assert!(agent.terminate().success());
 
         if round == 0 {
-            // The v1 agent refuses the newer layout and names the command.
-            let (status, stderr) = AgentProcess::run_to_exit(root, dirs, Some(node), &v1, &[]);
-            assert!(!status.success(), "the v1 agent refuses layout 2");
+            // The v2 agent refuses the newer layout and names the command.
+            let (status, stderr) =
+                AgentProcess::run_to_exit(root, dirs, Some(node), &previous, &[]);
+            assert!(!status.success(), "the v2 agent refuses layout 3");
             assert!(
-                stderr.contains("weir bpf migrate --to-version 1"),
+                stderr.contains("weir bpf migrate --to-version 2"),
                 "the refusal names the command: {stderr}"
             );
-            assert_eq!(ct_keys(root, 2), before, "a refusal touches nothing");
+            assert_eq!(ct_keys(root, 3), before, "a refusal touches nothing");
         }
 
-        // Roll back: the command (killed at a step in some rounds, then run again), then v1.
+        // Roll back: the command (killed at a step in some rounds, then run again), then v2.
         if let Some(fail) = rollback_steps.get(round % 3) {
-            let out = migrate_cmd(root, dirs, "1", Some(fail));
+            let out = migrate_cmd(root, dirs, "2", Some(fail));
             assert!(
                 killed(out.status),
                 "{fail}: the failpoint kills the command"
             );
         }
-        let out = migrate_cmd(root, dirs, "1", None);
+        let out = migrate_cmd(root, dirs, "2", None);
         assert!(
             out.status.success(),
-            "weir bpf migrate --to-version 1: {}",
+            "weir bpf migrate --to-version 2: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let left = ct_pins(root);
         assert!(
-            left.contains("ct4_v1") && left.contains("ct4_v2:rollback"),
+            left.contains("ct4_v2") && left.contains("ct4_v3:rollback"),
             "the rollback is prepared: {left:?}"
         );
-        let agent = AgentProcess::start(root, dirs, Some(node), &v1);
-        assert_eq!(agent.started["ct_layout"], 1);
+        let agent = AgentProcess::start(root, dirs, Some(node), &previous);
+        assert_eq!(agent.started["ct_layout"], 2);
         assert_eq!(
             ct_pins(root),
-            BTreeSet::from(["ct4_v1".to_owned(), "ct6_v1".to_owned()]),
-            "the v1 agent finished the rollback"
+            BTreeSet::from(["ct4_v2".to_owned(), "ct6_v2".to_owned()]),
+            "the v2 agent finished the rollback"
         );
-        assert_eq!(value_size(root, "ct4_v1"), 16);
+        assert_eq!(value_size(root, "ct4_v2"), 24);
         assert_eq!(
-            ct_keys(root, 1),
+            ct_keys(root, 2),
             before,
             "{step}: the same conntrack keys after the rollback"
         );
-        assert!(synthetic_flags_intact(root, 1));
+        assert!(synthetic_flags_intact(root, 2));
         for f in &flows {
             f.assert_moving(&format!("after the rollback (round {round})"));
         }
@@ -257,9 +316,9 @@ fn upgrade_and_roll_back(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     }
 }
 
-/// A rollback prepared by a newer release whose layout this agent does not know (3, 32-byte
+/// A rollback prepared by a newer release whose layout this agent does not know (4, 40-byte
 /// values): the agent reads each value's prefix — layouts only append fields — merges the entries
-/// into its own `ct4_v2` and removes the newer pin.
+/// into its own `ct4_v3` and removes the newer pin.
 #[test]
 fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
     if !require_root("a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix") {
@@ -282,19 +341,22 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
         map.pin(paths.map_pin(pin)).expect("pin");
         map
     };
-    // What `weir bpf migrate --to-version 2` of a layout-3 release leaves: the converted ct4_v2
-    // (empty here) and the layout-3 map renamed :rollback, whose entries the agent must take.
-    drop(create("ct4_v2", "ct4_v2", 24));
-    let newer = create("ct4_v3", "ct4_v3:rollback", 32);
+    // What `weir bpf migrate --to-version 3` of a layout-4 release leaves: the converted ct4_v3
+    // (empty here) and the layout-4 map renamed :rollback, whose entries the agent must take.
+    drop(create("ct4_v3", "ct4_v3", 32));
+    let newer = create("ct4_v4", "ct4_v4:rollback", 40);
     let now = agent::dataplane::conntrack::now_ns();
-    let entries: Vec<(Ct4Key, [u8; 32])> = (0..100)
+    let entries: Vec<(Ct4Key, [u64; 5])> = (0..100)
         .map(|i| {
-            // Layout 3 = layout 2 (last seen, flags, reserved, created) + 8 bytes of its own.
-            let mut value = [0xab_u8; 32];
-            value[..8].copy_from_slice(&now.to_ne_bytes());
-            value[8..12].copy_from_slice(&SYNTHETIC_FLAGS.to_ne_bytes());
-            value[12..16].fill(0);
-            value[16..24].copy_from_slice(&now.to_ne_bytes());
+            // Layout 4 = layout 3 (last seen; flags, reserved; created; rev_nat, pad) + 8 bytes
+            // of its own.
+            let value = [
+                now,
+                u64::from(SYNTHETIC_FLAGS),
+                now,
+                0,
+                0xabab_abab_abab_abab,
+            ];
             (synthetic4(i), value)
         })
         .collect();
@@ -304,11 +366,11 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &["--ct-max-entries", "65536"]);
     assert_eq!(
         ct_pins(&root),
-        BTreeSet::from(["ct4_v2".to_owned(), "ct6_v2".to_owned()]),
+        BTreeSet::from(["ct4_v3".to_owned(), "ct6_v3".to_owned()]),
         "the newer layout's pin is merged and removed"
     );
-    let m4 = MapData::from_pin(paths.map_pin("ct4_v2")).expect("ct4_v2");
-    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 2).expect("read");
+    let m4 = MapData::from_pin(paths.map_pin("ct4_v3")).expect("ct4_v3");
+    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3).expect("read");
     assert_eq!(all.len(), 100, "every entry of the newer layout arrived");
     assert!(
         all.iter()
@@ -343,7 +405,7 @@ fn a_conntrack_pin_of_the_wrong_shape_is_refused_and_left_alone() {
     );
     assert_eq!(map_show(&root, "ct4_v1")["id"], id, "the pin is untouched");
     assert!(
-        !ct_pins(&root).contains("ct4_v2"),
-        "no half-made copy is left as ct4_v2"
+        !ct_pins(&root).contains("ct4_v3"),
+        "no half-made copy is left as ct4_v3"
     );
 }

@@ -46,7 +46,7 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     pods.write_state(dirs, Some(ISOLATE_ALL_ADMIT_CLIENT));
 
     let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "8192"]);
-    assert_eq!(max_entries(root, "ct4_v2"), 8192);
+    assert_eq!(max_entries(root, "ct4_v3"), 8192);
     wait_for_links(node, root, 4);
     let _server = echo_server(pods.server, 9000, 2);
     let flows: Vec<Flow> = (0..2)
@@ -72,10 +72,10 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
             (key, CtEntry::new(now, flags))
         })
         .collect();
-    let ct4 = MapData::from_pin(root.paths().map_pin("ct4_v2")).expect("ct4_v2");
-    agent::dataplane::batch::update(ct4.fd().as_fd(), &entries).expect("fill ct4_v2");
+    let ct4 = MapData::from_pin(root.paths().map_pin("ct4_v3")).expect("ct4_v3");
+    agent::dataplane::batch::update(ct4.fd().as_fd(), &entries).expect("fill ct4_v3");
     drop(ct4);
-    let before = ct_keys(root, 2);
+    let before = ct_keys(root, 3);
     assert_eq!(
         before.len(),
         5002,
@@ -87,12 +87,12 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     // Too small for what ct4 holds: ct4 keeps its size (nothing evicted), ct6 (empty) shrinks.
     let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "4096"]);
     assert_eq!(
-        max_entries(root, "ct4_v2"),
+        max_entries(root, "ct4_v3"),
         8192,
         "ct4 is not shrunk below its entries"
     );
-    assert_eq!(max_entries(root, "ct6_v2"), 4096, "ct6 has room: resized");
-    assert_eq!(ct_keys(root, 2), before, "nothing is evicted");
+    assert_eq!(max_entries(root, "ct6_v3"), 4096, "ct6 has room: resized");
+    assert_eq!(ct_keys(root, 3), before, "nothing is evicted");
     let steps = agent.started["migration"]["steps"].to_string();
     assert!(steps.contains("\"keep\""), "{steps}");
     for f in &flows {
@@ -100,17 +100,17 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     }
     assert!(agent.terminate().success());
 
-    // Larger: copied through ct4_v2_old, programs replaced to use the new map.
+    // Larger: copied through ct4_v3_old, programs replaced to use the new map.
     let agent = AgentProcess::start(root, dirs, Some(node), &["--ct-max-entries", "16384"]);
-    assert_eq!(max_entries(root, "ct4_v2"), 16384);
-    assert_eq!(max_entries(root, "ct6_v2"), 16384);
+    assert_eq!(max_entries(root, "ct4_v3"), 16384);
+    assert_eq!(max_entries(root, "ct6_v3"), 16384);
     assert_eq!(
         ct_pins(root),
-        ["ct4_v2", "ct6_v2"].map(str::to_owned).into(),
+        ["ct4_v3", "ct6_v3"].map(str::to_owned).into(),
         "the _old pins are gone"
     );
     assert_eq!(
-        ct_keys(root, 2),
+        ct_keys(root, 3),
         before,
         "every conntrack key survives the resize"
     );
@@ -120,7 +120,7 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
     );
     let steps = agent.started["migration"]["steps"].to_string();
     assert!(
-        steps.contains("\"resize\"") && steps.contains("ct4_v2_old"),
+        steps.contains("\"resize\"") && steps.contains("ct4_v3_old"),
         "{steps}"
     );
     for f in &flows {

@@ -2,7 +2,7 @@
 //! - a link weir-cni created drops everything, both ways, until its endpoint exists (the ADD
 //!   paused just before it registers the endpoint), counted as `unknown-endpoint`; the same
 //!   traffic passes once the ADD completes (positive control);
-//! - an agent upgrade (the previous release's object, `ct-v1`, replaced by the current one)
+//! - an agent upgrade (the previous release's object, `ct-v2`, replaced by the current one)
 //!   swaps the programs on the live link in place: a 1 ms-interval UDP flow each way loses no
 //!   datagram, and bpftool shows the new programs in the same filters;
 //! - the `tcx` option pins a link per program; an agent switched to filters keeps a live link's
@@ -33,7 +33,7 @@ use tests::{
     privileged::require_root,
 };
 
-const V1_OBJECT: &str = env!("WEIR_TEST_OBJECT_CT_V1");
+const PREVIOUS_OBJECT: &str = env!("WEIR_TEST_OBJECT_CT_V2");
 /// An address of the node (on its loopback) that pods send to through their default route.
 const NODE_IP: &str = "10.250.0.1";
 
@@ -281,11 +281,16 @@ fn an_agent_upgrade_replaces_the_programs_on_a_live_link_without_losing_a_packet
         return;
     }
     assert!(
-        std::path::Path::new(V1_OBJECT).is_file(),
-        "the ct-v1 object was built"
+        std::path::Path::new(PREVIOUS_OBJECT).is_file(),
+        "the ct-v2 object was built"
     );
     // The previous release: the layout-1 object.
-    let mut node = CniNode::start(&["--ebpf-object", V1_OBJECT, "--ct-max-entries", "65536"]);
+    let mut node = CniNode::start(&[
+        "--ebpf-object",
+        PREVIOUS_OBJECT,
+        "--ct-max-entries",
+        "65536",
+    ]);
     node_address(&node);
     let conf = node.conf(&json!({}));
     let pod = Pod::new();

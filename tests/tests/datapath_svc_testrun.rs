@@ -180,12 +180,20 @@ fn translated_to_a_backend_and_the_reply_from_the_frontend() {
             assert_eq!(src_of(&back), (VIP, PORT), "reply comes from the frontend");
             assert_eq!(dst_of(&back), (client, sport));
             csum::assert_valid("reverse translated", &back);
-            let rev = svc_ct(
-                &lab,
-                &ct_key(backend, TARGET, client, sport, proto, DIR_REPLY),
-            )
-            .expect("the reply entry");
-            assert_eq!(rev.service_id, 1);
+            // Conntrack layout 3: the flow's own entry names the frontend; `svc_ct4` holds no
+            // reply entry for a pod's flow any more (one insert per new flow).
+            let entry = lab
+                .ct(Peer::Pod(CLIENT), sport, Peer::Pod(want), TARGET, proto)
+                .expect("the flow's conntrack entry");
+            assert_eq!(entry.rev_nat, 1, "the conntrack entry names the service");
+            assert!(
+                svc_ct(
+                    &lab,
+                    &ct_key(backend, TARGET, client, sport, proto, DIR_REPLY)
+                )
+                .is_none(),
+                "no reply entry in svc_ct4"
+            );
 
             // The next packet of the flow goes the same way, as an established flow.
             let data_flags = if proto == TCP { ACK | PSH } else { 0 };
@@ -276,7 +284,7 @@ fn egress_policy_judges_the_backend_identity() {
         .is_none(),
         "the denied flow has no entry"
     );
-    assert_eq!(svc_ct_len(&lab), 2, "the db flow's two entries");
+    assert_eq!(svc_ct_len(&lab), 1, "the db flow's original entry");
 }
 
 /// The answer a client gets from a frontend without a ready backend: `frame` turned into an ICMP
