@@ -35,6 +35,7 @@ impl Node {
     /// takes its new form, or goes; a refused object goes and is listed in status by name.
     pub fn apply_deltas(&mut self, deltas: Vec<Delta>) -> DeltasApplied {
         let mut out = DeltasApplied::default();
+        let (mut service_keys, mut slice_keys) = (Vec::new(), Vec::new());
         for delta in deltas {
             self.policy_errors
                 .retain(|e| e.file.as_os_str() != delta.object.as_str());
@@ -63,6 +64,7 @@ impl Node {
                 }
                 ObjectChange::Service(key, service) => {
                     out.services = true;
+                    service_keys.push(key.clone());
                     match service {
                         Some(service) => self.cluster.services.insert(key, service),
                         None => self.cluster.services.remove(&key),
@@ -71,6 +73,7 @@ impl Node {
                 }
                 ObjectChange::EndpointSlice(key, slice) => {
                     out.services = true;
+                    slice_keys.push(key.clone());
                     match slice {
                         Some(slice) => self.cluster.endpoint_slices.insert(key, slice),
                         None => self.cluster.endpoint_slices.remove(&key),
@@ -83,10 +86,14 @@ impl Node {
             }
         }
         if out.services {
-            // The service maps follow the model (the driver writes only what changed).
-            self.dataplane
-                .services
-                .set(&self.cluster.services, &self.cluster.endpoint_slices);
+            // The service maps follow the model: only the Services these objects touch are
+            // recomputed, and the drivers write only what changed.
+            self.dataplane.services.update(
+                &self.cluster.services,
+                &self.cluster.endpoint_slices,
+                service_keys,
+                slice_keys,
+            );
         }
         self.flush();
         out.generation = self.changed();

@@ -1,7 +1,9 @@
 //! The service maps' driver family: `svc4_v1` (frontends), `svc_slots_v1`, `svc_backend4_v1`
-//! and `svc_revnat4_v1`, desired from `services::desired` (no kernel I/O when the sources
-//! change), each reconciled by its own [`MapDriver`] (read back, write the diff, sweep orphans;
-//! a restart over unchanged state writes nothing).
+//! and `svc_revnat4_v1`, desired one Service at a time by `services::incremental` (no kernel I/O
+//! when the sources change; a change costs what it touches, whatever the number of Services),
+//! each reconciled by its own [`MapDriver`] (read back, write the diff, sweep orphans). The ids
+//! the maps held when the agent started are kept for their keys, so a restart over unchanged
+//! state writes nothing.
 //!
 //! Security order (`plane`): nothing is written before identities, ipcache and policy are (a
 //! packet to a frontend is judged by its backend's identity, so a backend must not be reachable
@@ -10,7 +12,10 @@
 //! close). Established translated flows do not depend on these maps (`svc_ct4_v1` holds their
 //! backend), so a backend leaving a service ends no flow.
 
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::Instant,
+};
 
 use maps_schema::service::{
     Backend4, RevNat4, SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, SlotKey, SlotValue, Svc4Key,
@@ -23,7 +28,11 @@ use super::{
 };
 use crate::{
     paths::Paths,
-    services::desired::{self, Desired, Ids, Services, Slices},
+    services::{
+        desired::{Services, Slices},
+        incremental::{ObjectKey, Ops, Tracker},
+        model::{EndpointSlice, Service},
+    },
 };
 
 /// A desired frontend, its value, and its backends (id, backend) in slot order.
@@ -39,30 +48,41 @@ pub struct ServiceMaps {
     pub backends: MapDriver<u32, Backend4>,
     /// `svc_revnat4_v1`.
     pub revnat: MapDriver<u32, RevNat4>,
-    ids: Ids,
-    /// This node's name: endpoints with it as `nodeName` are local backends.
-    node: String,
-}
-
-fn contents<K: std::hash::Hash + Eq, V>(m: std::collections::BTreeMap<K, V>) -> HashMap<K, V> {
-    m.into_iter().collect()
+    tracker: Tracker,
+    /// The Services and slices as last set, and each Service's slices.
+    services: HashMap<ObjectKey, Service>,
+    slices: HashMap<ObjectKey, EndpointSlice>,
+    slices_of: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// The first whole set is in (the kernel's ids no Service took back are free now).
+    settled: bool,
 }
 
 impl ServiceMaps {
-    /// Drivers over these maps; the first apply is a full resync.
+    /// Drivers over these maps; the first apply is a full resync. The ids the frontends and
+    /// backends maps hold now are kept for their keys.
     pub fn new(
         frontends: Box<dyn MapIo<Svc4Key, Svc4Value>>,
         slots: Box<dyn MapIo<SlotKey, SlotValue>>,
         backends: Box<dyn MapIo<u32, Backend4>>,
         revnat: Box<dyn MapIo<u32, RevNat4>>,
     ) -> Self {
+        let mut tracker = Tracker::new("");
+        match (frontends.read_all(), backends.read_all()) {
+            (Ok(f), Ok(b)) => tracker.seed(f.into_iter().map(|(k, v)| (k, v.service_id)), b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the service maps' ids: they are allocated afresh (the first apply rewrites what moved)");
+            }
+        }
         Self {
             frontends: MapDriver::new(frontends),
             slots: MapDriver::new(slots),
             backends: MapDriver::new(backends),
             revnat: MapDriver::new(revnat),
-            ids: Ids::default(),
-            node: String::new(),
+            tracker,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_of: HashMap::new(),
+            settled: false,
         }
     }
 
@@ -70,7 +90,7 @@ impl ServiceMaps {
     /// and `externalTrafficPolicy: Local` serves only them). Call before the first [`Self::set`].
     #[must_use]
     pub fn for_node(mut self, node: &str) -> Self {
-        node.clone_into(&mut self.node);
+        self.tracker.set_node(node);
         self
     }
 
@@ -91,19 +111,115 @@ impl ServiceMaps {
         FakeServiceMaps::new(kernel).drivers()
     }
 
-    /// Manager side: the sources' Services and EndpointSlices now. Only what changed becomes
-    /// dirty; no kernel I/O.
+    /// Manager side: the sources' Services and EndpointSlices now (a whole set). Only the
+    /// Services whose object or slices changed are recomputed; only what changed becomes dirty;
+    /// no kernel I/O.
     pub fn set(&mut self, services: &Services, slices: &Slices) {
-        let Desired {
-            frontends,
-            slots,
-            backends,
-            revnat,
-        } = desired::compute(services, slices, &mut self.ids, &self.node);
-        self.frontends.replace_all(contents(frontends));
-        self.slots.replace_all(contents(slots));
-        self.backends.replace_all(contents(backends));
-        self.revnat.replace_all(contents(revnat));
+        let service_keys: BTreeSet<ObjectKey> = services
+            .keys()
+            .chain(self.services.keys())
+            .cloned()
+            .collect();
+        let slice_keys: BTreeSet<ObjectKey> =
+            slices.keys().chain(self.slices.keys()).cloned().collect();
+        self.update(services, slices, service_keys, slice_keys);
+        if !self.settled {
+            self.settled = true;
+            self.tracker.forget_seeds();
+        }
+    }
+
+    /// Manager side: the Services `service_keys` and EndpointSlices `slice_keys` changed (each
+    /// present in `services`/`slices`, or gone); the rest is as last set. No kernel I/O.
+    pub fn update(
+        &mut self,
+        services: &Services,
+        slices: &Slices,
+        service_keys: impl IntoIterator<Item = ObjectKey>,
+        slice_keys: impl IntoIterator<Item = ObjectKey>,
+    ) {
+        let mut changed: BTreeSet<ObjectKey> = BTreeSet::new();
+        for key in service_keys {
+            let now = services.get(&key);
+            if now == self.services.get(&key) {
+                continue;
+            }
+            match now {
+                Some(s) => self.services.insert(key.clone(), s.clone()),
+                None => self.services.remove(&key),
+            };
+            changed.insert(key);
+        }
+        for key in slice_keys {
+            let now = slices.get(&key);
+            let before = self.slices.get(&key);
+            if now == before {
+                continue;
+            }
+            let owner = |s: &EndpointSlice| (s.namespace.clone(), s.service.clone());
+            if let Some(old) = before.map(owner) {
+                if let Some(set) = self.slices_of.get_mut(&old) {
+                    set.remove(&key);
+                    if set.is_empty() {
+                        self.slices_of.remove(&old);
+                    }
+                }
+                changed.insert(old);
+            }
+            match now {
+                Some(slice) => {
+                    let new = owner(slice);
+                    self.slices_of
+                        .entry(new.clone())
+                        .or_default()
+                        .insert(key.clone());
+                    self.slices.insert(key, slice.clone());
+                    changed.insert(new);
+                }
+                None => {
+                    self.slices.remove(&key);
+                }
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let (index, all) = (&self.slices_of, &self.slices);
+        let slices_of = |service: &ObjectKey| -> Vec<&EndpointSlice> {
+            index
+                .get(service)
+                .map(|keys| keys.iter().filter_map(|k| all.get(k)).collect())
+                .unwrap_or_default()
+        };
+        let ops = self.tracker.update(services, &slices_of, changed);
+        self.write(ops);
+    }
+
+    fn write(&mut self, ops: Ops) {
+        for (k, v) in ops.backends {
+            match v {
+                Some(v) => self.backends.set(k, v),
+                None => self.backends.remove(&k),
+            }
+        }
+        for (k, v) in ops.revnat {
+            match v {
+                Some(v) => self.revnat.set(k, v),
+                None => self.revnat.remove(&k),
+            }
+        }
+        for (k, v) in ops.slots {
+            match v {
+                Some(v) => self.slots.set(k, v),
+                None => self.slots.remove(&k),
+            }
+        }
+        for (k, v) in ops.frontends {
+            match v {
+                Some(v) => self.frontends.set(k, v),
+                None => self.frontends.remove(&k),
+            }
+        }
     }
 
     /// True when an apply has work to do.

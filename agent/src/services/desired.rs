@@ -74,20 +74,17 @@ pub(crate) fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<
     }
 }
 
-/// The ready IPv4 backends of one Service port, sorted, at most [`MAX_SLOTS`]; those whose
-/// `nodeName` is `node` are flagged local; `local_only` keeps only those.
-fn backends_of(
-    service: &Service,
+/// The ready IPv4 backends of one Service port on `slices` (the Service's own), sorted, at most
+/// [`MAX_SLOTS`]; those whose `nodeName` is `node` are flagged local; `local_only` keeps only
+/// those.
+fn backends_of<'a>(
     port: &ServicePort,
-    slices: &Slices,
+    slices: impl Iterator<Item = &'a EndpointSlice>,
     node: &str,
     local_only: bool,
 ) -> Vec<Backend4> {
     let mut set = BTreeSet::new();
-    for slice in slices
-        .values()
-        .filter(|s| s.namespace == service.namespace && s.service == service.name)
-    {
+    for slice in slices {
         let Some(target) = backend_port(port, slice) else {
             continue;
         };
@@ -111,60 +108,111 @@ fn backends_of(
     set.into_iter().take(MAX_SLOTS as usize).collect()
 }
 
+/// One frontend a Service declares: its reverse NAT, its value's flags and affinity timeout (the
+/// id and count are the maps' business), and its ready backends in slot order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendSpec {
+    /// `svc_revnat4`'s value.
+    pub revnat: RevNat4,
+    /// `Svc4Value::flags`.
+    pub flags: u16,
+    /// `Svc4Value::affinity_timeout_secs`.
+    pub affinity_timeout_secs: u32,
+    /// Slot order.
+    pub backends: Vec<Backend4>,
+}
+
+/// Every IPv4 frontend `service` declares (cluster IPs × ports, then its NodePorts), in order,
+/// with its backends on `slices` (the Service's own EndpointSlices) for node `node`.
+pub fn frontends_of<'a>(
+    service: &Service,
+    slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
+    node: &str,
+) -> Vec<(Svc4Key, FrontendSpec)> {
+    let (affinity_flags, affinity_timeout_secs) = match service.affinity {
+        SessionAffinity::None => (0, 0),
+        SessionAffinity::ClientIp { timeout_seconds } => (SVC_FLAG_AFFINITY, timeout_seconds),
+    };
+    let mut out = Vec::new();
+    for port in &service.ports {
+        let cluster = service.cluster_ips.iter().filter_map(|ip| match ip {
+            IpAddr::V4(v4) => Some((v4.octets(), port.port, false)),
+            IpAddr::V6(_) => None,
+        });
+        let node_port = port.node_port.map(|n| (NODEPORT_ANY, n, true));
+        for (addr, frontend_port, is_node_port) in cluster.chain(node_port) {
+            let key = Svc4Key {
+                addr,
+                port: frontend_port,
+                protocol: port.protocol,
+                pad: 0,
+            };
+            let local_only = is_node_port && service.external_local;
+            let mut flags = affinity_flags;
+            if local_only {
+                flags |= SVC_FLAG_EXTERNAL_LOCAL;
+            }
+            out.push((
+                key,
+                FrontendSpec {
+                    revnat: RevNat4 {
+                        addr,
+                        port: frontend_port,
+                        pad: 0,
+                    },
+                    flags,
+                    affinity_timeout_secs,
+                    backends: backends_of(port, slices.clone(), node, local_only),
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// The EndpointSlices of each Service, by the Service's (namespace, name).
+#[must_use]
+pub fn slices_by_service(slices: &Slices) -> BTreeMap<(String, String), Vec<&EndpointSlice>> {
+    let mut out: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in slices.values() {
+        out.entry((slice.namespace.clone(), slice.service.clone()))
+            .or_default()
+            .push(slice);
+    }
+    out
+}
+
 /// Computes the desired maps for node `node` (whose endpoints are local; empty: none is),
 /// keeping ids stable through `ids`. A frontend two Services claim (the same cluster IP or
 /// NodePort, port and protocol) goes to the first by namespace and name.
 #[must_use]
 pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids, node: &str) -> Desired {
-    let mut frontends: Vec<(Svc4Key, RevNat4, Vec<Backend4>, &Service)> = Vec::new();
+    let by_service = slices_by_service(slices);
+    let none = Vec::new();
+    let mut frontends: Vec<(Svc4Key, FrontendSpec)> = Vec::new();
     let mut claimed = BTreeSet::new();
-    for service in services.values() {
-        for port in &service.ports {
-            let cluster = service.cluster_ips.iter().filter_map(|ip| match ip {
-                IpAddr::V4(v4) => Some((v4.octets(), port.port, false)),
-                IpAddr::V6(_) => None,
-            });
-            let node_port = port.node_port.map(|n| (NODEPORT_ANY, n, true));
-            for (addr, frontend_port, is_node_port) in cluster.chain(node_port) {
-                let key = Svc4Key {
-                    addr,
-                    port: frontend_port,
-                    protocol: port.protocol,
-                    pad: 0,
-                };
-                if !claimed.insert(key) {
-                    continue;
-                }
-                let revnat = RevNat4 {
-                    addr,
-                    port: frontend_port,
-                    pad: 0,
-                };
-                let local_only = is_node_port && service.external_local;
-                let backends = backends_of(service, port, slices, node, local_only);
-                frontends.push((key, revnat, backends, service));
+    for (key, service) in services {
+        let own = by_service.get(key).unwrap_or(&none);
+        for (frontend, spec) in frontends_of(service, own.iter().copied(), node) {
+            if claimed.insert(frontend) {
+                frontends.push((frontend, spec));
             }
         }
     }
     let wanted_services: BTreeSet<Svc4Key> = frontends.iter().map(|f| f.0).collect();
-    let wanted_backends: BTreeSet<Backend4> =
-        frontends.iter().flat_map(|f| f.2.iter().copied()).collect();
+    let wanted_backends: BTreeSet<Backend4> = frontends
+        .iter()
+        .flat_map(|f| f.1.backends.iter().copied())
+        .collect();
     keep_or_allocate(&mut ids.services, &wanted_services);
     keep_or_allocate(&mut ids.backends, &wanted_backends);
     let mut desired = Desired::default();
-    for (key, revnat, backends, service) in frontends {
+    for (key, spec) in frontends {
         let Some(&service_id) = ids.services.get(&key) else {
             continue;
         };
-        let (mut flags, affinity_timeout_secs) = match service.affinity {
-            SessionAffinity::None => (0, 0),
-            SessionAffinity::ClientIp { timeout_seconds } => (SVC_FLAG_AFFINITY, timeout_seconds),
-        };
-        if key.addr == NODEPORT_ANY && service.external_local {
-            flags |= SVC_FLAG_EXTERNAL_LOCAL;
-        }
         let mut count: u16 = 0;
-        for backend in &backends {
+        for backend in &spec.backends {
             let Some(&backend_id) = ids.backends.get(backend) else {
                 continue;
             };
@@ -184,12 +232,12 @@ pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids, node: &str) 
             Svc4Value {
                 service_id,
                 backend_count: count,
-                flags,
-                affinity_timeout_secs,
+                flags: spec.flags,
+                affinity_timeout_secs: spec.affinity_timeout_secs,
                 pad: 0,
             },
         );
-        desired.revnat.insert(service_id, revnat);
+        desired.revnat.insert(service_id, spec.revnat);
     }
     desired
 }

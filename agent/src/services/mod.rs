@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod desired;
+pub mod incremental;
 pub mod model;
 pub mod view;
 
@@ -13,5 +14,7 @@ pub mod view;
 mod convert_tests;
 #[cfg(test)]
 mod desired_tests;
+#[cfg(test)]
+mod incremental_tests;
 #[cfg(test)]
 mod view_tests;
