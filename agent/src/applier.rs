@@ -759,7 +759,7 @@ impl DataplaneLoop {
             },
             ipam_hints: self.node.ipam_hints(),
             services: if changed.services {
-                Arc::new(self.node.service_views())
+                self.node.service_view_parts()
             } else {
                 Arc::clone(&previous.services)
             },

@@ -4,7 +4,11 @@
 //! generation it has applied, so an API call can answer only once its change is in the kernel. No
 //! kernel I/O happens here.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+};
 
 use serde::Serialize;
 
@@ -65,6 +69,11 @@ pub struct Node {
     policy_warnings: Vec<String>,
     /// The source's Pods (local endpoints take their labels from them) and Nodes.
     cluster: PolicySet,
+    /// Each Service's views (`GET /v1/services`), rebuilt per Service as it changes.
+    service_views: BTreeMap<
+        crate::services::incremental::ObjectKey,
+        Arc<Vec<crate::services::view::ServiceView>>,
+    >,
     /// The pool and address annotations of the source's Pods and Namespaces (read on CNI ADD).
     ipam_hints: Arc<IpamHints>,
     /// This node's name, when known (its pods are not remote).
@@ -141,7 +150,7 @@ impl Node {
         calc.set_remote_pods(&pods::remote(&policies, registry.endpoints(), None))?;
         let ipam_hints = IpamHints::of(&policies);
         let policy_warnings = caveats(&policies, &[]);
-        dataplane
+        let changed_services = dataplane
             .services
             .set(&policies.services, &policies.endpoint_slices);
         let cluster = PolicySet {
@@ -166,7 +175,9 @@ impl Node {
             routes: None,
             cluster_pods: Vec::new(),
             retired: None,
+            service_views: BTreeMap::new(),
         };
+        node.refresh_service_views(changed_services);
         node.flush();
         Ok(node)
     }
@@ -206,7 +217,8 @@ impl Node {
         self.calc.set_remote_pods(&remote)?;
         self.ipam_hints = IpamHints::of(&policies);
         self.policy_warnings = caveats(&policies, &self.policy_warnings);
-        self.dataplane
+        let changed_services = self
+            .dataplane
             .services
             .set(&policies.services, &policies.endpoint_slices);
         // The policies and namespaces are the calculation's now; the set's own copies are freed
@@ -217,6 +229,7 @@ impl Node {
             ..PolicySet::default()
         });
         self.cluster = policies;
+        self.refresh_service_views(changed_services);
         self.policy_errors = errors;
         self.policies_synced = true;
         self.flush();
@@ -442,7 +455,37 @@ impl Node {
     /// The source's Services with their EndpointSlices' endpoints (`GET /v1/services`).
     #[must_use]
     pub fn service_views(&self) -> Vec<crate::services::view::ServiceView> {
-        crate::services::view::views(&self.cluster.services, &self.cluster.endpoint_slices)
+        self.service_views
+            .values()
+            .flat_map(|v| v.iter().cloned())
+            .collect()
+    }
+
+    /// [`Self::service_views`] as the snapshot publishes them: one shared part per Service.
+    #[must_use]
+    pub fn service_view_parts(&self) -> Arc<crate::services::view::ServiceViews> {
+        Arc::new(self.service_views.values().cloned().collect())
+    }
+
+    /// Rebuilds the views of the Services `changed` (their object or slices changed).
+    pub(crate) fn refresh_service_views(
+        &mut self,
+        changed: BTreeSet<crate::services::incremental::ObjectKey>,
+    ) {
+        for key in changed {
+            match self.cluster.services.get(&key) {
+                Some(service) => {
+                    let slices = self.dataplane.services.slices_of(&key);
+                    self.service_views.insert(
+                        key,
+                        Arc::new(crate::services::view::views_of(service, &slices)),
+                    );
+                }
+                None => {
+                    self.service_views.remove(&key);
+                }
+            }
+        }
     }
 
     /// The pool and address annotations of the source's Pods and Namespaces.

@@ -88,12 +88,13 @@ impl Node {
         if out.services {
             // The service maps follow the model: only the Services these objects touch are
             // recomputed, and the drivers write only what changed.
-            self.dataplane.services.update(
+            let changed = self.dataplane.services.update(
                 &self.cluster.services,
                 &self.cluster.endpoint_slices,
                 service_keys,
                 slice_keys,
             );
+            self.refresh_service_views(changed);
         }
         self.flush();
         out.generation = self.changed();

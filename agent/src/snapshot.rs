@@ -11,7 +11,7 @@ use crate::{
     node::{Node, NodeSummary},
     pod_ipam::IpamHints,
     policy::compile::RuleRef,
-    services::view::ServiceView,
+    services::view::ServiceViews,
 };
 
 /// The node as the loop last published it.
@@ -39,7 +39,7 @@ pub struct Snapshot {
     pub ipam_hints: Arc<IpamHints>,
     /// The source's Services with their endpoints (`GET /v1/services`); rebuilt only when a
     /// Service or an EndpointSlice changed.
-    pub services: Arc<Vec<ServiceView>>,
+    pub services: Arc<ServiceViews>,
 }
 
 impl Snapshot {
@@ -55,7 +55,7 @@ impl Snapshot {
             stats: node.dataplane.stats(),
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
-            services: Arc::new(node.service_views()),
+            services: node.service_view_parts(),
         }
     }
 

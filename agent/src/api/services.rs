@@ -10,5 +10,12 @@ use crate::services::view::ServiceView;
 
 /// The handler.
 pub async fn list(State(api): State<Arc<Api>>) -> Json<Vec<ServiceView>> {
-    Json(api.dataplane.snapshot().services.as_ref().clone())
+    let snapshot = api.dataplane.snapshot();
+    Json(
+        snapshot
+            .services
+            .iter()
+            .flat_map(|views| views.iter().cloned())
+            .collect(),
+    )
 }

@@ -113,8 +113,8 @@ impl ServiceMaps {
 
     /// Manager side: the sources' Services and EndpointSlices now (a whole set). Only the
     /// Services whose object or slices changed are recomputed; only what changed becomes dirty;
-    /// no kernel I/O.
-    pub fn set(&mut self, services: &Services, slices: &Slices) {
+    /// no kernel I/O. Returns the Services whose object or slices changed.
+    pub fn set(&mut self, services: &Services, slices: &Slices) -> BTreeSet<ObjectKey> {
         let service_keys: BTreeSet<ObjectKey> = services
             .keys()
             .chain(self.services.keys())
@@ -122,22 +122,24 @@ impl ServiceMaps {
             .collect();
         let slice_keys: BTreeSet<ObjectKey> =
             slices.keys().chain(self.slices.keys()).cloned().collect();
-        self.update(services, slices, service_keys, slice_keys);
+        let changed = self.update(services, slices, service_keys, slice_keys);
         if !self.settled {
             self.settled = true;
             self.tracker.forget_seeds();
         }
+        changed
     }
 
     /// Manager side: the Services `service_keys` and EndpointSlices `slice_keys` changed (each
-    /// present in `services`/`slices`, or gone); the rest is as last set. No kernel I/O.
+    /// present in `services`/`slices`, or gone); the rest is as last set. No kernel I/O. Returns
+    /// the Services whose object or slices changed.
     pub fn update(
         &mut self,
         services: &Services,
         slices: &Slices,
         service_keys: impl IntoIterator<Item = ObjectKey>,
         slice_keys: impl IntoIterator<Item = ObjectKey>,
-    ) {
+    ) -> BTreeSet<ObjectKey> {
         let mut changed: BTreeSet<ObjectKey> = BTreeSet::new();
         for key in service_keys {
             let now = services.get(&key);
@@ -182,7 +184,7 @@ impl ServiceMaps {
             }
         }
         if changed.is_empty() {
-            return;
+            return changed;
         }
         let (index, all) = (&self.slices_of, &self.slices);
         let slices_of = |service: &ObjectKey| -> Vec<&EndpointSlice> {
@@ -191,8 +193,19 @@ impl ServiceMaps {
                 .map(|keys| keys.iter().filter_map(|k| all.get(k)).collect())
                 .unwrap_or_default()
         };
-        let ops = self.tracker.update(services, &slices_of, changed);
+        let ops = self
+            .tracker
+            .update(services, &slices_of, changed.iter().cloned());
         self.write(ops);
+        changed
+    }
+
+    /// The EndpointSlices of Service `key`, as last set.
+    pub fn slices_of(&self, key: &ObjectKey) -> Vec<&EndpointSlice> {
+        self.slices_of
+            .get(key)
+            .map(|keys| keys.iter().filter_map(|k| self.slices.get(k)).collect())
+            .unwrap_or_default()
     }
 
     fn write(&mut self, ops: Ops) {

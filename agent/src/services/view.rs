@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    desired::{Services, Slices, backend_port},
-    model::{Endpoint, Service, ServicePort, SessionAffinity},
+    desired::{Services, Slices, backend_port, slices_by_service},
+    model::{Endpoint, EndpointSlice, Service, ServicePort, SessionAffinity},
 };
 use crate::policy::warnings::protocol_name;
 
@@ -89,17 +89,9 @@ impl BackendState {
     }
 }
 
-fn backends(
-    service: &Service,
-    ip: IpAddr,
-    port: &ServicePort,
-    slices: &Slices,
-) -> Vec<BackendView> {
+fn backends(ip: IpAddr, port: &ServicePort, slices: &[&EndpointSlice]) -> Vec<BackendView> {
     let mut found: Vec<(IpAddr, u16, BackendState, &str, Option<&String>)> = Vec::new();
-    for slice in slices
-        .values()
-        .filter(|s| s.namespace == service.namespace && s.service == service.name)
-    {
+    for slice in slices {
         let Some(target) = backend_port(port, slice) else {
             continue;
         };
@@ -126,44 +118,58 @@ fn backends(
 /// NodePorts; a headless ClusterIP Service has none.
 #[must_use]
 pub fn views(services: &Services, slices: &Slices) -> Vec<ServiceView> {
+    let by_service = slices_by_service(slices);
+    let none = Vec::new();
+    services
+        .iter()
+        .flat_map(|(key, service)| views_of(service, by_service.get(key).unwrap_or(&none)))
+        .collect()
+}
+
+/// The views of each Service, in (namespace, name) order: what a snapshot publishes (a change
+/// replaces only its own Services' parts).
+pub type ServiceViews = Vec<std::sync::Arc<Vec<ServiceView>>>;
+
+/// The frontends of one Service (cluster IP, then port, then its NodePorts) with the endpoints
+/// of `slices` (its own EndpointSlices).
+#[must_use]
+pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView> {
     let mut out = Vec::new();
-    for service in services.values() {
-        let affinity_timeout_seconds = match service.affinity {
-            SessionAffinity::None => None,
-            SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
-        };
-        for ip in &service.cluster_ips {
-            for port in &service.ports {
-                out.push(ServiceView {
-                    service: format!("{}/{}", service.namespace, service.name),
-                    frontend: format!(
-                        "{}/{}",
-                        SocketAddr::new(*ip, port.port),
-                        protocol_name(port.protocol).to_lowercase()
-                    ),
-                    port_name: port.name.clone(),
-                    external_traffic_policy: None,
-                    affinity_timeout_seconds,
-                    backends: backends(service, *ip, port, slices),
-                });
-            }
-        }
+    let affinity_timeout_seconds = match service.affinity {
+        SessionAffinity::None => None,
+        SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
+    };
+    for ip in &service.cluster_ips {
         for port in &service.ports {
-            let Some(node_port) = port.node_port else {
-                continue;
-            };
             out.push(ServiceView {
                 service: format!("{}/{}", service.namespace, service.name),
                 frontend: format!(
-                    "*:{node_port}/{}",
+                    "{}/{}",
+                    SocketAddr::new(*ip, port.port),
                     protocol_name(port.protocol).to_lowercase()
                 ),
                 port_name: port.name.clone(),
-                external_traffic_policy: service.external_local.then(|| "Local".to_owned()),
+                external_traffic_policy: None,
                 affinity_timeout_seconds,
-                backends: backends(service, IpAddr::from([0u8; 4]), port, slices),
+                backends: backends(*ip, port, slices),
             });
         }
+    }
+    for port in &service.ports {
+        let Some(node_port) = port.node_port else {
+            continue;
+        };
+        out.push(ServiceView {
+            service: format!("{}/{}", service.namespace, service.name),
+            frontend: format!(
+                "*:{node_port}/{}",
+                protocol_name(port.protocol).to_lowercase()
+            ),
+            port_name: port.name.clone(),
+            external_traffic_policy: service.external_local.then(|| "Local".to_owned()),
+            affinity_timeout_seconds,
+            backends: backends(IpAddr::from([0u8; 4]), port, slices),
+        });
     }
     out
 }

@@ -8,8 +8,9 @@
 //!   nftables-mode layout on real UDP traffic between namespaces to a middle Service's ClusterIP,
 //!   each packet a new flow, over the same traffic sent straight to the backend with no
 //!   translation, at 1,000 and 10,000 Services;
-//! - `update`: one Service added to a real `weir agent`'s policy directory holding 10,000
-//!   Services and EndpointSlices, until its frontend is in the pinned `svc4_v1`; and
+//! - `update`: one Service added to a real `weir agent` whose source holds 10,000 Services and
+//!   EndpointSlices — the Kubernetes source (from the watch event) and the policy directory
+//!   (from the file's rename) —, until its frontend is in the pinned `svc4_v1`; and
 //!   `iptables-restore` of kube-proxy's full table at 10,000 Services.
 //!
 //! Usage (root): `services-bench --object PATH --out PATH [--smoke] [--only testrun|traffic|update]`

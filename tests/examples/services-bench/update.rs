@@ -1,10 +1,17 @@
-//! Update cost at `update_services` Services: a real `weir agent` (the `WEIR_BIN` binary, in a
-//! namespace of its own, pins under a `wt*` root) with a policy directory holding that many
-//! Services and their EndpointSlices; once all their frontends are in its pinned `svc4_v1`, one
-//! more Service (and its slice) is added as a new file (written aside, renamed in: the source
-//! event) and the clock runs until its frontend is in the pinned map, polled with the bpf syscall
-//! every 0.2 ms. Against it: `iptables-nft-restore --noflush` of kube-proxy's whole iptables-mode
-//! table with that one Service more, over the table without it (what kube-proxy's sync does).
+//! Update cost at `update_services` Services, through each source of a real `weir agent` (the
+//! `WEIR_BIN` binary, in a namespace of its own, pins under a `wt*` root):
+//!
+//! - the Kubernetes source (`--source kubernetes` against the test API server, `tests::kube_api`,
+//!   whose first lists hold that many Services and EndpointSlices): one more Service's slice,
+//!   then the Service, applied on the server; the clock runs from the Service's watch event
+//!   being written to the agent's stream (the source event) until its frontend, with both
+//!   backends, is in the pinned `svc4_v1`, polled with the bpf syscall every 0.2 ms;
+//! - the standalone directory: the same Services in one file; one more Service (and its slice)
+//!   added as a new file (written aside, renamed in: the source event), until its frontend is in
+//!   the map. This source polls the directory every 50 ms and re-reads it whole.
+//!
+//! Against it: `iptables-nft-restore --noflush` of kube-proxy's whole iptables-mode table with
+//! that one Service more, over the table without it (what kube-proxy's sync does).
 
 use std::{
     collections::BTreeMap,
@@ -22,6 +29,7 @@ use tests::{
     agent_proc::{AgentDirs, AgentProcess},
     bench_net::{feed, median},
     bpf::PinRoot,
+    kube_api::KubeApi,
     netns::NetNs,
     packet::TCP,
 };
@@ -124,14 +132,96 @@ fn weir_update(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
         samples.push(ms);
     }
     drop(agent);
+    figures.insert("dir_service_update_ms".into(), json!(median(&mut samples)));
+    figures.insert(
+        "dir_service_update_max_ms".into(),
+        json!(samples.iter().copied().fold(0.0, f64::max)),
+    );
+    figures.insert("dir_service_full_sync_ms".into(), json!(sync_ms));
+    figures.insert("update_services".into(), json!(n));
+    figures.insert("update_rounds".into(), json!(s.update_rounds));
+    Ok(())
+}
+
+/// Service `i` and its EndpointSlice as API objects.
+fn objects(i: u32) -> (Value, Value) {
+    let (a, b) = (filler_backend(i, 0), filler_backend(i, 1));
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+        "spec": {"clusterIP": vip(i).to_string(),
+                 "ports": [{"name": "p", "port": PORT, "targetPort": TARGET}]}});
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{i}-1"), "namespace": "bench",
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv4",
+        "ports": [{"name": "p", "port": TARGET, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [a.to_string()], "conditions": {"ready": true}},
+                      {"addresses": [b.to_string()], "conditions": {"ready": true}}]});
+    (service, slice)
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn kube_update(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
+    let n = s.update_services;
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let netns = NetNs::new();
+    netns.exec(&["ip", "link", "set", "lo", "up"]);
+    let api = KubeApi::start(Some(&netns));
+    for i in 0..n {
+        let (service, slice) = objects(i);
+        api.apply(slice);
+        api.apply(service);
+    }
+    eprintln!("services-bench: starting weir agent --source kubernetes with {n} Services");
+    let spawned = Instant::now();
+    let kubeconfig = api.kubeconfig().display().to_string();
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&netns),
+        &["--source", "kubernetes", "--kubeconfig", &kubeconfig],
+    );
+    let pin = root.paths().map_pin(SVC4);
+    let (sync_ms, map) = initial_sync(spawned, &pin, n)?;
+    let mut samples = Vec::new();
+    for r in 0..s.update_rounds {
+        let i = n + u32::try_from(r)?;
+        let (service, slice) = objects(i);
+        api.apply(slice);
+        let rv = api.apply(service);
+        let deadline = Instant::now() + UPDATE_LIMIT;
+        loop {
+            if map.get(&key(i), 0).is_ok_and(|v| v.backend_count == 2) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("Service {i} did not reach svc4_v1 within {UPDATE_LIMIT:?}");
+            }
+            std::thread::sleep(POLL);
+        }
+        let done = now_ns();
+        let sent = api
+            .sent_at("Service", rv)
+            .context("the Service's watch event was sent")?;
+        let ms = done.saturating_sub(sent) as f64 / 1e6;
+        eprintln!(
+            "services-bench: one Service added at {i} Services (Kubernetes source): {ms:.2} ms"
+        );
+        samples.push(ms);
+    }
+    drop(agent);
     figures.insert("service_update_ms".into(), json!(median(&mut samples)));
     figures.insert(
         "service_update_max_ms".into(),
-        json!(samples.last().copied()),
+        json!(samples.iter().copied().fold(0.0, f64::max)),
     );
     figures.insert("service_full_sync_ms".into(), json!(sync_ms));
-    figures.insert("update_services".into(), json!(n));
-    figures.insert("update_rounds".into(), json!(s.update_rounds));
     Ok(())
 }
 
@@ -156,6 +246,7 @@ fn iptables_update(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()
 }
 
 pub fn run(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
+    kube_update(s, figures)?;
     weir_update(s, figures)?;
     iptables_update(s, figures)
 }

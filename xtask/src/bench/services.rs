@@ -63,18 +63,23 @@ const ROWS: &[(&str, &str)] = &[
         "  iptables over weir (target >= 100)",
     ),
     ("nft_over_weir_10k", "  nftables over weir (target > 1)"),
-    (
-        "update_services",
-        "update: Services in the agent's directory",
-    ),
+    ("update_services", "update: Services in the agent's source"),
     (
         "service_update_ms",
-        "  one Service added, file to svc4_v1, ms (target <= 10)",
+        "  one Service added, watch event to svc4_v1, ms (target <= 10)",
     ),
     ("service_update_max_ms", "  the same, slowest round, ms"),
     (
         "service_full_sync_ms",
-        "  all Services, agent spawned to svc4_v1, ms",
+        "  all Services from the API server, agent spawned to svc4_v1, ms",
+    ),
+    (
+        "dir_service_update_ms",
+        "  directory source: one Service added, file to svc4_v1, ms",
+    ),
+    (
+        "dir_service_full_sync_ms",
+        "  directory source: all Services, agent spawned to svc4_v1, ms",
     ),
     (
         "iptables_restore_ms_10k",
