@@ -204,11 +204,17 @@ impl Family for V6 {
 
 /// The reply entries of `svc_ct4_v1` (none when it is not pinned: no flow was ever translated).
 fn svc_replies(io: &impl MigrateIo) -> Result<HashMap<SvcCt4Key, SvcCt4Entry>, MigrateError> {
-    let map = match io.open(SVC_CT4) {
-        Ok(map) => map,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
-        Err(e) => return Err(io_err("open", io.path(SVC_CT4).display())(e)),
-    };
+    let pinned = io
+        .pins()
+        .map_err(io_err("read", io.path("").display()))?
+        .iter()
+        .any(|name| name == SVC_CT4);
+    if !pinned {
+        return Ok(HashMap::new());
+    }
+    let map = io
+        .open(SVC_CT4)
+        .map_err(io_err("open", io.path(SVC_CT4).display()))?;
     let read = map
         .check::<SvcCt4Key, SvcCt4Entry>(false)
         .and_then(|()| map.lookup_all::<SvcCt4Key, SvcCt4Entry>())

@@ -451,3 +451,18 @@ fn translated_flows_keep_their_frontend_through_layout_3_and_back() {
     let v2 = read4(&kernel, "ct4_v2", 2);
     assert_eq!(v2.len(), N as usize + 1, "every flow in layout 2");
 }
+
+/// An upgrade to layout 3 on a node that never translated a flow (no `svc_ct4_v1` pinned): every
+/// entry converts, none with a reverse NAT.
+#[test]
+fn an_upgrade_to_layout_3_without_service_flows_converts_everything() {
+    let mut kernel = v1_node();
+    assert!(!kernel.ct_pin_names().iter().any(|n| n == SVC_CT4));
+    let mut pending = prepare_with(&mut kernel, 3, CAPACITY).expect("prepare");
+    finish_with(&mut kernel, &mut pending).expect("finish");
+    let ct4 = read4(&kernel, "ct4_v3", 3);
+    assert_eq!(ct4.len(), N as usize);
+    for i in 0..N {
+        assert_eq!(ct4[&key4(i)], v1(i).upgrade(), "entry {i}");
+    }
+}
