@@ -319,16 +319,23 @@ pub(crate) fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> 
     if tr.new == 0 {
         return Ok(());
     }
-    let reply = SvcCt4Entry {
+    let reply = client_entry(t, tr);
+    SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &reply, 0)?;
+    record_original(t, vip, vport, &reply)
+}
+
+/// A new flow's `svc_ct4` entry holding its client end (the reply entry as is; the original entry
+/// with the backend in its place).
+#[inline(always)]
+fn client_entry(t: &Tuple<u32>, tr: &Translation) -> SvcCt4Entry {
+    SvcCt4Entry {
         addr: t.src.to_ne_bytes(),
         port: t.sport,
         _pad: 0,
         service_id: tr.service_id,
         backend_id: tr.backend_id,
         last_seen_ns: now_ns(),
-    };
-    SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &reply, 0)?;
-    record_original(t, vip, vport, &reply)
+    }
 }
 
 /// The original entry (client → frontend: the backend the flow was given).
@@ -356,15 +363,7 @@ fn record_flow(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result
     if tr.new == 0 {
         return Ok(());
     }
-    let e = SvcCt4Entry {
-        addr: t.src.to_ne_bytes(),
-        port: t.sport,
-        _pad: 0,
-        service_id: tr.service_id,
-        backend_id: tr.backend_id,
-        last_seen_ns: now_ns(),
-    };
-    record_original(t, vip, vport, &e)
+    record_original(t, vip, vport, &client_entry(t, tr))
 }
 
 /// The layout-2 build (`ct-v2`): both entries, as that release wrote them.

@@ -35,6 +35,32 @@ use crate::{
     },
 };
 
+/// The slices of `service` in `index` (Service → slice keys) and `all`.
+fn slices_in<'a>(
+    index: &HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    all: &'a HashMap<ObjectKey, EndpointSlice>,
+    service: &ObjectKey,
+) -> Vec<&'a EndpointSlice> {
+    index
+        .get(service)
+        .map(|keys| keys.iter().filter_map(|k| all.get(k)).collect())
+        .unwrap_or_default()
+}
+
+/// Hands a map's share of the incremental ops to its driver (`None`: delete), in order.
+fn write<K, V>(driver: &mut MapDriver<K, V>, ops: Vec<(K, Option<V>)>)
+where
+    K: Clone + Eq + std::hash::Hash + Send,
+    V: Clone + PartialEq + Send,
+{
+    for (k, v) in ops {
+        match v {
+            Some(v) => driver.set(k, v),
+            None => driver.remove(&k),
+        }
+    }
+}
+
 /// A desired frontend, its value, and its backends (id, backend) in slot order.
 pub type FrontendEntry = (Svc4Key, Svc4Value, Vec<(u32, Backend4)>);
 
@@ -187,12 +213,7 @@ impl ServiceMaps {
             return changed;
         }
         let (index, all) = (&self.slices_of, &self.slices);
-        let slices_of = |service: &ObjectKey| -> Vec<&EndpointSlice> {
-            index
-                .get(service)
-                .map(|keys| keys.iter().filter_map(|k| all.get(k)).collect())
-                .unwrap_or_default()
-        };
+        let slices_of = |service: &ObjectKey| slices_in(index, all, service);
         let ops = self
             .tracker
             .update(services, &slices_of, changed.iter().cloned());
@@ -202,37 +223,14 @@ impl ServiceMaps {
 
     /// The EndpointSlices of Service `key`, as last set.
     pub fn slices_of(&self, key: &ObjectKey) -> Vec<&EndpointSlice> {
-        self.slices_of
-            .get(key)
-            .map(|keys| keys.iter().filter_map(|k| self.slices.get(k)).collect())
-            .unwrap_or_default()
+        slices_in(&self.slices_of, &self.slices, key)
     }
 
     fn write(&mut self, ops: Ops) {
-        for (k, v) in ops.backends {
-            match v {
-                Some(v) => self.backends.set(k, v),
-                None => self.backends.remove(&k),
-            }
-        }
-        for (k, v) in ops.revnat {
-            match v {
-                Some(v) => self.revnat.set(k, v),
-                None => self.revnat.remove(&k),
-            }
-        }
-        for (k, v) in ops.slots {
-            match v {
-                Some(v) => self.slots.set(k, v),
-                None => self.slots.remove(&k),
-            }
-        }
-        for (k, v) in ops.frontends {
-            match v {
-                Some(v) => self.frontends.set(k, v),
-                None => self.frontends.remove(&k),
-            }
-        }
+        write(&mut self.backends, ops.backends);
+        write(&mut self.revnat, ops.revnat);
+        write(&mut self.slots, ops.slots);
+        write(&mut self.frontends, ops.frontends);
     }
 
     /// True when an apply has work to do.
