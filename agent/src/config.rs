@@ -157,6 +157,13 @@ pub struct AgentArgs {
     /// device with forwarding and neighbour entries per remote node).
     #[arg(long, env = "WEIR_ROUTING", default_value_t = RoutingMode::Native)]
     pub routing: RoutingMode,
+    /// Who forwards a pod's packets bound for another node or outside once `from_endpoint` has
+    /// passed them: `bpf` (a FIB lookup and a redirect straight out of the interface the route
+    /// names, skipping the kernel's IP forwarding and netfilter's forward and post-routing hooks, as
+    /// Cilium's BPF host routing) or `kernel` (the kernel's IP forwarding, for hosts whose own
+    /// iptables/nftables forward rules must see pod traffic).
+    #[arg(long, env = "WEIR_HOST_ROUTING", default_value_t = HostRouting::Bpf)]
+    pub host_routing: HostRouting,
     /// This node's addresses in its node record (the next hop other nodes route its blocks
     /// through), comma-separated. Default: the source address of this node's route to the first
     /// etcd endpoint.
@@ -218,6 +225,25 @@ impl std::fmt::Display for RoutingMode {
     }
 }
 
+/// Who forwards pod traffic leaving the node (`--host-routing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HostRouting {
+    /// `from_endpoint` hands passed packets to `host_fwd` (FIB lookup and redirect).
+    Bpf,
+    /// The kernel's IP forwarding.
+    Kernel,
+}
+
+impl std::fmt::Display for HostRouting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Bpf => "bpf",
+            Self::Kernel => "kernel",
+        })
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -275,6 +301,8 @@ pub struct Config {
     pub cni_version: String,
     /// How remote nodes' blocks are routed.
     pub routing: RoutingMode,
+    /// Who forwards pod traffic leaving the node.
+    pub host_routing: HostRouting,
     /// This node's addresses for its node record (empty: found from the route to etcd).
     pub node_addresses: Vec<std::net::IpAddr>,
     /// How long a node record stays live without a heartbeat (dumped in seconds).
@@ -640,6 +668,7 @@ impl AgentArgs {
             ebpf_object,
             cni_version: self.cni_version.clone(),
             routing: self.routing,
+            host_routing: self.host_routing,
             node_addresses: self.node_addresses.clone(),
             node_expiry: std::time::Duration::from_secs(self.node_expiry),
             vxlan: self.vxlan.clone(),

@@ -54,6 +54,9 @@ pub enum DaemonError {
     /// Loading failed.
     #[error(transparent)]
     Programs(#[from] ProgramsError),
+    /// BPF host routing could not be set.
+    #[error(transparent)]
+    HostRouting(#[from] crate::bpf::programs::HostRoutingError),
     /// The conntrack maps could not be migrated (or are newer than this agent).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
@@ -158,6 +161,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
     let programs = Programs::load(&paths, &object, &pending.sizes)?;
+    crate::bpf::programs::set_host_routing(
+        &paths,
+        config.host_routing == crate::config::HostRouting::Bpf,
+    )?;
     let program_report = programs.report.programs.clone();
     crate::observe::ebpf_log::start(&paths);
     // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
@@ -230,11 +237,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     node.set_node_name(&config.node)?;
     // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
     // nodes' blocks.
-    let (node_records, pod_mtu) =
+    let (node_records, pod_mtu, underlay) =
         match crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)? {
-            Some(r) => (Some(r.records), r.pod_mtu),
-            None => (None, None),
+            Some(r) => (Some(r.records), r.pod_mtu, r.underlay),
+            None => (None, None, None),
         };
+    // BPF host routing the other way: what other nodes send this node's pods arrives on the
+    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
+    // arrives on the VXLAN device, encapsulated for the node itself).
+    let host_interfaces = crate::dataplane::masquerade::with_underlay(
+        &config.host_interfaces,
+        underlay.filter(|_| {
+            config.host_routing == crate::config::HostRouting::Bpf
+                && config.routing == crate::config::RoutingMode::Native
+        }),
+    );
     if kube_client.is_some() {
         node.await_policy_source();
     }
@@ -429,11 +446,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // own thread; the pools are polled here (they change through `weir ipam pool`).
     let masquerade = {
         let v4 = masquerade_pools;
-        let (masq, modes) = crate::dataplane::masquerade::Masquerade::start(
-            &paths,
-            &config.host_interfaces,
-            &v4(&pools),
-        )?;
+        let (masq, modes) =
+            crate::dataplane::masquerade::Masquerade::start(&paths, &host_interfaces, &v4(&pools))?;
         let (tx, rx) = std::sync::mpsc::channel();
         let _masq_thread = masq
             .spawn(rx, Arc::clone(&stop))

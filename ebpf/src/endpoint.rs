@@ -3,7 +3,12 @@
 //! conntrack and policy, the rest drops. A packet to a Service with no ready backend is answered
 //! with an ICMP port unreachable (`unreachable`).
 
-use aya_ebpf::{EbpfContext as _, bindings::__sk_buff, programs::TcContext};
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{__sk_buff, TC_ACT_REDIRECT},
+    helpers::bpf_redirect_peer,
+    programs::TcContext,
+};
 use maps_schema::{
     EndpointInfo,
     reason::{
@@ -15,7 +20,7 @@ use maps_schema::{
 use crate::{
     counters::{Seen, Verdict, account, count, count_rule},
     flow::{Family, decide},
-    ipv4,
+    host_fwd, ipv4,
     ipv6::{self, V6},
     maps::ENDPOINTS,
     parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Packet, Parsed, Reason},
@@ -38,7 +43,14 @@ pub(crate) fn try_to_endpoint(ctx: &TcContext) -> Verdict {
 fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     let skb = ctx.as_ptr().cast::<__sk_buff>();
     // SAFETY: the context pointer is the kernel's `__sk_buff` for this program run.
-    let ifindex = unsafe { (*skb).ifindex };
+    let own = unsafe { (*skb).ifindex };
+    // Tail-called by `host_fwd_in` for a pod on this node: judged for that pod's veth.
+    let peer = if direction == DIR_TO_ENDPOINT {
+        host_fwd::peer_target(skb, own)
+    } else {
+        None
+    };
+    let ifindex = peer.unwrap_or(own);
     let seen = Seen {
         direction,
         ifindex,
@@ -69,6 +81,16 @@ fn try_endpoint(ctx: &TcContext, direction: u32) -> Verdict {
     }
     count_rule(rule, seen.len);
     let verdict = account(reason, &seen, &pkt);
+    if let Some(veth) = peer
+        && matches!(verdict, Verdict::Pass)
+    {
+        // SAFETY: a plain helper call; this run is at the tc ingress of a host interface.
+        return if unsafe { bpf_redirect_peer(veth, 0) } == i64::from(TC_ACT_REDIRECT) {
+            Verdict::Redirect
+        } else {
+            Verdict::Drop
+        };
+    }
     // A pod reaching itself through its Service: back into it through its `to_endpoint`.
     if let Some(to_self) = hairpin
         && matches!(verdict, Verdict::Pass)

@@ -3,17 +3,48 @@
 //! context pointer of aya's macro expansion for a crate-public function, does not apply.)
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
+    EbpfContext as _,
+    bindings::{__sk_buff, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
 
-use crate::{counters::Verdict, endpoint, masq, prefilter};
+use maps_schema::maps::{HOST_FWD_IN_SLOT, HOST_FWD_SLOT};
 
-/// tc ingress of a host-side workload veth: packets leaving the pod.
+use crate::{counters::Verdict, endpoint, host_fwd, masq, prefilter};
+
+/// tc ingress of a host-side workload veth: packets leaving the pod. A packet it passes goes on
+/// to `host_fwd` when BPF host routing is on.
 #[classifier]
 pub fn from_endpoint(ctx: TcContext) -> i32 {
-    tc_action(endpoint::try_from_endpoint(&ctx))
+    let action = from_endpoint_action(ctx.as_ptr().cast());
+    if action == TC_ACT_OK {
+        host_fwd::tail_call(&ctx, HOST_FWD_SLOT);
+    }
+    action
+}
+
+/// `from_endpoint`'s decision, in a frame of its own: its stack (the decision path's, near the
+/// verifier's 512-byte bound) is not added to by what the tail call keeps live.
+#[inline(never)]
+fn from_endpoint_action(skb: *mut __sk_buff) -> i32 {
+    let Some(skb) = core::ptr::NonNull::new(skb) else {
+        return TC_ACT_SHOT;
+    };
+    tc_action(endpoint::try_from_endpoint(&TcContext::new(skb)))
+}
+
+/// Tail-called by `from_endpoint` (slot `HOST_FWD_SLOT` of `host_fwd_v1`): BPF host routing.
+#[classifier]
+pub fn host_fwd(ctx: TcContext) -> i32 {
+    host_fwd::try_forward::<true>(&ctx)
+}
+
+/// Tail-called by `masq_ingress` (slot `HOST_FWD_IN_SLOT` of `host_fwd_v1`): BPF host routing of
+/// what arrives on a host interface.
+#[classifier]
+pub fn host_fwd_in(ctx: TcContext) -> i32 {
+    host_fwd::try_forward::<false>(&ctx)
 }
 
 /// tc egress of a host-side workload veth: packets entering the pod.
@@ -38,10 +69,24 @@ pub fn masq_egress(ctx: TcContext) -> i32 {
     tc_action(masq::try_masq_egress(&ctx))
 }
 
-/// tc ingress of a masquerade interface: replies to masqueraded flows go back to the pod.
+/// tc ingress of a masquerade interface: replies to masqueraded flows go back to the pod. A
+/// packet it passes goes on to `host_fwd_in` when BPF host routing is on.
 #[classifier]
 pub fn masq_ingress(ctx: TcContext) -> i32 {
-    tc_action(masq::try_masq_ingress(&ctx))
+    let action = masq_ingress_action(ctx.as_ptr().cast());
+    if action == TC_ACT_OK {
+        host_fwd::tail_call(&ctx, HOST_FWD_IN_SLOT);
+    }
+    action
+}
+
+/// `masq_ingress`'s decision, in a frame of its own (as `from_endpoint_action`).
+#[inline(never)]
+fn masq_ingress_action(skb: *mut __sk_buff) -> i32 {
+    let Some(skb) = core::ptr::NonNull::new(skb) else {
+        return TC_ACT_SHOT;
+    };
+    tc_action(masq::try_masq_ingress(&TcContext::new(skb)))
 }
 
 #[inline(always)]

@@ -2,7 +2,7 @@
 //! match it; the verifier gate checks). Maps only the agent writes are `BPF_F_RDONLY_PROG`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     macros::btf_map,
 };
 use maps_schema::{
@@ -11,8 +11,8 @@ use maps_schema::{
     SlotKey, SlotValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key, TraceConfig,
     maps::{
         BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, COUNTERS_MAX, CT_CLOCK_MAX, CT_EVENTS_MAX, CT_MAX,
-        DROP_EVENTS_BYTES, ENDPOINTS_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX, MASQ_IF_MAX,
-        NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
+        DROP_EVENTS_BYTES, ENDPOINTS_MAX, HOST_FWD_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX,
+        MASQ_IF_MAX, NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
     },
     service::{SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
@@ -162,3 +162,8 @@ pub(crate) static SVC_REVNAT4: HashMap<u32, RevNat4, { SVC_MAX as usize }, AGENT
 #[btf_map(name = "svc_ct4_v1", pin_by_name)]
 pub(crate) static SVC_CT4: LruHashMap<SvcCt4Key, SvcCt4Entry, { SVC_CT_MAX as usize }> =
     LruHashMap::new();
+
+/// BPF host routing: slot `HOST_FWD_SLOT` holds `host_fwd` when the agent runs with
+/// `--host-routing bpf`; agent-written.
+#[btf_map(name = "host_fwd_v1", pin_by_name)]
+pub(crate) static HOST_FWD: ProgramArray<{ HOST_FWD_MAX as usize }> = ProgramArray::new();

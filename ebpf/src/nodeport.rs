@@ -19,9 +19,8 @@
 //! Nothing is judged by policy here: the backend's `to_endpoint` (on whichever node) does that.
 
 use aya_ebpf::{
-    EbpfContext as _,
-    bindings::{TC_ACT_REDIRECT, bpf_fib_lookup},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    bindings::TC_ACT_REDIRECT,
+    helpers::{bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
 use maps_schema::{
@@ -36,42 +35,12 @@ use maps_schema::{
 
 use crate::{
     counters::{Seen, Verdict, account, count},
+    fib::{self, FIB_NO_NEIGH, FIB_SUCCESS, Fib},
     maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4},
     masq::{Flow, egress_port, nat_key, rewrite},
     parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
     service::{Translation, frontend, key, record},
 };
-
-/// `AF_INET`.
-const AF_INET: u8 = 2;
-/// `bpf_fib_lookup` results: forwarded with the neighbour known, or with it unresolved.
-const FIB_SUCCESS: i64 = 0;
-const FIB_NO_NEIGH: i64 = 7;
-
-/// The kernel's `struct bpf_fib_lookup` (64 bytes) as 64-bit words where it can be: the
-/// compiler merges neighbouring stores into wider ones, and the verifier refuses a stack store that
-/// is not aligned to its own size. `head`: family, L4 protocol (ports and length zero); `src` and
-/// `dst`: an IPv4 address in the first four bytes; `tail`: the VLAN words, then the source and
-/// destination MAC addresses the lookup fills in.
-#[repr(C, align(8))]
-struct Fib {
-    head: u64,
-    ifindex: u32,
-    tos: u32,
-    src: [u64; 2],
-    dst: [u64; 2],
-    tail: [u64; 2],
-}
-
-impl Fib {
-    /// The MAC address `tail` holds at byte `at` (4: source, 10: destination), in place.
-    #[inline(always)]
-    fn mac(&self, at: usize) -> &[u8; 6] {
-        // SAFETY: `at + 6 <= 16` for both callers: inside `tail`, byte-aligned data.
-        unsafe { &*self.tail.as_ptr().cast::<u8>().add(at).cast::<[u8; 6]>() }
-    }
-}
-const _: () = assert!(size_of::<Fib>() == size_of::<bpf_fib_lookup>());
 
 /// The NodePort frontend a `svc_ct4` reply entry's service has, if it is one: its port.
 #[inline(always)]
@@ -104,16 +73,7 @@ fn dropped(reason: Reason, seen: &Seen) -> Verdict {
 /// interface it names (its `masq_if` entry): `None` when there is none.
 #[inline(always)]
 fn route(ctx: &TcContext, ifindex: u32, proto: u8, src: u32, dst: u32) -> Option<(Fib, i64, u32)> {
-    let mut fib = lookup(ifindex, proto, src, dst);
-    // SAFETY: `fib` is a valid `struct bpf_fib_lookup` of its size on this program's stack.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            (&raw mut fib).cast::<bpf_fib_lookup>(),
-            size_of::<Fib>() as i32,
-            0,
-        )
-    };
+    let (fib, rc) = fib::lookup(ctx, ifindex, proto, src, dst);
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return None;
     }
@@ -253,18 +213,6 @@ pub(crate) fn reply_out(ctx: &TcContext, f: &Flow, node: u32, seen: &Seen) -> Op
     } else {
         Verdict::Drop
     })
-}
-
-#[inline(always)]
-fn lookup(ifindex: u32, proto: u8, src: u32, dst: u32) -> Fib {
-    Fib {
-        head: u64::from(AF_INET) | (u64::from(proto) << 8),
-        ifindex,
-        tos: 0,
-        src: [u64::from(src), 0],
-        dst: [u64::from(dst), 0],
-        tail: [0; 2],
-    }
 }
 
 /// Sends the translated packet out of the interface the FIB lookup named: with the neighbour's

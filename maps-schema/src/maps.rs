@@ -107,6 +107,26 @@ pub const NAT_EVENTS: &str = "nat_events_v1";
 /// Slots in [`NAT_EVENTS`].
 pub const NAT_EVENTS_MAX: u32 = 4;
 
+/// BPF host routing (a `BPF_MAP_TYPE_PROG_ARRAY`): slot [`HOST_FWD_SLOT`] → `host_fwd`, which
+/// `from_endpoint` tail-calls for a packet it passed; slot [`HOST_FWD_IN_SLOT`] → `host_fwd_in`,
+/// which `masq_ingress` tail-calls for a packet arriving on a host interface it passed. An empty
+/// slot (`--host-routing kernel`, or a test object nobody filled) leaves the packet to the
+/// kernel's forwarding. Written by the agent.
+pub const HOST_FWD: &str = "host_fwd_v1";
+/// Slots in [`HOST_FWD`].
+pub const HOST_FWD_MAX: u32 = 3;
+/// The slot of [`HOST_FWD`] that holds `host_fwd`.
+pub const HOST_FWD_SLOT: u32 = 0;
+/// The slot of [`HOST_FWD`] that holds `host_fwd_in`.
+pub const HOST_FWD_IN_SLOT: u32 = 1;
+/// The slot of [`HOST_FWD`] that holds `to_endpoint`: `host_fwd_in` tail-calls it for a packet
+/// bound for a pod on this node, with [`PEER_CB`] in the context's `cb[0..2]` and the pod's host
+/// veth's ifindex in `cb[2]`; `to_endpoint` judges the packet for that endpoint and, if it
+/// passes, hands it straight to the pod's side of the veth (`bpf_redirect_peer`).
+pub const TO_ENDPOINT_SLOT: u32 = 2;
+/// The two `cb` words that mark a `to_endpoint` run tail-called by `host_fwd_in`.
+pub const PEER_CB: [u32; 2] = [0x7065_6572, 0x6877_6972];
+
 /// Every map in the object, in the order `weir bpf maps` lists them.
 pub const ALL: &[&str] = &[
     ENDPOINTS,
@@ -134,6 +154,7 @@ pub const ALL: &[&str] = &[
     crate::service::SVC_BACKENDS4,
     crate::service::SVC_REVNAT4,
     crate::service_ct::SVC_CT4,
+    HOST_FWD,
 ];
 
 /// The pin name of map `name` at version `version` (`ct4`, 2 → `ct4_v2`).

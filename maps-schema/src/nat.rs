@@ -108,6 +108,11 @@ pub const IF_NODEPORT: u32 = 1;
 /// [`MasqInterface::flags`]: the interface does not masquerade pod traffic (named by
 /// `--nodeport-interfaces` only). Zero, as entries written before flags existed, masquerades.
 pub const IF_NO_MASQUERADE: u32 = 2;
+/// [`MasqInterface::flags`]: the interface is the node's underlay, served for BPF host routing
+/// (`--host-routing bpf`: `masq_ingress` hands what arrives to `host_fwd_in`) and nothing else
+/// unless another flag says so. The programs do not read it: it tells the operator why weir
+/// attached there.
+pub const IF_HOST_ROUTING: u32 = 4;
 
 /// `masq_if` value (key: ifindex): a host interface the programs `masq_egress`/`masq_ingress`
 /// serve — the address it masquerades to and serves NodePorts on, and its roles. Written by the
@@ -117,7 +122,7 @@ pub const IF_NO_MASQUERADE: u32 = 2;
 pub struct MasqInterface {
     /// The node address (network byte order).
     pub addr: [u8; 4],
-    /// [`IF_NODEPORT`], [`IF_NO_MASQUERADE`].
+    /// [`IF_NODEPORT`], [`IF_NO_MASQUERADE`], [`IF_HOST_ROUTING`].
     pub flags: u32,
 }
 assert_size!(MasqInterface, 8);

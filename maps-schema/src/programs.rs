@@ -12,6 +12,14 @@ pub const MASQ_EGRESS: &str = "masq_egress";
 /// tc ingress of the same interfaces: replies translated back.
 pub const MASQ_INGRESS: &str = "masq_ingress";
 
+/// Tail-called by `from_endpoint` (through the `host_fwd_v1` program array) for a packet it
+/// passed: forwards it by a FIB lookup and a redirect instead of the kernel's IP forwarding.
+pub const HOST_FWD: &str = "host_fwd";
+/// Tail-called by `masq_ingress` (slot `HOST_FWD_IN_SLOT` of `host_fwd_v1`) for a packet arriving
+/// on a host interface: forwards one bound for a pod on this node (or elsewhere) by a FIB lookup and
+/// a redirect, so only the pod's `to_endpoint` runs between the wire and the pod.
+pub const HOST_FWD_IN: &str = "host_fwd_in";
+
 /// Every program in the object.
 pub const ALL: &[&str] = &[
     FROM_ENDPOINT,
@@ -19,6 +27,8 @@ pub const ALL: &[&str] = &[
     XDP_PREFILTER,
     MASQ_EGRESS,
     MASQ_INGRESS,
+    HOST_FWD,
+    HOST_FWD_IN,
 ];
 
 /// Host-side workload veths start with this prefix; any such link is a workload interface.

@@ -556,13 +556,15 @@ fn main() -> Result<()> {
     let per_host_client = args.iter().any(|a| a == "--ipam-client-per-host");
     // Only the IPAM part (no namespaces, no root needed): for measuring it on its own.
     let ipam_only = args.iter().any(|a| a == "--ipam-only");
+    // Only the throughput part: for measuring the datapath on its own.
+    let throughput_only = args.iter().any(|a| a == "--throughput-only");
     let out = args
         .iter()
         .position(|a| a == "--out")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from)
         .context(
-            "usage: multinode-bench --out FILE [--smoke] [--ipam-only] [--ipam-client-per-host]",
+            "usage: multinode-bench --out FILE [--smoke] [--ipam-only | --throughput-only] [--ipam-client-per-host]",
         )?;
     let sizes = if smoke {
         Sizes {
@@ -586,6 +588,8 @@ fn main() -> Result<()> {
     let mut figures = serde_json::Map::new();
     let parts = if ipam_only {
         vec![ipam_scale(&sizes)?]
+    } else if throughput_only {
+        vec![throughput(sizes.stream)?]
     } else {
         vec![
             throughput(sizes.stream)?,

@@ -97,6 +97,12 @@ impl CniNode {
         self.restart_agent();
     }
 
+    /// The agent's flags (what a restart starts it with).
+    #[must_use]
+    pub fn flags(&self) -> &[String] {
+        &self.extra
+    }
+
     /// The agent's socket.
     #[must_use]
     pub fn socket(&self) -> PathBuf {

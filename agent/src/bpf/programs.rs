@@ -52,6 +52,97 @@ pub enum ProgramsError {
     },
 }
 
+/// Errors setting BPF host routing (`--host-routing`).
+#[derive(Debug, thiserror::Error)]
+pub enum HostRoutingError {
+    /// The pinned program array or program cannot be opened, read or written.
+    #[error(
+        "cannot {action} BPF host routing ({what}): {source}; restart the agent (or run it with `--host-routing kernel`)"
+    )]
+    Slot {
+        /// "turn on" or "turn off".
+        action: &'static str,
+        /// The pin or step that failed.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Turns BPF host routing on (each slot of the pinned `host_fwd_v1` holds its pinned program:
+/// `host_fwd`, `host_fwd_in`, `to_endpoint`) or off (the slots empty), writing only a slot that holds something
+/// else: a restart over an unchanged pin root writes nothing. Returns how many slots it wrote.
+pub fn set_host_routing(paths: &Paths, on: bool) -> Result<usize, HostRoutingError> {
+    use std::os::fd::AsFd as _;
+
+    use maps_schema::{
+        maps::{HOST_FWD, HOST_FWD_IN_SLOT, HOST_FWD_SLOT, TO_ENDPOINT_SLOT},
+        programs::{HOST_FWD as HOST_FWD_PROG, HOST_FWD_IN},
+    };
+    let action = if on { "turn on" } else { "turn off" };
+    let err = |what: String| {
+        move |source: std::io::Error| HostRoutingError::Slot {
+            action,
+            what,
+            source,
+        }
+    };
+    let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    let map_pin = paths.map_pin(HOST_FWD);
+    let data = aya::maps::MapData::from_pin(&map_pin)
+        .map_err(|e| other(&e))
+        .map_err(err(format!("open {}", map_pin.display())))?;
+    let mut wanted = Vec::new();
+    for (slot, program) in [
+        (HOST_FWD_SLOT, HOST_FWD_PROG),
+        (HOST_FWD_IN_SLOT, HOST_FWD_IN),
+        (TO_ENDPOINT_SLOT, TO_ENDPOINT),
+    ] {
+        let current: Option<u32> = crate::dataplane::batch::lookup(data.fd().as_fd(), &slot)
+            .map_err(err(format!("read {}", map_pin.display())))?;
+        let pin = paths.prog_pin(program);
+        let id = if on {
+            Some(
+                ProgramInfo::from_pin(&pin)
+                    .map_err(|e| other(&e))
+                    .map_err(err(format!("read {}", pin.display())))?
+                    .id(),
+            )
+        } else {
+            None
+        };
+        if current != id {
+            wanted.push((slot, pin));
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(0);
+    }
+    let mut array = aya::maps::ProgramArray::try_from(aya::maps::Map::ProgramArray(data))
+        .map_err(|e| other(&e))
+        .map_err(err(format!("open {}", map_pin.display())))?;
+    for (slot, pin) in &wanted {
+        let written = if on {
+            let program = SchedClassifier::from_pin(pin)
+                .map_err(|e| other(&e))
+                .map_err(err(format!("open {}", pin.display())))?;
+            let fd = program
+                .fd()
+                .map_err(|e| other(&e))
+                .map_err(err(format!("open {}", pin.display())))?;
+            array.set(*slot, fd, 0)
+        } else {
+            array.clear_index(slot)
+        };
+        written
+            .map_err(|e| other(&e))
+            .map_err(err(format!("write slot {slot} of {}", map_pin.display())))?;
+    }
+    tracing::info!(on, slots = wanted.len(), "set BPF host routing");
+    Ok(wanted.len())
+}
+
 /// Why a pinned program could not be checked for reuse. The agent then replaces the pin with the
 /// program it loaded (safe: the links are updated to it) rather than reuse one it cannot check.
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +312,7 @@ fn map_id(map: &aya::maps::Map) -> Option<u32> {
     | Map::LpmTrie(data)
     | Map::PerCpuArray(data)
     | Map::PerCpuHashMap(data)
+    | Map::ProgramArray(data)
     | Map::RingBuf(data)) = map
     else {
         return None;

@@ -17,7 +17,7 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use ipnetwork::Ipv4Network;
 use maps_schema::{
     MasqCidr, MasqInterface, Nat4Entry, Nat4Key,
-    nat::{DIR_EGRESS, DIR_INGRESS, IF_NO_MASQUERADE, IF_NODEPORT, timeout_secs},
+    nat::{DIR_EGRESS, DIR_INGRESS, IF_HOST_ROUTING, IF_NO_MASQUERADE, IF_NODEPORT, timeout_secs},
     programs::{MASQ_EGRESS, MASQ_INGRESS},
 };
 
@@ -105,6 +105,25 @@ pub fn host_interfaces(
         }
     }
     Ok(out.into_values().collect())
+}
+
+/// `interfaces` with the node's `underlay` served for BPF host routing (`IF_HOST_ROUTING`): added
+/// (not masquerading, no NodePorts) or, when already named, with that role too.
+#[must_use]
+pub fn with_underlay(interfaces: &[MasqSpec], underlay: Option<String>) -> Vec<MasqSpec> {
+    let mut out = interfaces.to_vec();
+    let Some(ifname) = underlay else {
+        return out;
+    };
+    match out.iter_mut().find(|s| s.ifname == ifname) {
+        Some(named) => named.flags |= IF_HOST_ROUTING,
+        None => out.push(MasqSpec {
+            ifname,
+            address: None,
+            flags: IF_HOST_ROUTING | IF_NO_MASQUERADE,
+        }),
+    }
+    out
 }
 
 /// Why a named interface cannot masquerade (yet).
@@ -766,6 +785,28 @@ mod tests {
         assert_eq!(
             host_interfaces(&[spec("eth1=192.0.2.1")], &[spec("eth1=192.0.2.2")]),
             Err("eth1".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_underlay_joins_the_host_interfaces_for_host_routing_only() {
+        let named = host_interfaces(&[spec("eth1")], &[]).expect("one interface");
+        let roles = |v: Vec<MasqSpec>| -> Vec<(String, u32)> {
+            v.into_iter().map(|s| (s.ifname, s.flags)).collect()
+        };
+        assert_eq!(roles(with_underlay(&named, None)), vec![("eth1".into(), 0)]);
+        assert_eq!(
+            roles(with_underlay(&named, Some("eth0".into()))),
+            vec![
+                ("eth1".into(), 0),
+                ("eth0".into(), IF_HOST_ROUTING | IF_NO_MASQUERADE)
+            ],
+            "an underlay nobody named neither masquerades nor serves NodePorts"
+        );
+        assert_eq!(
+            roles(with_underlay(&named, Some("eth1".into()))),
+            vec![("eth1".into(), IF_HOST_ROUTING)],
+            "a named underlay keeps its roles"
         );
     }
 

@@ -100,6 +100,9 @@ pub struct Routing {
     pub records: NodeRecords,
     /// The MTU the conflist gives pods (vxlan mode: the VXLAN device's), `None` for weir-cni's default.
     pub pod_mtu: Option<u32>,
+    /// The device holding this node's first IPv4 address (what other nodes' pod traffic arrives on in
+    /// native mode), when one does.
+    pub underlay: Option<String>,
 }
 
 /// Sets up routing on `node` when `store` is shared: a shared etcd, or under `--source kubernetes` etcd or
@@ -118,10 +121,12 @@ pub fn routing(
         return Ok(None);
     }
     if kube {
-        let pod_mtu = install(config, node, NodeSource::Kubernetes, &config.node_addresses)?;
+        let (pod_mtu, underlay) =
+            install(config, node, NodeSource::Kubernetes, &config.node_addresses)?;
         return Ok(Some(Routing {
             records: NodeRecords::Kubernetes,
             pod_mtu,
+            underlay,
         }));
     }
     let addresses = if config.node_addresses.is_empty() {
@@ -130,7 +135,7 @@ pub fn routing(
     } else {
         config.node_addresses.clone()
     };
-    let pod_mtu = install(config, node, NodeSource::Etcd, &addresses)?;
+    let (pod_mtu, underlay) = install(config, node, NodeSource::Etcd, &addresses)?;
     Ok(Some(Routing {
         records: NodeRecords::Etcd(NodeRecord {
             name: config.node.clone(),
@@ -140,20 +145,21 @@ pub fn routing(
             expiry: config.node_expiry.as_secs(),
         }),
         pod_mtu,
+        underlay,
     }))
 }
 
 /// Puts the routing in `node` (its records from `source`, this node's `addresses` if known); returns the
-/// pods' MTU.
+/// pods' MTU and the device holding this node's first IPv4 address.
 fn install(
     config: &Config,
     node: &mut Node,
     source: NodeSource,
     addresses: &[IpAddr],
-) -> Result<Option<u32>, RoutingSetupError> {
+) -> Result<(Option<u32>, Option<String>), RoutingSetupError> {
     // The netlink sockets' own runtimes cannot start inside the agent's: open and query them on a thread of
     // its own (same network namespace); the loop's thread, outside any runtime, uses them from then on.
-    let (routes, vxlan, mode, pod_mtu) = std::thread::scope(|scope| {
+    let (routes, vxlan, mode, pod_mtu, underlay) = std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 let routes = NetlinkRoutes::open()?;
@@ -165,7 +171,13 @@ fn install(
                         (node_routes::RoutingMode::Vxlan(c), Some(mtu))
                     }
                 };
-                Ok::<_, RoutingSetupError>((routes, vxlan, mode, pod_mtu))
+                let underlay = match super::routing::vtep_of(addresses) {
+                    Some(address) => {
+                        crate::dataplane::kernel::VxlanIo::device_with_address(&mut vxlan, address)?
+                    }
+                    None => None,
+                };
+                Ok::<_, RoutingSetupError>((routes, vxlan, mode, pod_mtu, underlay))
             })
             .join()
     })
@@ -173,8 +185,8 @@ fn install(
     let device = Some(config.vxlan.device.clone());
     let routes = Routes::new(mode, Box::new(routes), Box::new(vxlan), device);
     node.set_routing(NodeRoutes::new(&config.node, routes).with_source(source));
-    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, ?pod_mtu, "node routing on");
-    Ok(pod_mtu)
+    tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, ?pod_mtu, ?underlay, "node routing on");
+    Ok((pod_mtu, underlay))
 }
 
 /// The VXLAN device's settings (its underlay: `--vxlan-underlay`, or the device holding this node's first
