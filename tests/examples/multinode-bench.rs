@@ -14,7 +14,8 @@
 //!   (each stream run twice, alternating underlay and pod, the better run of each kept). Native: two real
 //!   `weir agent`s on an etcd datastore with node records (`tests::multinode::Cluster`), pods through
 //!   `weir-cni`, routes written by the agents' loops. VXLAN: the same with `--routing vxlan` (routes `onlink`
-//!   through each agent's VXLAN device, whose `tx_packets` must move by the stream).
+//!   through each agent's VXLAN device, whose `tx_packets` must move by the stream). The agents run with
+//!   their default `--host-routing bpf` (`ebpf/src/host_fwd.rs`).
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, 1 s streams.
 
@@ -534,6 +535,7 @@ fn throughput(secs: Duration) -> Result<Value> {
         "underlay_gbps": round3(native_underlay / 1e9),
         "native_gbps": round3(native / 1e9),
         "native_routes": "weir agents, etcd node records",
+        "host_routing": "bpf",
         "vxlan_underlay_gbps": round3(vxlan_underlay / 1e9),
         "vxlan_gbps": round3(vxlan / 1e9),
         "vxlan_routes": "weir agents, etcd node records, --routing vxlan",
@@ -681,7 +683,7 @@ fn main() -> Result<()> {
         &out,
         serde_json::to_vec_pretty(&Value::Object(figures.clone()))?,
     )?;
-    if figures.get("ipam_duplicates").and_then(Value::as_u64) != Some(0) {
+    if !throughput_only && figures.get("ipam_duplicates").and_then(Value::as_u64) != Some(0) {
         bail!("duplicate addresses were handed out");
     }
     Ok(())
