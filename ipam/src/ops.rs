@@ -97,6 +97,9 @@ pub enum Operation {
     Check {
         /// First rebuild handle counts that differ from their blocks.
         repair: bool,
+        /// The cluster's live nodes as Kubernetes lists them (Node objects), when node records are Nodes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nodes: Option<std::collections::BTreeSet<String>>,
     },
     /// `release-node`: free a decommissioned node's blocks; refused for a live node unless forced.
     ReleaseNode {
@@ -277,7 +280,7 @@ pub async fn execute<S: Store + Clone>(
         Operation::Utilization { show_blocks } => Outcome::Utilization {
             utilization: ipam.utilization(show_blocks).await?,
         },
-        Operation::Check { repair } => {
+        Operation::Check { repair, nodes } => {
             let repaired = if repair {
                 ipam.repair_handles().await?
             } else {
@@ -285,7 +288,7 @@ pub async fn execute<S: Store + Clone>(
             };
             Outcome::Checked {
                 repaired,
-                report: ipam.check().await?,
+                report: ipam.check_with_nodes(nodes.as_ref()).await?,
             }
         }
         Operation::ReleaseNode { name, force } => Outcome::NodeReleased {
@@ -329,7 +332,10 @@ mod tests {
                 ips: vec!["10.9.0.1".parse().expect("ip")],
                 sequence_number: None,
             },
-            Operation::Check { repair: true },
+            Operation::Check {
+                repair: true,
+                nodes: Some(["n1".to_owned()].into()),
+            },
         ];
         for op in ops {
             let wire: Operation =

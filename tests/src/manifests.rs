@@ -178,8 +178,12 @@ fn check_flags(container: &Container, problems: &mut Vec<String>) {
     }
 }
 
+/// The host address `status.hostIP` stands for in [`agent_env`] (a documentation address: the tests
+/// run the agent with the embedded datastore, where node routing, its only user, is off).
+pub const HOST_IP: &str = "192.0.2.10";
+
 /// The agent container's environment as the kubelet would set it (`fieldRef: spec.nodeName` →
-/// `node`), ConfigMap first, then `env`.
+/// `node`, `status.hostIP` → [`HOST_IP`]), ConfigMap first, then `env`.
 pub fn agent_env(m: &Manifest, container: &Container, node: &str) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for from in container.env_from.iter().flatten() {
@@ -200,6 +204,12 @@ pub fn agent_env(m: &Manifest, container: &Container, node: &str) -> BTreeMap<St
                     == Some("spec.nodeName") =>
             {
                 node.to_owned()
+            }
+            (None, Some(from))
+                if from.field_ref.as_ref().map(|f| f.field_path.as_str())
+                    == Some("status.hostIP") =>
+            {
+                HOST_IP.to_owned()
             }
             _ => String::new(),
         };

@@ -9,9 +9,16 @@
 //! - a pod on A reaches a pod on B over TCP, and B's NetworkPolicy judges A's pods by the identities of
 //!   their Pod objects (one allowed, one not); A lists B's pod in `GET /v1/addresses` with B's identity
 //!   for it;
-//! - deleting B's Node object sweeps A's routes to B within a bound; re-adding it restores them;
+//! - deleting B's Node object sweeps A's routes to B within a bound, and `weir ipam check --node-objects`
+//!   (on the etcd datastore, the test server's kubeconfig) reports B's blocks as a decommissioned node's,
+//!   which it did not while B's Node existed; re-adding it restores the routes;
 //! - B not Ready for a moment keeps its routes, not Ready for longer than `--node-expiry` is expired (swept,
 //!   `health: expired`), Ready again is routed again.
+//!
+//! And the same cluster with `--routing vxlan` (a second test, leaner): each node has the VXLAN device with
+//! a permanent forwarding and neighbour entry for the other Node's InternalIP and routes its blocks through
+//! the device; a pod on A reaches a pod on B through it (the device's `tx_packets` move), B's policy judges
+//! A's pods by their Pod objects; B's Node deleted, A sweeps its routes and its entries for B.
 
 use std::{
     collections::BTreeSet,
@@ -120,9 +127,181 @@ fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> Result<(), 
     }
 }
 
+/// `weir ipam check --node-objects -o json` on the cluster's etcd, the Node objects from `kubeconfig`: its
+/// leak lines.
+fn leaks_with_node_objects(cluster: &Cluster, kubeconfig: &std::path::Path) -> Vec<String> {
+    let weir = tests::bin::weir();
+    let kubeconfig = format!("KUBECONFIG={}", kubeconfig.display());
+    let datastore = Cluster::datastore();
+    let out = cluster
+        .infra
+        .try_exec(&[
+            "env",
+            &kubeconfig,
+            weir.to_str().expect("utf-8 path"),
+            "ipam",
+            "--datastore",
+            &datastore,
+            "-o",
+            "json",
+            "check",
+            "--node-objects",
+        ])
+        .expect("run weir ipam check");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "weir ipam check printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    report["leaks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l.as_str().map(str::to_owned))
+        .collect()
+}
+
 fn connects(from: &NetNs, to: &str) -> bool {
     let addr: SocketAddr = format!("{to}:{PORT_TCP}").parse().expect("addr");
     from.run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(1500)).is_ok())
+}
+
+/// The VXLAN device (the agent's default name).
+const DEVICE: &str = agent::paths::DEFAULT_VXLAN_DEVICE;
+
+/// `bridge fdb` entries with a destination and `ip neigh` entries on the VXLAN device of `node`.
+fn vxlan_entries(node: &Node) -> (Vec<String>, Vec<String>) {
+    let lines = |out: std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    let fdb = lines(node.cni.ns.exec(&["bridge", "fdb", "show", "dev", DEVICE]))
+        .into_iter()
+        .filter(|l| l.contains(" dst "))
+        .collect();
+    (
+        fdb,
+        lines(node.cni.ns.exec(&["ip", "neigh", "show", "dev", DEVICE])),
+    )
+}
+
+fn tx_packets(node: &Node) -> u64 {
+    let path = format!("/sys/class/net/{DEVICE}/statistics/tx_packets");
+    let out = node.cni.ns.exec(&["cat", &path]);
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path} on {}: {e}", node.name))
+}
+
+#[test]
+fn node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries() {
+    if !require_root("node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("wt-knv")
+        .tempdir()
+        .expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let kubeconfig_flag = kubeconfig.display().to_string();
+    let mut cluster = Cluster::new(&[
+        "--source",
+        "kubernetes",
+        "--kubeconfig",
+        &kubeconfig_flag,
+        "--routing",
+        "vxlan",
+    ]);
+    let api = KubeApi::start_at(Some(&cluster.infra), ETCD_IP.parse().expect("ip"));
+    std::fs::copy(api.kubeconfig(), &kubeconfig).expect("copy the kubeconfig");
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": "default", "labels": {"team": "default"}}}));
+    let (a_name, b_name) = ("wt-node-0", "wt-node-1");
+    api.apply(node_object(a_name, &[("InternalIP", "10.99.0.11")]));
+    api.apply(node_object(b_name, &[("InternalIP", "10.99.0.12")]));
+    cluster.add_node();
+    cluster.add_node();
+    let web = add_pod(&mut cluster, &api, 1, "web", "web");
+    add_pod(&mut cluster, &api, 0, "client", "client");
+    add_pod(&mut cluster, &api, 0, "other", "other");
+    api.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"name": "web-from-client", "namespace": "default"},
+           "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                                 "ports": [{"protocol": "TCP", "port": PORT_TCP}]}]}}),
+    );
+    let _servers = Servers::start(&cluster.node(1).pods[0].0.ns, &[PORT_TCP], &[]);
+
+    // Each node: the other's blocks routed through the device, one permanent forwarding entry to and one
+    // neighbour entry for the other Node's InternalIP.
+    let through_device = |cluster: &Cluster| {
+        let (a, b) = (cluster.node(0), cluster.node(1));
+        for (from, to) in [(a, b), (b, a)] {
+            if own_blocks(to).is_empty() {
+                return Err(format!("{} does not list its own blocks yet", to.name));
+            }
+            let (want, have) = (expected_routes(to), routes_of(from));
+            if want != have {
+                return Err(format!("{}: want {want:?}, have {have:?}", from.name));
+            }
+            if let Some(r) = from.weir_routes().iter().find(|r| !r.contains(DEVICE)) {
+                return Err(format!("{}: a route not through {DEVICE}: {r}", from.name));
+            }
+            let (fdb, neigh) = vxlan_entries(from);
+            let dst = format!("dst {}", to.address);
+            if fdb.len() != 1 || !fdb[0].contains(&dst) || !fdb[0].contains("permanent") {
+                return Err(format!("{}: forwarding entries {fdb:?}", from.name));
+            }
+            if neigh.len() != 1 || !neigh[0].contains("PERMANENT") {
+                return Err(format!("{}: neighbour entries {neigh:?}", from.name));
+            }
+        }
+        Ok(())
+    };
+    wait_until(
+        "each node routes the other's blocks through its VXLAN device",
+        CONVERGE,
+        || through_device(&cluster),
+    );
+
+    // Real traffic through the tunnel, judged by B's policy by A's Pod objects.
+    let tx_before = tx_packets(cluster.node(0));
+    let (client, other) = (&cluster.node(0).pods[0].0.ns, &cluster.node(0).pods[1].0.ns);
+    wait_until(
+        "B's policy admits A's client and not A's other pod, through the tunnel",
+        CONVERGE,
+        || match (connects(client, &web), connects(other, &web)) {
+            (true, false) => Ok(()),
+            got => Err(format!("(client, other) reached web: {got:?}")),
+        },
+    );
+    assert!(
+        tx_packets(cluster.node(0)) > tx_before,
+        "A's traffic to B's pod left through {DEVICE}"
+    );
+
+    // B's Node deleted: A sweeps its routes and its entries for B.
+    assert!(api.delete("Node", "", b_name), "B's Node existed");
+    wait_until(
+        "A sweeps its routes and VXLAN entries for B",
+        NODE_CHANGE,
+        || {
+            let (routes, (fdb, neigh)) =
+                (routes_of(cluster.node(0)), vxlan_entries(cluster.node(0)));
+            if routes.is_empty() && fdb.is_empty() && neigh.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("A still has {routes:?} {fdb:?} {neigh:?}"))
+            }
+        },
+    );
+    assert!(!connects(client, &web), "no route, no connection");
 }
 
 #[test]
@@ -255,6 +434,18 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     assert!(on_a["identity"].is_u64(), "{on_a}");
     assert_eq!(on_a["identity"], on_b["identity"], "A: {on_a}, B: {on_b}");
 
+    // With B's Node there, `weir ipam check --node-objects` reports none of its blocks.
+    let b_blocks = own_blocks(cluster.node(1));
+    let about_b = |leaks: &[String]| -> Vec<String> {
+        leaks
+            .iter()
+            .filter(|l| b_blocks.iter().any(|b| l.contains(&format!("block {b} "))))
+            .cloned()
+            .collect()
+    };
+    let leaks = leaks_with_node_objects(&cluster, &kubeconfig);
+    assert!(about_b(&leaks).is_empty(), "B is live: {leaks:?}");
+
     // B's Node deleted: A sweeps its routes to B (and B's pod is unreachable from A), B keeps its own.
     assert!(api.delete("Node", "", b_name), "B's Node existed");
     let swept_from = Instant::now();
@@ -278,6 +469,19 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
         .filter_map(|n| n["name"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(names, BTreeSet::from([a_name.to_owned()]));
+    // Its blocks are now a decommissioned node's to `weir ipam check --node-objects`.
+    let leaks = about_b(&leaks_with_node_objects(&cluster, &kubeconfig));
+    assert_eq!(
+        leaks.len(),
+        b_blocks.len(),
+        "each of B's blocks {b_blocks:?} is reported: {leaks:?}"
+    );
+    assert!(
+        leaks
+            .iter()
+            .all(|l| l.contains("no Node object") && l.contains(b_name)),
+        "{leaks:?}"
+    );
 
     // Re-added: the routes and the traffic come back.
     api.apply(node_b("10.99.0.12"));

@@ -77,6 +77,12 @@ pub enum IpamCommand {
         /// allocation on Kubernetes leaves), then check.
         #[arg(long)]
         repair: bool,
+        /// Also take the cluster's Node objects (the in-cluster config or the kubeconfig) as live nodes: a
+        /// block whose node has neither a node record nor a Node is reported as a decommissioned node's. For
+        /// agents run with `--source kubernetes`, whose node records are their Nodes; on by default with
+        /// `--datastore kubernetes`.
+        #[arg(long)]
+        node_objects: bool,
     },
     /// Free a decommissioned node's blocks: every address in them, its block affinities and its node record
     /// (as `calicoctl ipam release` for a node that is gone). Refused while the node's heartbeat is live.
@@ -205,13 +211,22 @@ pub struct ShowArgs {
 /// Runs `weir ipam`.
 pub fn run(args: IpamArgs) -> anyhow::Result<()> {
     let datastore: Datastore = args.datastore.parse()?;
+    let node_objects = match &args.command {
+        IpamCommand::Check { node_objects, .. } => {
+            *node_objects || matches!(datastore, Datastore::Kubernetes)
+        }
+        _ => false,
+    };
     // Validate what needs no datastore before reaching one.
-    let op = operation(args.command)?;
+    let mut op = operation(args.command)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
     let outcome = runtime.block_on(async move {
+        if node_objects && let Operation::Check { nodes, .. } = &mut op {
+            *nodes = Some(node_names().await?);
+        }
         if let Datastore::Embedded(path) = &datastore
             && let Some(outcome) = via_agent::execute(&args.api_socket, path, &op).await?
         {
@@ -221,6 +236,22 @@ pub fn run(args: IpamArgs) -> anyhow::Result<()> {
         Ok(ipam::ops::execute(&Ipam::new(store), op).await?)
     })?;
     show(&outcome, args.output)
+}
+
+/// The names of the cluster's Node objects (the in-cluster config or the kubeconfig).
+async fn node_names() -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let client = kube::Client::try_default().await.context(
+        "cannot reach the Kubernetes API server for its Node objects: set KUBECONFIG (or run in a pod), or drop --node-objects",
+    )?;
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client)
+        .list(&kube::api::ListParams::default())
+        .await
+        .context("cannot list the Node objects: the check needs `list` on nodes")?;
+    Ok(nodes
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect())
 }
 
 fn build_pool(a: &PoolAddArgs) -> anyhow::Result<IpPool> {
@@ -308,7 +339,10 @@ fn operation(command: IpamCommand) -> anyhow::Result<Operation> {
             },
         },
         IpamCommand::Utilization { show_blocks } => Operation::Utilization { show_blocks },
-        IpamCommand::Check { repair } => Operation::Check { repair },
+        IpamCommand::Check { repair, .. } => Operation::Check {
+            repair,
+            nodes: None,
+        },
         IpamCommand::ReleaseNode { name, force } => Operation::ReleaseNode { name, force },
     })
 }

@@ -121,8 +121,15 @@ pub fn routing(
         return Ok(None);
     }
     if kube {
-        let (pod_mtu, underlay) =
-            install(config, node, NodeSource::Kubernetes, &config.node_addresses)?;
+        // This node's own address (the VXLAN underlay's, the host-routing underlay's): the flag's, else its
+        // source address towards etcd when etcd is the datastore; otherwise unknown here (its Node object
+        // names it to the other nodes).
+        let addresses = if config.node_addresses.is_empty() && matches!(store, AnyStore::Etcd(_)) {
+            vec![source_address(&first_etcd_endpoint(&config.datastore))?]
+        } else {
+            config.node_addresses.clone()
+        };
+        let (pod_mtu, underlay) = install(config, node, NodeSource::Kubernetes, &addresses)?;
         return Ok(Some(Routing {
             records: NodeRecords::Kubernetes,
             pod_mtu,

@@ -48,12 +48,22 @@ impl<S: Store + Clone> Ipam<S> {
     /// side of a write. A broken invariant persists, so a report with problems is taken again (three times at
     /// most) and the first clean one is returned.
     pub async fn check(&self) -> Result<CheckReport, IpamError> {
-        let mut report = self.check_once().await?;
+        self.check_with_nodes(None).await
+    }
+
+    /// [`Self::check`], with `nodes` the cluster's live nodes as another source lists them (the Kubernetes
+    /// Node objects, where node records are Nodes rather than records in the datastore): a block whose node
+    /// has neither a node record nor a name in `nodes` is reported as a decommissioned node's.
+    pub async fn check_with_nodes(
+        &self,
+        nodes: Option<&BTreeSet<String>>,
+    ) -> Result<CheckReport, IpamError> {
+        let mut report = self.check_once(nodes).await?;
         for _ in 0..2 {
             if report.ok() {
                 break;
             }
-            report = self.check_once().await?;
+            report = self.check_once(nodes).await?;
         }
         Ok(report)
     }
@@ -118,7 +128,7 @@ impl<S: Store + Clone> Ipam<S> {
         Ok(fixed)
     }
 
-    async fn check_once(&self) -> Result<CheckReport, IpamError> {
+    async fn check_once(&self, nodes: Option<&BTreeSet<String>>) -> Result<CheckReport, IpamError> {
         let blocks = self.blocks().await?;
         let handles: Vec<Handle> = self
             .list_objs::<Handle>(Kind::Handle, "")
@@ -233,12 +243,19 @@ impl<S: Store + Clone> Ipam<S> {
         }
         // Where nodes keep records (agents on a shared etcd write them), a block whose node has none belongs
         // to a node that is gone: its addresses stay allocated until `weir ipam release-node` frees them.
-        let records = self.nodes().await?;
-        if !records.is_empty() {
+        let mut live: BTreeSet<String> = self.nodes().await?.into_keys().collect();
+        let what = match nodes {
+            Some(nodes) => {
+                live.extend(nodes.iter().cloned());
+                "no node record and no Node object"
+            }
+            None => "no node record",
+        };
+        if !live.is_empty() {
             for a in affs.iter().filter(|a| a.state == AffinityState::Confirmed) {
-                if !records.contains_key(&a.host) {
+                if !live.contains(&a.host) {
                     r.leaks.push(format!(
-                        "block {} belongs to node {}, which has no node record (decommissioned?): \
+                        "block {} belongs to node {}, which has {what} (decommissioned?): \
                          `weir ipam release-node {}` frees it",
                         a.cidr, a.host, a.host
                     ));
