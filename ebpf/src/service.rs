@@ -255,10 +255,11 @@ pub(crate) fn frontend(
     if let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_ORIGINAL).0) {
         // SAFETY: a valid map value pointer for this program run.
         let (addr, port, backend_id) = unsafe { ((*e).addr, (*e).port, (*e).backend_id) };
-        // A new connection on a tuple whose backend left the service is placed again; every
-        // other packet stays with the flow's backend, ready or not.
+        // A new connection on a tuple whose backend takes no new flows (terminating or removed:
+        // not in `svc_backend4`) is placed again, and so is a UDP flow's next datagram (UDP has
+        // no connection to finish); every other packet stays with the flow's backend.
         // SAFETY: as for `SVC4`.
-        let gone = syn
+        let gone = (syn || t.proto == IPPROTO_UDP)
             && unsafe { SVC_BACKENDS4.get(&backend_id) }
                 .is_none_or(|b| b.addr != addr || b.port != port);
         if !gone {

@@ -4,7 +4,8 @@
 //! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable), a
 //! backend's own ICMP error reaches the client's socket connected to the ClusterIP,
 //! a backend turned terminating and then removed from the EndpointSlice gets no new connection
-//! while its established one keeps carrying data; with `sessionAffinity: ClientIP` every new
+//! while its established one keeps carrying data, and a UDP flow held on it moves to another
+//! backend with its next datagram; with `sessionAffinity: ClientIP` every new
 //! connection lands on one backend. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
@@ -346,8 +347,20 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         "new UDP flows spread over the backends: {udp_seen:?}"
     );
 
-    // web-a terminating: no new connection reaches it, its established one carries on.
+    // A UDP flow (one socket, one source port) on web-a, held across its removal below.
     let gone = "web-a";
+    let held_udp = client.ns.run(|| {
+        (0..100)
+            .find_map(|_| {
+                let s = UdpSocket::bind("0.0.0.0:0").expect("bind the client's UDP socket");
+                s.set_read_timeout(Some(Duration::from_secs(2)))
+                    .expect("timeout");
+                (udp_ask(&s, udp_frontend).as_deref() == Some(gone)).then_some(s)
+            })
+            .unwrap_or_else(|| panic!("no UDP flow of 100 landed on {gone}"))
+    });
+
+    // web-a terminating: no new connection reaches it, its established one carries on.
     let others: Vec<(&str, &str)> = backends
         .iter()
         .zip(names)
@@ -391,6 +404,15 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         }
     };
     check_drained(&mut held, "web-a terminating");
+    // The held UDP flow moves to a backend that takes new flows (web-a's pod still answers UDP:
+    // only the service stopped sending there), so a UDP client is never held on a backend on its
+    // way out.
+    let moved_to = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
+    eprintln!("the UDP flow held on {gone} now answers from {moved_to:?}");
+    assert!(
+        moved_to.as_deref().is_some_and(|n| n != gone),
+        "the UDP flow of the terminating backend {gone} moved to another one: {moved_to:?}"
+    );
 
     // web-a removed from the slice: the same.
     let ready_others: Vec<(&str, &str)> = backends
@@ -408,6 +430,11 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         .collect();
     wait_listed(&agent, "web", cluster_ip, &want);
     check_drained(&mut held, "web-a removed from the slice");
+    let still = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
+    assert!(
+        still.as_deref().is_some_and(|n| n != gone),
+        "the UDP flow stays off the removed backend {gone}: {still:?}"
+    );
 
     // `sessionAffinity: ClientIP`: every new connection from the client lands on one backend (the
     // spread above, without it, is the positive control).
@@ -442,6 +469,15 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
     let seen = one_backend(40);
     eprintln!("sessionAffinity ClientIP: 40 connections over the backends: {seen:?}");
     assert_eq!(seen.len(), 1, "every connection on one backend: {seen:?}");
+}
+
+/// Sends one query on `s` to the UDP frontend `to`: the answering backend's name (`None`: no
+/// answer, or one from another source than `to`).
+fn udp_ask(s: &UdpSocket, to: SocketAddr) -> Option<String> {
+    s.send_to(b"who", to).expect("send");
+    let mut buf = [0u8; 64];
+    let (n, from) = s.recv_from(&mut buf).ok()?;
+    (from == to).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// An egress policy for pods labelled `app` allowing only `to_app` pods (none: egress-isolated).
