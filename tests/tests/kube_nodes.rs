@@ -23,6 +23,7 @@
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr, TcpStream},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -167,6 +168,44 @@ fn connects(from: &NetNs, to: &str) -> bool {
     from.run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(1500)).is_ok())
 }
 
+/// The cluster of both tests: agents with `--source kubernetes` (and `extra`) on the test API server in
+/// the infra namespace, whose kubeconfig (at the returned path, in the returned directory) every agent
+/// reads; the `default` namespace applied. No nodes yet.
+fn start(extra: &[&str]) -> (tempfile::TempDir, PathBuf, Cluster, KubeApi) {
+    let dir = tempfile::Builder::new()
+        .prefix("wt-kn")
+        .tempdir()
+        .expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let kubeconfig_flag = kubeconfig.display().to_string();
+    let mut flags = vec!["--source", "kubernetes", "--kubeconfig", &kubeconfig_flag];
+    flags.extend_from_slice(extra);
+    let cluster = Cluster::new(&flags);
+    let api_ip: IpAddr = ETCD_IP.parse().expect("ip");
+    let api = KubeApi::start_at(Some(&cluster.infra), api_ip);
+    std::fs::copy(api.kubeconfig(), &kubeconfig).expect("copy the kubeconfig");
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": "default", "labels": {"team": "default"}}}));
+    (dir, kubeconfig, cluster, api)
+}
+
+/// B (node 1): a web pod serving TCP under a policy letting in `client` only; A (node 0): a client and
+/// another pod. Returns the web pod's address and its servers.
+fn web_and_its_clients(cluster: &mut Cluster, api: &KubeApi) -> (String, Servers) {
+    let web = add_pod(cluster, api, 1, "web", "web");
+    add_pod(cluster, api, 0, "client", "client");
+    add_pod(cluster, api, 0, "other", "other");
+    api.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"name": "web-from-client", "namespace": "default"},
+           "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                                 "ports": [{"protocol": "TCP", "port": PORT_TCP}]}]}}),
+    );
+    let servers = Servers::start(&cluster.node(1).pods[0].0.ns, &[PORT_TCP], &[]);
+    (web, servers)
+}
+
 /// The VXLAN device (the agent's default name).
 const DEVICE: &str = agent::paths::DEFAULT_VXLAN_DEVICE;
 
@@ -203,40 +242,13 @@ fn node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries() {
     if !require_root("node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries") {
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("wt-knv")
-        .tempdir()
-        .expect("temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let kubeconfig_flag = kubeconfig.display().to_string();
-    let mut cluster = Cluster::new(&[
-        "--source",
-        "kubernetes",
-        "--kubeconfig",
-        &kubeconfig_flag,
-        "--routing",
-        "vxlan",
-    ]);
-    let api = KubeApi::start_at(Some(&cluster.infra), ETCD_IP.parse().expect("ip"));
-    std::fs::copy(api.kubeconfig(), &kubeconfig).expect("copy the kubeconfig");
-    api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": "default", "labels": {"team": "default"}}}));
+    let (_dir, _kubeconfig, mut cluster, api) = start(&["--routing", "vxlan"]);
     let (a_name, b_name) = ("wt-node-0", "wt-node-1");
     api.apply(node_object(a_name, &[("InternalIP", "10.99.0.11")]));
     api.apply(node_object(b_name, &[("InternalIP", "10.99.0.12")]));
     cluster.add_node();
     cluster.add_node();
-    let web = add_pod(&mut cluster, &api, 1, "web", "web");
-    add_pod(&mut cluster, &api, 0, "client", "client");
-    add_pod(&mut cluster, &api, 0, "other", "other");
-    api.apply(
-        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-           "metadata": {"name": "web-from-client", "namespace": "default"},
-           "spec": {"podSelector": {"matchLabels": {"app": "web"}},
-                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
-                                 "ports": [{"protocol": "TCP", "port": PORT_TCP}]}]}}),
-    );
-    let _servers = Servers::start(&cluster.node(1).pods[0].0.ns, &[PORT_TCP], &[]);
+    let (web, _servers) = web_and_its_clients(&mut cluster, &api);
 
     // Each node: the other's blocks routed through the device, one permanent forwarding entry to and one
     // neighbour entry for the other Node's InternalIP.
@@ -309,20 +321,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     if !require_root("node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them") {
         return;
     }
-    // The kubeconfig's path is every agent's flag; the server (in the infra namespace) writes it below.
-    let dir = tempfile::Builder::new()
-        .prefix("wt-kn")
-        .tempdir()
-        .expect("temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let kubeconfig_flag = kubeconfig.display().to_string();
-    let mut cluster = Cluster::new(&["--source", "kubernetes", "--kubeconfig", &kubeconfig_flag]);
-    let api_ip: IpAddr = ETCD_IP.parse().expect("ip");
-    let api = KubeApi::start_at(Some(&cluster.infra), api_ip);
-    std::fs::copy(api.kubeconfig(), &kubeconfig).expect("copy the kubeconfig");
-
-    api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": "default", "labels": {"team": "default"}}}));
+    let (_dir, kubeconfig, mut cluster, api) = start(&[]);
     // The two nodes' own Node objects (kubelet's: InternalIP, and an ExternalIP listed first that must
     // not be the next hop), and two bad ones that must be left out without harm.
     let (a_name, b_name) = ("wt-node-0", "wt-node-1");
@@ -349,17 +348,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     assert_eq!(cluster.node(1).address, "10.99.0.12");
 
     // B: a web pod under a policy letting in `client` only; A: a client and another pod.
-    let web = add_pod(&mut cluster, &api, 1, "web", "web");
-    add_pod(&mut cluster, &api, 0, "client", "client");
-    add_pod(&mut cluster, &api, 0, "other", "other");
-    api.apply(
-        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-           "metadata": {"name": "web-from-client", "namespace": "default"},
-           "spec": {"podSelector": {"matchLabels": {"app": "web"}},
-                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
-                                 "ports": [{"protocol": "TCP", "port": PORT_TCP}]}]}}),
-    );
-    let _servers = Servers::start(&cluster.node(1).pods[0].0.ns, &[PORT_TCP], &[]);
+    let (web, _servers) = web_and_its_clients(&mut cluster, &api);
 
     let converged = |cluster: &Cluster| {
         let (a, b) = (cluster.node(0), cluster.node(1));
