@@ -207,7 +207,12 @@ fn context(ctx: &TcContext) -> (Option<MasqInterface>, Packet, Seen) {
 
 /// Rewrites one address and one port (or echo identifier) with the checksums that cover them:
 /// the source's with `egress`, else the destination's (also the service translation's, `service`).
-/// Packet pointers are stale afterwards; callers only count and return.
+/// The address, the port and the IPv4 header checksum are written directly into the packet (the
+/// header checksum is always a full one, updated incrementally here); only the upper-layer
+/// checksum goes through the kernel's helper, which knows the skb's checksum state (a pod's
+/// `CHECKSUM_PARTIAL` packet holds the pseudo header's sum there, not the segment's), and a port
+/// left as it is costs nothing. Packet pointers are stale afterwards; callers only count and
+/// return (or parse again).
 #[inline(always)]
 pub(crate) fn rewrite(
     ctx: &TcContext,
@@ -217,6 +222,27 @@ pub(crate) fn rewrite(
     (old_port, new_port): (u16, u16),
 ) -> Result<(), i64> {
     let (port_off, csum_off, addr_flags, port_flags) = f.port_and_csum(egress);
+    let pkt = Packet {
+        data: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let ip: *const [u8; 20] = pkt.ptr(ETH_HLEN).ok_or(-1i64)?;
+    let port: *const [u8; 2] = pkt.ptr(port_off).ok_or(-1i64)?;
+    let ip = ip.cast_mut().cast::<u8>();
+    // SAFETY: both regions are bounds checked by `ptr`; tc programs may write packet data (the
+    // verifier makes a cloned skb's header private first), and misaligned access is allowed
+    // (`word`).
+    unsafe {
+        let check = ip.add(IP_CHECK - ETH_HLEN).cast::<u16>();
+        check.write_unaligned(csum_replace4(check.read_unaligned(), old_addr, new_addr));
+        let addr = ip.add(if egress { IP_SRC } else { IP_DST } - ETH_HLEN);
+        addr.cast::<u32>().write_unaligned(new_addr);
+        if old_port != new_port {
+            port.cast_mut()
+                .cast::<u16>()
+                .write_unaligned(new_port.to_be());
+        }
+    }
     if f.proto != IPPROTO_ICMP {
         ctx.l4_csum_replace(
             csum_off,
@@ -225,16 +251,27 @@ pub(crate) fn rewrite(
             addr_flags | 4,
         )?;
     }
-    ctx.l4_csum_replace(
-        csum_off,
-        u64::from(old_port.to_be()),
-        u64::from(new_port.to_be()),
-        port_flags | 2,
-    )?;
-    ctx.l3_csum_replace(IP_CHECK, u64::from(old_addr), u64::from(new_addr), 4)?;
-    ctx.store(if egress { IP_SRC } else { IP_DST }, &new_addr, 0)?;
-    ctx.store(port_off, &new_port.to_be(), 0)?;
+    if old_port != new_port {
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_port.to_be()),
+            u64::from(new_port.to_be()),
+            port_flags | 2,
+        )?;
+    }
     Ok(())
+}
+
+/// An Internet checksum (as loaded) after one of the 32-bit words it covers changed from `old`
+/// to `new` (as loaded), RFC 1624's `HC' = ~(~HC + ~m + m')`. The ones'-complement sum does not
+/// depend on byte order, so loaded words need no swapping.
+#[inline(always)]
+pub(crate) fn csum_replace4(check: u16, old: u32, new: u32) -> u16 {
+    let old = !old;
+    let sum = u32::from(!check) + (old & 0xffff) + (old >> 16) + (new & 0xffff) + (new >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
 }
 
 /// The egress port (host byte order) a flow leaves with: its entry's, or a newly claimed one.

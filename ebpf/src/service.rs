@@ -263,13 +263,8 @@ pub(crate) fn frontend(
             && unsafe { SVC_BACKENDS4.get(&backend_id) }
                 .is_none_or(|b| b.addr != addr || b.port != port);
         if !gone {
-            let now = now_ns();
-            // SAFETY: as above; a lost stamp update from another CPU is benign.
-            unsafe {
-                if now > (*e).last_seen_ns {
-                    (*e).last_seen_ns = now;
-                }
-            }
+            // The entry is not stamped: the LRU keeps what lookups touch, and the flow's age is
+            // its conntrack entry's.
             *out = Translation {
                 addr: u32::from_ne_bytes(addr),
                 service_id,

@@ -68,7 +68,8 @@ pub struct SvcCt4Entry {
     pub service_id: u32,
     /// The backend id the flow was given (key of `svc_backend4_v1` when it was chosen).
     pub backend_id: u32,
-    /// Last packet in this entry's direction (the conntrack clock).
+    /// When the entry was written (the conntrack clock; later packets do not stamp it: the LRU
+    /// keeps the entries lookups touch, and the flow's age is its conntrack entry's).
     pub last_seen_ns: u64,
 }
 assert_size!(SvcCt4Entry, 24);
