@@ -11,7 +11,8 @@
 //!   for it;
 //! - deleting B's Node object sweeps A's routes to B within a bound, and `weir ipam check --node-objects`
 //!   (on the etcd datastore, the test server's kubeconfig) reports B's blocks as a decommissioned node's,
-//!   which it did not while B's Node existed; re-adding it restores the routes;
+//!   which it did not while B's Node existed (nor would `weir ipam release-node --node-objects` free them
+//!   then, while it releases a node that has no Node); re-adding it restores the routes;
 //! - B not Ready for a moment keeps its routes, not Ready for longer than `--node-expiry` is expired (swept,
 //!   `health: expired`), Ready again is routed again.
 //!
@@ -128,27 +129,32 @@ fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> Result<(), 
     }
 }
 
-/// `weir ipam check --node-objects -o json` on the cluster's etcd, the Node objects from `kubeconfig`: its
-/// leak lines.
-fn leaks_with_node_objects(cluster: &Cluster, kubeconfig: &std::path::Path) -> Vec<String> {
+/// `weir ipam --datastore <the cluster's etcd> -o json <args…>`, the Node objects from `kubeconfig`.
+fn ipam_with_node_objects(
+    cluster: &Cluster,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
     let weir = tests::bin::weir();
     let kubeconfig = format!("KUBECONFIG={}", kubeconfig.display());
     let datastore = Cluster::datastore();
-    let out = cluster
-        .infra
-        .try_exec(&[
-            "env",
-            &kubeconfig,
-            weir.to_str().expect("utf-8 path"),
-            "ipam",
-            "--datastore",
-            &datastore,
-            "-o",
-            "json",
-            "check",
-            "--node-objects",
-        ])
-        .expect("run weir ipam check");
+    let mut argv = vec![
+        "env",
+        &kubeconfig,
+        weir.to_str().expect("utf-8 path"),
+        "ipam",
+        "--datastore",
+        &datastore,
+        "-o",
+        "json",
+    ];
+    argv.extend_from_slice(args);
+    cluster.infra.try_exec(&argv).expect("run weir ipam")
+}
+
+/// `weir ipam check --node-objects -o json`: its leak lines.
+fn leaks_with_node_objects(cluster: &Cluster, kubeconfig: &std::path::Path) -> Vec<String> {
+    let out = ipam_with_node_objects(cluster, kubeconfig, &["check", "--node-objects"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "weir ipam check printed no JSON ({e}): {}",
@@ -434,6 +440,30 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     };
     let leaks = leaks_with_node_objects(&cluster, &kubeconfig);
     assert!(about_b(&leaks).is_empty(), "B is live: {leaks:?}");
+    // Nor does `weir ipam release-node --node-objects` free them (its agent keeps no etcd node record
+    // under `--source kubernetes`: the Node is what says it is live) …
+    let refused = ipam_with_node_objects(
+        &cluster,
+        &kubeconfig,
+        &["release-node", b_name, "--node-objects"],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("still has a Node object"),
+        "release-node of live B: {:?}, {stderr}",
+        refused.status
+    );
+    // … while a node without a Node object is released (the same command; it has nothing to free).
+    let gone = ipam_with_node_objects(
+        &cluster,
+        &kubeconfig,
+        &["release-node", "wt-gone", "--node-objects"],
+    );
+    assert!(
+        gone.status.success(),
+        "release-node of a node with no Node object: {}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
 
     // B's Node deleted: A sweeps its routes to B (and B's pod is unreachable from A), B keeps its own.
     assert!(api.delete("Node", "", b_name), "B's Node existed");

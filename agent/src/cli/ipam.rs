@@ -85,13 +85,19 @@ pub enum IpamCommand {
         node_objects: bool,
     },
     /// Free a decommissioned node's blocks: every address in them, its block affinities and its node record
-    /// (as `calicoctl ipam release` for a node that is gone). Refused while the node's heartbeat is live.
+    /// (as `calicoctl ipam release` for a node that is gone). Refused while the node's heartbeat is live, and,
+    /// with `--node-objects`, while the cluster still has a Node object of that name.
     ReleaseNode {
         /// The node (its IPAM host name).
         name: String,
-        /// Release even though the node's heartbeat is live (its pods lose their addresses' ownership).
+        /// Release even though the node is live (its pods lose their addresses' ownership).
         #[arg(long)]
         force: bool,
+        /// Also refuse while the cluster has a Node object of that name (the in-cluster config or the
+        /// kubeconfig): the node records of agents run with `--source kubernetes` are their Nodes. On by
+        /// default with `--datastore kubernetes`.
+        #[arg(long)]
+        node_objects: bool,
     },
 }
 
@@ -212,9 +218,12 @@ pub struct ShowArgs {
 pub fn run(args: IpamArgs) -> anyhow::Result<()> {
     let datastore: Datastore = args.datastore.parse()?;
     let node_objects = match &args.command {
-        IpamCommand::Check { node_objects, .. } => {
-            *node_objects || matches!(datastore, Datastore::Kubernetes)
-        }
+        IpamCommand::Check { node_objects, .. }
+        | IpamCommand::ReleaseNode {
+            node_objects,
+            force: false,
+            ..
+        } => *node_objects || matches!(datastore, Datastore::Kubernetes),
         _ => false,
     };
     // Validate what needs no datastore before reaching one.
@@ -224,8 +233,16 @@ pub fn run(args: IpamArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     let outcome = runtime.block_on(async move {
-        if node_objects && let Operation::Check { nodes, .. } = &mut op {
-            *nodes = Some(node_names().await?);
+        if node_objects {
+            let names = node_names().await?;
+            match &mut op {
+                Operation::Check { nodes, .. } => *nodes = Some(names),
+                Operation::ReleaseNode { name, .. } if names.contains(name.as_str()) => bail!(
+                    "node {name:?} still has a Node object in the cluster, so it is live: delete the \
+                     Node (kubectl delete node {name}) once the machine is gone, or pass --force"
+                ),
+                _ => {}
+            }
         }
         if let Datastore::Embedded(path) = &datastore
             && let Some(outcome) = via_agent::execute(&args.api_socket, path, &op).await?
@@ -343,7 +360,7 @@ fn operation(command: IpamCommand) -> anyhow::Result<Operation> {
             repair,
             nodes: None,
         },
-        IpamCommand::ReleaseNode { name, force } => Operation::ReleaseNode { name, force },
+        IpamCommand::ReleaseNode { name, force, .. } => Operation::ReleaseNode { name, force },
     })
 }
 
