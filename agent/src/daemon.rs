@@ -43,9 +43,8 @@ use crate::{
     node::{Node, NodeError},
     node_setup,
     nodes::setup::NodeRecords,
-    policy,
-    sources::link_source,
     sources::linkwatch,
+    sources::{link_source, policy_dir},
 };
 
 /// Errors that stop the agent.
@@ -200,11 +199,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         SourceMode::Standalone => None,
     };
-    let (policies, policy_errors) = if kube_client.is_some() {
-        Default::default()
-    } else {
-        policy::load::load_dir(&paths.policy_dir)
-    };
+    let first_read = kube_client
+        .is_none()
+        .then(|| policy_dir::first_read(&paths.policy_dir));
+    let (policies, policy_errors) = first_read.as_ref().map_or_else(Default::default, |first| {
+        (first.loaded.set.clone(), first.loaded.errors.clone())
+    });
     for e in &policy_errors {
         tracing::warn!(error = %e, "policy document refused");
     }
@@ -302,22 +302,20 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         },
     ));
 
-    match kube_client {
+    if let Some(client) = kube_client {
         // The API server's objects → loop: the whole set after each change, debounced.
-        Some(client) => {
-            tokio::spawn(crate::sources::kube::run(
-                dataplane_loop.clone(),
-                client,
-                node_feed,
-            ));
-        }
+        tokio::spawn(crate::sources::kube::run(
+            dataplane_loop.clone(),
+            client,
+            node_feed,
+        ));
+    } else if let Some(first) = first_read {
         // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
-        None => {
-            tokio::spawn(crate::sources::policy_dir::run(
-                dataplane_loop.clone(),
-                paths.policy_dir.clone(),
-            ));
-        }
+        tokio::spawn(policy_dir::run(
+            dataplane_loop.clone(),
+            paths.policy_dir.clone(),
+            first,
+        ));
     }
 
     // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.

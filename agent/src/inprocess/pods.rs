@@ -78,6 +78,7 @@ async fn pod_objects_relabel_endpoints_add_remote_peers_and_a_bad_one_refuses_on
     let source = tokio::spawn(policy_dir::run(
         agent.handle.clone(),
         paths.policy_dir.clone(),
+        policy_dir::first_read(&paths.policy_dir),
     ));
     agent.ready().await;
     assert!(kernel.state() == harness::expected(&paths, &links));

@@ -33,7 +33,7 @@ pub struct PolicyFileError {
 /// A fingerprint of the directory: (file, modification time, length) of every policy file.
 pub type Fingerprint = Vec<(PathBuf, Option<SystemTime>, u64)>;
 
-fn policy_files(dir: &Path) -> Vec<PathBuf> {
+pub(super) fn policy_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -113,18 +113,33 @@ pub struct Loaded {
 pub fn load_dir_full(dir: &Path) -> Loaded {
     let mut loaded = Loaded::default();
     for file in policy_files(dir) {
-        match fs::read_to_string(&file) {
-            Ok(text) => load_into(&file, &text, &mut loaded),
-            Err(e) => {
-                loaded.errors.push(PolicyFileError {
-                    file: file.clone(),
-                    line: 0,
-                    reason: format!("cannot read: {e}"),
-                });
-                loaded.refused.push((file, None));
-            }
+        load_file(&file, &mut loaded);
+    }
+    with_warnings(loaded)
+}
+
+/// Reads one policy file into `loaded` (an unreadable file is a refusal of everything it held).
+/// False when it could not be read.
+pub(super) fn load_file(file: &Path, loaded: &mut Loaded) -> bool {
+    match fs::read_to_string(file) {
+        Ok(text) => {
+            load_into(file, &text, loaded);
+            true
+        }
+        Err(e) => {
+            loaded.errors.push(PolicyFileError {
+                file: file.to_owned(),
+                line: 0,
+                reason: format!("cannot read: {e}"),
+            });
+            loaded.refused.push((file.to_owned(), None));
+            false
         }
     }
+}
+
+/// `loaded` with the caveats of its whole set (`policy::warnings`), each with its file and line.
+pub(super) fn with_warnings(mut loaded: Loaded) -> Loaded {
     loaded.warnings = warnings::check(&loaded.set)
         .into_iter()
         .map(|w| PolicyFileError {

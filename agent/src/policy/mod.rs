@@ -13,6 +13,7 @@ pub mod convert;
 pub mod delta;
 pub mod last_good;
 pub mod load;
+pub mod load_cache;
 pub mod model;
 pub mod pods;
 pub mod selector;

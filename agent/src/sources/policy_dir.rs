@@ -21,6 +21,7 @@ use crate::{
     policy::{
         last_good,
         load::{self, Fingerprint, Loaded},
+        load_cache::DirCache,
     },
 };
 
@@ -59,8 +60,9 @@ struct Settled {
 }
 
 /// Reads the directory once it has settled (see the module's documentation; bounded by
-/// [`MAX_ROUNDS`]). `before` is the fingerprint of the last read that counted.
-async fn settled_read(dir: &Path, before: &Fingerprint) -> Settled {
+/// [`MAX_ROUNDS`]), parsing only the files that changed (`cache`). `before` is the fingerprint of
+/// the last read that counted.
+async fn settled_read(dir: &Path, before: &Fingerprint, cache: &mut DirCache) -> Settled {
     let mut fingerprint = load::fingerprint(dir);
     // Since when this process has seen `fingerprint` unchanged.
     let mut seen_since = Instant::now();
@@ -84,7 +86,7 @@ async fn settled_read(dir: &Path, before: &Fingerprint) -> Settled {
             }
             continue;
         }
-        let loaded = load::load_dir_full(dir);
+        let loaded = cache.load(dir);
         reads += 1;
         let after = load::fingerprint(dir);
         if after == fingerprint {
@@ -101,7 +103,7 @@ async fn settled_read(dir: &Path, before: &Fingerprint) -> Settled {
     // Still changing: take the latest (the next poll sees any change after this fingerprint).
     let fingerprint = load::fingerprint(dir);
     Settled {
-        loaded: load::load_dir_full(dir),
+        loaded: cache.load(dir),
         fingerprint,
         reads: reads + 1,
     }
@@ -119,12 +121,39 @@ fn log_warnings(loaded: &Loaded) {
     log_new_warnings(loaded, &Loaded::default());
 }
 
-/// The policy directory as a source of the loop: re-read when its fingerprint changes (a cheap
-/// stat every 50 ms). Every valid document applies; a bad one is reported (file:line) and the
-/// object it meant keeps its last good form (`policy::last_good`).
-pub async fn run(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
-    let mut seen = load::fingerprint(&dir);
-    let mut last = load::load_dir_full(&dir);
+/// The directory's first read (the agent's start, before the loop's first write), which [`run`]
+/// then follows from: its files' parses are kept, so the source does not parse them again.
+#[derive(Debug)]
+pub struct FirstRead {
+    cache: DirCache,
+    /// Taken before the read: a change during it is noticed by the first poll.
+    fingerprint: Fingerprint,
+    /// What the read found.
+    pub loaded: Loaded,
+}
+
+/// Reads `dir` for the agent's start.
+#[must_use]
+pub fn first_read(dir: &Path) -> FirstRead {
+    let mut cache = DirCache::default();
+    let fingerprint = load::fingerprint(dir);
+    let loaded = cache.load(dir);
+    FirstRead {
+        cache,
+        fingerprint,
+        loaded,
+    }
+}
+
+/// The policy directory as a source of the loop, from its first read: re-read when its
+/// fingerprint changes (a cheap stat every 50 ms). Every valid document applies; a bad one is
+/// reported (file:line) and the object it meant keeps its last good form (`policy::last_good`).
+pub async fn run(dataplane_loop: LoopHandle, dir: std::path::PathBuf, first: FirstRead) {
+    let FirstRead {
+        mut cache,
+        fingerprint: mut seen,
+        loaded: mut last,
+    } = first;
     log_warnings(&last);
     loop {
         tokio::time::sleep(POLL).await;
@@ -132,7 +161,7 @@ pub async fn run(dataplane_loop: LoopHandle, dir: std::path::PathBuf) {
         if now == seen {
             continue;
         }
-        let settled = settled_read(&dir, &seen).await;
+        let settled = settled_read(&dir, &seen, &mut cache).await;
         tracing::debug!(reads = settled.reads, dir = %dir.display(), "policy directory re-read");
         seen = settled.fingerprint;
         log_new_warnings(&settled.loaded, &last);
@@ -181,7 +210,7 @@ mod tests {
         let file = dir.path().join("p.yaml");
         fs::write(&file, POLICY).expect("write");
         touch(&file, Duration::from_secs(1), false);
-        let settled = settled_read(dir.path(), &Vec::new()).await;
+        let settled = settled_read(dir.path(), &Vec::new(), &mut DirCache::default()).await;
         assert_eq!(policies(&settled), web());
         assert_eq!(settled.reads, 1, "a settled directory needs one read");
         assert_eq!(settled.fingerprint, load::fingerprint(dir.path()));
@@ -193,7 +222,7 @@ mod tests {
         let file = dir.path().join("p.yaml");
         fs::write(&file, POLICY).expect("write");
         let written = SystemTime::now();
-        let settled = settled_read(dir.path(), &Vec::new()).await;
+        let settled = settled_read(dir.path(), &Vec::new(), &mut DirCache::default()).await;
         assert!(
             written.elapsed().unwrap_or_default() + Duration::from_millis(10) >= SETTLE,
             "read before the settle"
@@ -209,7 +238,7 @@ mod tests {
         fs::write(&file, POLICY).expect("write");
         touch(&file, Duration::from_secs(3600), true);
         let started = Instant::now();
-        let settled = settled_read(dir.path(), &Vec::new()).await;
+        let settled = settled_read(dir.path(), &Vec::new(), &mut DirCache::default()).await;
         assert!(
             started.elapsed() >= SETTLE,
             "read before an observed settle"
@@ -235,7 +264,7 @@ mod tests {
                 fs::write(&file, POLICY.replace("web", "api")).expect("write again");
             })
         };
-        let settled = settled_read(dir.path(), &before).await;
+        let settled = settled_read(dir.path(), &before, &mut DirCache::default()).await;
         writer.join().expect("writer");
         assert_eq!(
             policies(&settled),
@@ -255,7 +284,7 @@ mod tests {
         let before = load::fingerprint(dir.path());
         fs::write(&file, "").expect("truncate");
         let truncated = SystemTime::now();
-        let settled = settled_read(dir.path(), &before).await;
+        let settled = settled_read(dir.path(), &before, &mut DirCache::default()).await;
         assert!(
             truncated.elapsed().unwrap_or_default() + Duration::from_millis(10) >= SETTLE_EMPTIED
         );
