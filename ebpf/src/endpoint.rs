@@ -153,9 +153,9 @@ fn ip<F: Family>(
 ) -> Reason {
     match parsed {
         Err(reason) => reason,
-        Ok(p) => {
+        Ok(mut p) => {
             note(&p, seen);
-            decide::<F>(ep, seen, &p, rule)
+            decide::<F>(ep, seen, &mut p, rule)
         }
     }
 }

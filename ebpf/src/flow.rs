@@ -60,12 +60,13 @@ fn side_bit(direction: u32, original: bool) -> u32 {
 
 /// The reason for a parsed IP packet on an endpoint's interface; `rule` receives the id of the
 /// policy rule that decided it (left alone when none did). A trace run (`seen.trace`) writes no
-/// conntrack state.
+/// conntrack state. Entering a pod, a packet against its flow's direction (a reply) gets the
+/// entry's `rev_nat` in `p.rev_nat` (the frontend to translate its source back to, or 0).
 #[inline(always)]
 pub(crate) fn decide<F: Family>(
     ep: &EndpointInfo,
     seen: &Seen,
-    p: &Parsed<F::Addr>,
+    p: &mut Parsed<F::Addr>,
     rule: &mut u32,
 ) -> Reason {
     let direction = seen.direction;
@@ -81,13 +82,14 @@ pub(crate) fn decide<F: Family>(
     } else {
         t.src
     };
+    let (proto, port) = (t.proto, p.policy_port);
     let mut policy = || {
         evaluate(
             ep,
             direction,
             || F::peer_identity(ep, &peer),
-            t.proto,
-            p.policy_port,
+            proto,
+            port,
             rule,
         )
     };
@@ -116,7 +118,7 @@ pub(crate) fn decide<F: Family>(
 fn stateful<F: Family>(
     direction: u32,
     trace: bool,
-    p: &Parsed<F::Addr>,
+    p: &mut Parsed<F::Addr>,
     policy: impl FnOnce() -> Reason,
 ) -> Reason {
     let (key, src_is_b) = F::ct_key(&p.tuple);
@@ -156,6 +158,11 @@ fn stateful<F: Family>(
     // from another CPU can only lose a state bit, which the next packet sets again.
     let (old, last) = unsafe { ((*entry).flags, (*entry).last_seen_ns) };
     let original = (old & FLAG_OPENER_IS_B != 0) == src_is_b;
+    #[cfg(not(feature = "ct-v2"))]
+    if direction != DIR_FROM_ENDPOINT && !original {
+        // SAFETY: as above.
+        p.rev_nat = unsafe { (*entry).rev_nat };
+    }
     let side = side_bit(direction, original);
     let (reason, approve) = if old & side != 0 {
         (PASS_ESTABLISHED, 0)

@@ -104,7 +104,7 @@ pub(crate) fn decide_v4(
     let proto = p.tuple.proto;
     let served = matches!(p.class, Class::Flow) && (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
     if !served {
-        let reason = decide::<V4>(ep, seen, &p, rule);
+        let reason = decide::<V4>(ep, seen, &mut p, rule);
         // An ICMP error entering a client about a translated flow gets the frontend back.
         if matches!(p.class, Class::Related)
             && seen.direction != DIR_FROM_ENDPOINT
@@ -115,15 +115,16 @@ pub(crate) fn decide_v4(
         return reason;
     }
     if seen.direction != DIR_FROM_ENDPOINT {
-        let reason = decide::<V4>(ep, seen, &p, rule);
+        // `decide` leaves a reply's frontend (its conntrack entry's `rev_nat`) in `p.rev_nat`.
+        let reason = decide::<V4>(ep, seen, &mut p, rule);
         if !is_pass(reason) {
             return reason;
         }
-        return reply(ctx, pkt, &p.tuple, reason);
+        return reply(ctx, pkt, &p.tuple, p.rev_nat, reason);
     }
     // A forged source is dropped by `decide` before anything is looked up for it.
     if !V4::owns(ep, &p.tuple.src) {
-        return decide::<V4>(ep, seen, &p, rule);
+        return decide::<V4>(ep, seen, &mut p, rule);
     }
     // A pod's packet to the hairpin address is its reply to a flow it sent itself through its
     // Service: judged as sent (the flow's `to_endpoint` approved it), then sent back in to the
@@ -131,7 +132,7 @@ pub(crate) fn decide_v4(
     // and gives it the frontend as its source. Nothing else answers at that address.
     let mut tr = Translation::empty();
     if p.tuple.dst == u32::from_ne_bytes(HAIRPIN4) {
-        let reason = decide::<V4>(ep, seen, &p, rule);
+        let reason = decide::<V4>(ep, seen, &mut p, rule);
         return if is_pass(reason) && !seen.trace {
             reason | HAIRPIN_REPLY
         } else {
@@ -139,7 +140,7 @@ pub(crate) fn decide_v4(
         };
     }
     match frontend(&p.tuple, p.tuple.dst, p.tcp_flags, &mut tr) {
-        Ok(false) => return decide::<V4>(ep, seen, &p, rule),
+        Ok(false) => return decide::<V4>(ep, seen, &mut p, rule),
         Ok(true) => {}
         Err(reason) => return reason,
     }
@@ -149,7 +150,7 @@ pub(crate) fn decide_v4(
     p.policy_port = tr.port();
     // A conntrack entry this packet creates keeps the frontend for the replies.
     p.rev_nat = tr.service_id;
-    let reason = decide::<V4>(ep, seen, &p, rule);
+    let reason = decide::<V4>(ep, seen, &mut p, rule);
     if !is_pass(reason) {
         return reason;
     }
@@ -397,10 +398,17 @@ pub(crate) fn rev_nat_of(t: &Tuple<u32>, original: bool) -> u32 {
 }
 
 /// A packet entering a pod: a reply of a flow it sent to a frontend gets the frontend as its
-/// source. Anything else keeps `reason` untouched.
+/// source. `rev_nat` is what `decide` found in the flow's conntrack entry for a reply (layout 3:
+/// no second lookup). Anything else keeps `reason` untouched.
 #[inline(always)]
-fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, reason: Reason) -> Reason {
-    let service_id = rev_nat_of(t, false);
+fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, rev_nat: u32, reason: Reason) -> Reason {
+    #[cfg(not(feature = "ct-v2"))]
+    let service_id = rev_nat;
+    #[cfg(feature = "ct-v2")]
+    let service_id = {
+        let _ = rev_nat;
+        rev_nat_of(t, false)
+    };
     if service_id == 0 {
         return reason;
     }
