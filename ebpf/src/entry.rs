@@ -24,8 +24,9 @@ pub fn from_endpoint(ctx: TcContext) -> i32 {
     action
 }
 
-/// `from_endpoint`'s decision, in a frame of its own: its stack (the decision path's, near the
-/// verifier's 512-byte bound) is not added to by what the tail call keeps live.
+/// `from_endpoint`'s decision, in a frame of its own: its stack (the decision path's, the largest
+/// of the programs; the verifier bounds the frames of a call chain at 512 bytes together) is not
+/// added to by what the tail call keeps live.
 #[inline(never)]
 fn from_endpoint_action(skb: *mut __sk_buff) -> i32 {
     let Some(skb) = core::ptr::NonNull::new(skb) else {

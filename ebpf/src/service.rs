@@ -9,8 +9,8 @@
 //!
 //! ICMP errors about translated flows are translated back in `service_related`.
 //!
-//! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`, one conntrack
-//! lookup in `to_endpoint` (TCP and UDP only).
+//! Cost for packets that are not to a service: one `svc4` lookup in `from_endpoint`; nothing in
+//! `to_endpoint` (a reply's frontend comes with the conntrack lookup `decide` makes anyway).
 
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcContext};
 #[cfg(not(feature = "ct-v2"))]
