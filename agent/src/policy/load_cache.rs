@@ -42,27 +42,27 @@ impl DirCache {
     /// Reads `dir` as `load::load_dir_full` does, parsing only the files that changed since this
     /// cache last saw them (stamped before the read: a change during it is seen next time).
     pub fn load(&mut self, dir: &Path) -> Loaded {
-        let files = load::policy_files(dir);
-        self.files.retain(|path, _| files.contains(path));
+        // Rebuilt from the directory's files: a file gone from it leaves with the old map.
+        let mut kept = std::mem::take(&mut self.files);
         let mut all = Loaded::default();
-        for file in files {
+        for file in load::policy_files(dir) {
             let now = stamp(&file);
-            match (now, self.files.get(&file)) {
-                (Some(now), Some((kept, parsed))) if *kept == now => merge_file(&mut all, parsed),
+            let parsed = match (now, kept.remove(&file)) {
+                (Some(now), Some((then, parsed))) if then == now => parsed,
                 _ => {
                     let mut parsed = Loaded::default();
-                    let read = load::load_file(&file, &mut parsed);
-                    merge_file(&mut all, &parsed);
-                    match now {
-                        Some(now) if read => {
-                            self.files.insert(file, (now, parsed));
-                        }
-                        // Unreadable or vanished: read again next time.
-                        _ => {
-                            self.files.remove(&file);
-                        }
+                    if !load::load_file(&file, &mut parsed) {
+                        // Unreadable: reported now, read again next time.
+                        merge_file(&mut all, &parsed);
+                        continue;
                     }
+                    parsed
                 }
+            };
+            merge_file(&mut all, &parsed);
+            // A file that vanished after its read is read again (or left out) next time.
+            if let Some(now) = now {
+                self.files.insert(file, (now, parsed));
             }
         }
         load::with_warnings(all)
