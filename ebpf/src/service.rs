@@ -17,10 +17,11 @@ use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcCon
 use maps_schema::conntrack::FLAG_OPENER_IS_B;
 use maps_schema::{
     EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
+    identity::HOST,
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{HAIRPIN4, SVC_FLAG_AFFINITY, backend_slot, flow_hash},
+    service::{HAIRPIN4, NODEPORT_ANY, SVC_FLAG_AFFINITY, backend_slot, flow_hash, pod_nodeport},
     service_ct::{DIR_ORIGINAL, DIR_REPLY},
 };
 
@@ -28,7 +29,7 @@ use crate::{
     counters::Seen,
     flow::{Family as _, decide, now_ns},
     ipv4::V4,
-    maps::{SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    maps::{IDENT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
     masq,
     parse::{
         Aligned, Class, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, TCP_ACK, TCP_SYN, Tuple,
@@ -139,7 +140,15 @@ pub(crate) fn decide_v4(
             reason
         };
     }
-    match frontend(&p.tuple, p.tuple.dst, p.tcp_flags, &mut tr) {
+    // A NodePort on one of this node's own addresses is served here as the host interfaces
+    // serve it from outside (a host address is never a frontend of its own).
+    let node_port = own_node_port(&p.tuple);
+    let fe = if node_port {
+        u32::from_ne_bytes(NODEPORT_ANY)
+    } else {
+        p.tuple.dst
+    };
+    match frontend(&p.tuple, fe, p.tcp_flags, &mut tr) {
         Ok(false) => return decide::<V4>(ep, seen, &mut p, rule),
         Ok(true) => {}
         Err(reason) => return reason,
@@ -155,6 +164,9 @@ pub(crate) fn decide_v4(
         return reason;
     }
     if !seen.trace && record_flow(&p.tuple, vip, vport, &tr).is_err() {
+        return DROP_CT_INSERT_FAILED;
+    }
+    if node_port && !seen.trace && record_node_port(&p.tuple, vip, vport, &tr).is_err() {
         return DROP_CT_INSERT_FAILED;
     }
     let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
@@ -306,6 +318,52 @@ pub(crate) fn frontend(
     Ok(true)
 }
 
+/// Whether a pod's packet (tuple `t`) is to a NodePort on an address of this node: a port in
+/// `POD_NODEPORT_RANGE` (a comparison for every other packet) to an address with the `host`
+/// identity (one lookup).
+#[inline(always)]
+fn own_node_port(t: &Tuple<u32>) -> bool {
+    if !pod_nodeport(t.dport) {
+        return false;
+    }
+    let addr = Aligned(t.dst.to_ne_bytes());
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    unsafe { IDENT4.get(&addr.0) }.is_some_and(|i| i.identity == HOST)
+}
+
+/// A pod's new flow to a NodePort on this node's address `vip`: the reply entry holds that
+/// address and the NodePort, which the replies' source becomes (the NodePort's reverse NAT entry
+/// names no address).
+#[inline(always)]
+fn record_node_port(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result<(), i32> {
+    if tr.new == 0 {
+        return Ok(());
+    }
+    let entry = SvcCt4Entry {
+        addr: vip.to_ne_bytes(),
+        port: vport,
+        ..client_entry(t, tr)
+    };
+    SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &entry, 0)
+}
+
+/// The frontend (address as loaded, port) a packet of reply tuple `reply` (backend → client) of
+/// a flow of `service_id` comes from: the service's reverse NAT entry, or for a NodePort (whose
+/// entry names no address) the node address and NodePort the flow's reply entry holds (a pod's
+/// flow to its own node's address). `None` when the service or the entry is gone.
+#[inline(always)]
+pub(crate) fn reply_frontend(reply: &Tuple<u32>, service_id: u32) -> Option<(u32, u16)> {
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    let rev = unsafe { SVC_REVNAT4.get(&service_id) }?;
+    if rev.addr != NODEPORT_ANY {
+        return Some((u32::from_ne_bytes(rev.addr), rev.port));
+    }
+    let e = SVC_CT4.get_ptr(&key(reply, DIR_REPLY).0)?;
+    // SAFETY: a valid map value pointer for this program run.
+    let (addr, port) = unsafe { ((*e).addr, (*e).port) };
+    Some((u32::from_ne_bytes(addr), port))
+}
+
 /// Writes a new translated flow's two `svc_ct4` entries (nothing for a flow that has them): `t`
 /// is the translated tuple (client → backend), `vip:vport` the frontend the client sent to. The
 /// reply entry is what NodePort flows (and the layout-2 build's every flow) find their frontend
@@ -412,12 +470,10 @@ fn reply(ctx: &TcContext, pkt: &Packet, t: &Tuple<u32>, rev_nat: u32, reason: Re
     if service_id == 0 {
         return reason;
     }
-    // SAFETY: read-only to programs; the agent replaces entries whole.
-    let Some(rev) = (unsafe { SVC_REVNAT4.get(&service_id) }) else {
+    let Some((addr, port)) = reply_frontend(t, service_id) else {
         // The service is gone: nothing to translate back to.
         return reason;
     };
-    let (addr, port) = (u32::from_ne_bytes(rev.addr), rev.port);
     let Some(f) = masq::parse(pkt, ICMP_ECHO) else {
         return DROP_MALFORMED;
     };

@@ -10,9 +10,8 @@ use aya_ebpf::programs::TcContext;
 use maps_schema::reason::DROP_MALFORMED;
 
 use crate::{
-    maps::SVC_REVNAT4,
     parse::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, Parsed, Reason},
-    service::rev_nat_of,
+    service::{reply_frontend, rev_nat_of},
 };
 
 /// Offset of the IPv4 header checksum and source address in a header.
@@ -36,11 +35,9 @@ pub(crate) fn translate_back(ctx: &TcContext, p: &Parsed<u32>, reason: Reason) -
     if service_id == 0 {
         return reason;
     }
-    // SAFETY: read-only to programs; the agent replaces entries whole.
-    let Some(rev) = (unsafe { SVC_REVNAT4.get(&service_id) }) else {
+    let Some((vip, vport)) = reply_frontend(&inner.reversed(), service_id) else {
         return reason;
     };
-    let (vip, vport) = (u32::from_ne_bytes(rev.addr), rev.port);
     match rewrite(ctx, vip, vport) {
         Ok(()) => reason,
         Err(_) => DROP_MALFORMED,

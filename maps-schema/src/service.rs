@@ -33,8 +33,24 @@ pub const SVC_FLAG_EXTERNAL_LOCAL: u16 = 2;
 /// so the reply comes back through this node).
 pub const BACKEND_FLAG_LOCAL: u8 = 1;
 /// [`Svc4Key::addr`] of a NodePort frontend: any address of a host interface serving NodePorts
-/// (`masq_if` with `IF_NODEPORT`); only the host-interface programs look it up.
+/// (`masq_if` with `IF_NODEPORT`), and for a pod on this node any of the node's addresses
+/// ([`pod_nodeport`]).
 pub const NODEPORT_ANY: [u8; 4] = [0; 4];
+
+/// The NodePorts a pod reaches on an address of its own node (`from_endpoint` translates a packet
+/// to a host address on such a port as the host-interface programs translate one arriving from
+/// outside): Kubernetes' default `--service-node-port-range`. A constant, so that a pod's packet
+/// to any other port costs a comparison, not a lookup; a NodePort outside it is served only on the
+/// host interfaces (the agent warns about such Services).
+pub const POD_NODEPORT_RANGE: core::ops::RangeInclusive<u16> = 30000..=32767;
+
+/// Whether a pod's packet to a host address on `port` may be to a NodePort (see
+/// [`POD_NODEPORT_RANGE`]).
+#[inline(always)]
+#[must_use]
+pub const fn pod_nodeport(port: u16) -> bool {
+    port >= *POD_NODEPORT_RANGE.start() && port <= *POD_NODEPORT_RANGE.end()
+}
 
 /// The source a pod's packet gets when its Service sends it to the pod itself (hairpin): a
 /// link-local address no pod or node has, as Cilium's `169.254.42.1`. The pod cannot take a

@@ -5,8 +5,10 @@
 //! [`DIR_ORIGINAL`]) holding the backend the flow was sent to, so every later packet of the flow
 //! goes to the same backend whatever happens to the service's slots; and the reply tuple
 //! (backend → client, [`DIR_REPLY`]) holding the service id, whose reverse NAT entry
-//! (`svc_revnat4_v1`) gives the frontend a reply's source is rewritten back to. Written by the
-//! programs (LRU; an entry's flow is in `ct4` too).
+//! (`svc_revnat4_v1`) gives the frontend a reply's source is rewritten back to (for a pod's flow
+//! to a NodePort on its own node's address, the entry itself holds that address and the NodePort:
+//! the reverse NAT entry of a NodePort names no address). Written by the programs (LRU; an
+//! entry's flow is in `ct4` too).
 
 use crate::{assert_size, user_pod};
 
@@ -58,9 +60,13 @@ assert_size!(SvcCt4Key, 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct SvcCt4Entry {
-    /// [`DIR_ORIGINAL`]: the backend's address (network byte order); [`DIR_REPLY`]: the client's.
+    /// [`DIR_ORIGINAL`]: the backend's address (network byte order); [`DIR_REPLY`]: the client's,
+    /// except for a pod's flow to a NodePort on its own node's address (its frontend service's
+    /// reverse NAT address is `NODEPORT_ANY`): the node address the pod sent to, which its
+    /// replies come from.
     pub addr: [u8; 4],
-    /// [`DIR_ORIGINAL`]: the backend's port; [`DIR_REPLY`]: the client's (host byte order).
+    /// [`DIR_ORIGINAL`]: the backend's port; [`DIR_REPLY`]: the client's, or for a pod's flow
+    /// to a NodePort on its own node's address the NodePort (host byte order).
     pub port: u16,
     /// Explicit padding; always zero.
     pub _pad: u16,

@@ -15,6 +15,10 @@
 //! - the positive control for "nothing answers without the translation": a port no Service has is
 //!   refused by node 0's own stack, and node 1 (no NodePort interface named) does not serve the
 //!   NodePorts (its address is not even routed from outside);
+//! - a pod on node 0 reaches the NodePorts on node 0's own addresses (both of them): backends on
+//!   either node, each seeing the pod's address, its socket connected to the address and NodePort
+//!   it dialled; `Local` only node 0's backend; a port no Service has is refused by node 0; node
+//!   0's backend reaching itself that way (hairpin) sees the hairpin address;
 //! - `weir service list -o json` lists the NodePort frontends with their policy.
 
 use std::{
@@ -42,6 +46,9 @@ const NODE0_UNDERLAY: &str = "10.99.0.11";
 const NP_REMOTE: u16 = 30_001;
 const NP_LOCAL: u16 = 30_002;
 const NP_CLUSTER: u16 = 30_003;
+/// The source a pod's packet has when its Service sends it to the pod itself
+/// (`maps_schema::service::HAIRPIN4`).
+const HAIRPIN: &str = "169.254.42.1";
 /// A port no Service has.
 const NP_NONE: u16 = 30_009;
 /// Connections per NodePort.
@@ -204,6 +211,7 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
 
     let web0 = cluster.node_mut(0).add_pod("default", "web-0");
     let web1 = cluster.node_mut(1).add_pod("default", "web-1");
+    let client0 = cluster.node_mut(0).add_pod("default", "client-0");
     serve(&cluster.node(0).pods[0].0.ns, "web-0");
     serve(&cluster.node(1).pods[0].0.ns, "web-1");
     let docs = [
@@ -270,6 +278,45 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         Err(e) => assert!(e.contains("refused"), "a port no Service has: {e}"),
         Ok(v) => panic!("a port no Service has answered: {v:?}"),
     }
+
+    // A pod on node 0 reaches the NodePorts on its own node's addresses (translated by its
+    // `from_endpoint`, no masquerade: every backend sees the pod's own address), and its socket
+    // is connected to the address and NodePort it dialled (the replies come back from there).
+    let pod = &cluster.node(0).pods[1].0.ns;
+    for node_addr in [NODE0_OUTSIDE, NODE0_UNDERLAY] {
+        let to = |port: u16| SocketAddr::new(node_addr.parse().expect("address"), port);
+        assert_eq!(
+            visits(pod, to(NP_REMOTE)),
+            BTreeMap::from([(pair("web-1", &client0), CONNECTIONS)]),
+            "a pod to its node's {node_addr}, backend on the other node"
+        );
+        let both = visits(pod, to(NP_CLUSTER));
+        assert_eq!(
+            both.keys().cloned().collect::<Vec<_>>(),
+            vec![pair("web-0", &client0), pair("web-1", &client0)],
+            "a pod to its node's {node_addr}, backends on both nodes: {both:?}"
+        );
+        // `Local`: this node's backends only, as for a client outside.
+        assert_eq!(
+            visits(pod, to(NP_LOCAL)),
+            BTreeMap::from([(pair("web-0", &client0), CONNECTIONS)]),
+            "a pod to its node's {node_addr}, Local"
+        );
+        // Control: a port no Service has reaches node 0's own stack, which refuses it.
+        match visit(pod, to(NP_NONE)) {
+            Err(e) => assert!(e.contains("refused"), "a pod to a port no Service has: {e}"),
+            Ok(v) => panic!("a port no Service has answered the pod: {v:?}"),
+        }
+    }
+
+    // Hairpin: node 0's backend reaching itself through the `Local` NodePort on its node's
+    // address sees the hairpin address as its peer (as through a cluster IP).
+    let web0_ns = &cluster.node(0).pods[0].0.ns;
+    assert_eq!(
+        visits(web0_ns, at(NP_LOCAL)),
+        BTreeMap::from([(pair("web-0", HAIRPIN), CONNECTIONS)]),
+        "a backend to its own node's NodePort onto itself"
+    );
 
     // The CLI lists the NodePort frontends.
     let out = Command::new(bin::weir())

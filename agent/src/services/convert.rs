@@ -127,6 +127,16 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
                 format!("nodePort {n} is listed twice for the same protocol"),
             ));
         }
+        if let Some(n) = node_port
+            && !maps_schema::service::pod_nodeport(n)
+        {
+            tracing::warn!(
+                service = %format!("{namespace}/{name}"),
+                field = %format!("{at}.nodePort"),
+                node_port = n,
+                "this nodePort is outside 30000-32767: it is served on the NodePort interfaces, but pods cannot reach it on their own node's address; use the Service's cluster IP from pods"
+            );
+        }
         ports.push(ServicePort {
             name,
             protocol,
