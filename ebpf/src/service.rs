@@ -21,7 +21,10 @@ use maps_schema::{
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{HAIRPIN4, NODEPORT_ANY, SVC_FLAG_AFFINITY, backend_slot, flow_hash, pod_nodeport},
+    service::{
+        BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SVC_FLAG_AFFINITY, backend_slot,
+        flow_hash, pod_nodeport,
+    },
     service_ct::{DIR_ORIGINAL, DIR_REPLY},
 };
 
@@ -268,13 +271,15 @@ pub(crate) fn frontend(
     if let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_ORIGINAL).0) {
         // SAFETY: a valid map value pointer for this program run.
         let (addr, port, backend_id) = unsafe { ((*e).addr, (*e).port, (*e).backend_id) };
-        // A new connection on a tuple whose backend takes no new flows (terminating or removed:
-        // not in `svc_backend4`) is placed again, and so is a UDP flow's next datagram (UDP has
-        // no connection to finish); every other packet stays with the flow's backend.
+        // A new connection on a tuple whose backend takes no new flows (terminating, or removed:
+        // not in `svc_backend4`) is placed again, and so is a UDP flow's next datagram once its
+        // backend is removed (UDP has no connection to finish; a terminating backend that still
+        // serves keeps it); every other packet stays with the flow's backend.
         // SAFETY: as for `SVC4`.
         let gone = (syn || t.proto == IPPROTO_UDP)
-            && unsafe { SVC_BACKENDS4.get(&backend_id) }
-                .is_none_or(|b| b.addr != addr || b.port != port);
+            && unsafe { SVC_BACKENDS4.get(&backend_id) }.is_none_or(|b| {
+                b.addr != addr || b.port != port || (syn && b.flags & BACKEND_FLAG_TERMINATING != 0)
+            });
         if !gone {
             // The entry is not stamped: the LRU keeps what lookups touch, and the flow's age is
             // its conntrack entry's.

@@ -32,6 +32,12 @@ pub const SVC_FLAG_EXTERNAL_LOCAL: u16 = 2;
 /// translated to it; one to another node's backend also gets this node's address as its source,
 /// so the reply comes back through this node).
 pub const BACKEND_FLAG_LOCAL: u8 = 1;
+/// [`Backend4::flags`]: the backend's endpoint is terminating but still serving
+/// (`serving: true, ready: false`): it has no slot, so no new flow goes to it, and a new TCP
+/// connection on a tuple it had is placed again; every other packet of a flow it has (a UDP
+/// flow's datagrams too) stays with it, as under kube-proxy. Not part of a backend's identity:
+/// a ready backend that starts terminating keeps its id (and so its flows).
+pub const BACKEND_FLAG_TERMINATING: u8 = 2;
 /// [`Svc4Key::addr`] of a NodePort frontend: any address of a host interface serving NodePorts
 /// (`masq_if` with `IF_NODEPORT`), and for a pod on this node any of the node's addresses
 /// ([`pod_nodeport`]).
@@ -160,7 +166,8 @@ pub struct Backend4 {
     pub port: u16,
     /// IP protocol number.
     pub protocol: u8,
-    /// [`BACKEND_FLAG_LOCAL`] (zero in entries written before flags existed).
+    /// [`BACKEND_FLAG_LOCAL`], [`BACKEND_FLAG_TERMINATING`] (zero in entries written before
+    /// flags existed).
     pub flags: u8,
 }
 assert_size!(Backend4, 8);

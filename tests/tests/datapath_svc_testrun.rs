@@ -2,7 +2,8 @@
 //! frontend leaves `from_endpoint` addressed to the backend `backend_slot(flow_hash(..))` picks,
 //! with valid checksums; the backend's reply enters the client from the frontend; a flow keeps
 //! its backend when the service's slots change (a new flow follows the new slots); egress policy
-//! judges the backend's identity; a frontend with no ready backend drops under its own reason.
+//! judges the backend's identity; a terminating backend that still serves keeps its flows (UDP
+//! too) but gets no new one; a frontend with no ready backend drops under its own reason.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -15,7 +16,7 @@ use maps_schema::{
         DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY,
         PASS_RELATED,
     },
-    service::{SVC_BACKENDS4, backend_slot, flow_hash},
+    service::{BACKEND_FLAG_TERMINATING, SVC_BACKENDS4, backend_slot, flow_hash},
     service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
 };
 use tests::{
@@ -245,6 +246,69 @@ fn a_flow_keeps_its_backend_when_the_slots_change() {
     let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
     expect("a new SYN on the old tuple", o, PASS);
     assert_eq!(dst_of(&out).0, web, "a gone backend gets no new connection");
+}
+
+/// Flags backend `id` terminating (the agent's entry for a backend that still serves but is no
+/// longer ready: no slot, kept in the map).
+fn terminate_backend(lab: &mut Lab, id: u32) {
+    let mut m: HashMap<_, u32, Backend4> =
+        HashMap::try_from(lab.ebpf.map_mut(SVC_BACKENDS4).expect("backends")).expect("hash");
+    let mut b = m.get(&id, 0).expect("the backend");
+    b.flags |= BACKEND_FLAG_TERMINATING;
+    m.insert(&id, &b, 0).expect("flag the backend");
+}
+
+#[test]
+fn a_terminating_backend_keeps_its_udp_flows_and_gets_no_new_connection() {
+    let Some(mut lab) = lab("a_terminating_backend_keeps_its_udp_flows") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let (db, web) = (v4(&lab, Peer::Pod(DB)), v4(&lab, Peer::Pod(WEB)));
+    for proto in [UDP, TCP] {
+        service(&mut lab, 1, VIP, proto, &[(1, DB), (2, WEB)]);
+        let sport = port_to(&lab, DB, VIP, proto, &[DB, WEB]);
+        let first = if proto == TCP { SYN } else { 0 };
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, proto, first));
+        expect("the flow's first packet", o, PASS);
+        assert_eq!(dst_of(&out).0, db, "proto {proto}");
+
+        // db terminates but still serves: out of the slots, flagged in the map.
+        service(&mut lab, 1, VIP, proto, &[(2, WEB)]);
+        terminate_backend(&mut lab, 1);
+        let later = if proto == TCP { ACK | PSH } else { 0 };
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, proto, later));
+        expect("the flow's next packet", o, PASS_ESTABLISHED);
+        assert_eq!(
+            dst_of(&out),
+            (db, TARGET),
+            "proto {proto}: the flow stays on db"
+        );
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport + 1, VIP, PORT, proto, first));
+        expect("a new flow", o, PASS);
+        assert_eq!(
+            dst_of(&out).0,
+            web,
+            "proto {proto}: a new flow follows the slots"
+        );
+        if proto == TCP {
+            // A new connection on the old tuple goes where new flows go.
+            let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
+            expect("a new SYN on the old tuple", o, PASS);
+            assert_eq!(
+                dst_of(&out).0,
+                web,
+                "a terminating backend gets no new connection"
+            );
+        } else {
+            // Control: once db is removed, the UDP flow's next datagram is placed again.
+            remove_backend(&mut lab, 1);
+            let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, UDP, 0));
+            expect("the next datagram, placed again", o, PASS);
+            assert_eq!(dst_of(&out).0, web, "a removed backend keeps no UDP flow");
+        }
+        // The next protocol's `service` writes both backends afresh (unflagged).
+    }
 }
 
 #[test]

@@ -4,8 +4,9 @@
 //! a Service without a ready backend refuses TCP and UDP at once (ICMP port unreachable), a
 //! backend's own ICMP error reaches the client's socket connected to the ClusterIP,
 //! a backend turned terminating and then removed from the EndpointSlice gets no new connection
-//! while its established one keeps carrying data, and a UDP flow held on it moves to another
-//! backend with its next datagram; with `sessionAffinity: ClientIP` every new
+//! while its established one keeps carrying data, and a UDP flow held on it stays while it
+//! terminates (still serving) and moves to another backend with its next datagram once it is
+//! removed; with `sessionAffinity: ClientIP` every new
 //! connection lands on one backend. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
@@ -404,14 +405,13 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         }
     };
     check_drained(&mut held, "web-a terminating");
-    // The held UDP flow moves to a backend that takes new flows (web-a's pod still answers UDP:
-    // only the service stopped sending there), so a UDP client is never held on a backend on its
-    // way out.
-    let moved_to = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
-    eprintln!("the UDP flow held on {gone} now answers from {moved_to:?}");
-    assert!(
-        moved_to.as_deref().is_some_and(|n| n != gone),
-        "the UDP flow of the terminating backend {gone} moved to another one: {moved_to:?}"
+    // The held UDP flow stays on web-a while it terminates and still serves (as under
+    // kube-proxy, whose conntrack entry outlives the endpoint's readiness).
+    let stayed = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
+    assert_eq!(
+        stayed.as_deref(),
+        Some(gone),
+        "the UDP flow of the terminating, serving backend {gone} stays on it"
     );
 
     // web-a removed from the slice: the same.
@@ -430,10 +430,13 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
         .collect();
     wait_listed(&agent, "web", cluster_ip, &want);
     check_drained(&mut held, "web-a removed from the slice");
-    let still = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
+    // Removed, web-a keeps no UDP flow: the held one moves with its next datagram (web-a's pod
+    // still answers UDP: only the service stopped sending there).
+    let moved_to = client.ns.run(|| udp_ask(&held_udp, udp_frontend));
+    eprintln!("the UDP flow held on {gone} now answers from {moved_to:?}");
     assert!(
-        still.as_deref().is_some_and(|n| n != gone),
-        "the UDP flow stays off the removed backend {gone}: {still:?}"
+        moved_to.as_deref().is_some_and(|n| n != gone),
+        "the UDP flow of the removed backend {gone} moved to another one: {moved_to:?}"
     );
 
     // `sessionAffinity: ClientIP`: every new connection from the client lands on one backend (the

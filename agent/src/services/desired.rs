@@ -2,7 +2,8 @@
 //! frontend (cluster IP, port, protocol; a NodePort as `NODEPORT_ANY`, its port, protocol, with
 //! only this node's backends under `externalTrafficPolicy: Local`) of every Service, its ready
 //! backends in slot order (sorted by address and port, so the order does not depend on the
-//! slices' order; this node's flagged local), and reverse NAT. Ids are stable: a frontend or backend keeps its id for as long as it exists, so one
+//! slices' order; this node's flagged local), its terminating backends that still serve (in
+//! `svc_backend4` flagged terminating, in no slot: they keep their flows), and reverse NAT. Ids are stable: a frontend or backend keeps its id for as long as it exists, so one
 //! Service changing changes only its own keys; freed ids are reused lowest first.
 
 use std::{
@@ -11,8 +12,8 @@ use std::{
 };
 
 use maps_schema::service::{
-    BACKEND_FLAG_LOCAL, Backend4, MAX_SLOTS, NODEPORT_ANY, RevNat4, SVC_FLAG_AFFINITY,
-    SVC_FLAG_EXTERNAL_LOCAL, SlotKey, SlotValue, Svc4Key, Svc4Value,
+    BACKEND_FLAG_LOCAL, BACKEND_FLAG_TERMINATING, Backend4, MAX_SLOTS, NODEPORT_ANY, RevNat4,
+    SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
 use super::model::{EndpointSlice, Service, ServicePort, SessionAffinity, TargetPort};
@@ -74,21 +75,30 @@ pub(crate) fn backend_port(port: &ServicePort, slice: &EndpointSlice) -> Option<
     }
 }
 
-/// The ready IPv4 backends of one Service port on `slices` (the Service's own), sorted, at most
-/// [`MAX_SLOTS`]; those whose `nodeName` is `node` are flagged local; `local_only` keeps only
-/// those.
+/// The IPv4 backends of one Service port on `slices` (the Service's own): the ready ones (new
+/// flows), and the terminating ones that still serve (`serving` but not `ready`: they keep their
+/// flows), each sorted, at most [`MAX_SLOTS`]; those whose `nodeName` is `node` are flagged local;
+/// `local_only` keeps only those. An address both ready and draining (two slices disagreeing) is
+/// ready.
 fn backends_of<'a>(
     port: &ServicePort,
     slices: impl Iterator<Item = &'a EndpointSlice>,
     node: &str,
     local_only: bool,
-) -> Vec<Backend4> {
-    let mut set = BTreeSet::new();
+) -> (Vec<Backend4>, Vec<Backend4>) {
+    let (mut ready, mut draining) = (BTreeSet::new(), BTreeSet::new());
     for slice in slices {
         let Some(target) = backend_port(port, slice) else {
             continue;
         };
-        for e in slice.endpoints.iter().filter(|e| e.serves_new_flows()) {
+        for e in &slice.endpoints {
+            let set = if e.serves_new_flows() {
+                &mut ready
+            } else if e.keeps_flows() {
+                &mut draining
+            } else {
+                continue;
+            };
             let local = !node.is_empty() && e.node.as_deref() == Some(node);
             if local_only && !local {
                 continue;
@@ -105,7 +115,31 @@ fn backends_of<'a>(
             }
         }
     }
-    set.into_iter().take(MAX_SLOTS as usize).collect()
+    let draining = draining.difference(&ready).copied();
+    (
+        ready.iter().copied().take(MAX_SLOTS as usize).collect(),
+        draining.take(MAX_SLOTS as usize).collect(),
+    )
+}
+
+/// A backend as `svc_backend4` holds it: `draining` (no frontend gives it a slot) adds
+/// [`BACKEND_FLAG_TERMINATING`] to its identity.
+#[must_use]
+pub fn backend_value(backend: Backend4, draining: bool) -> Backend4 {
+    let mut value = backend;
+    if draining {
+        value.flags |= BACKEND_FLAG_TERMINATING;
+    }
+    value
+}
+
+/// A backend's identity (what its id is kept for) from the value `svc_backend4` holds.
+#[must_use]
+pub fn backend_identity(value: Backend4) -> Backend4 {
+    Backend4 {
+        flags: value.flags & !BACKEND_FLAG_TERMINATING,
+        ..value
+    }
 }
 
 /// One frontend a Service declares: its reverse NAT, its value's flags and affinity timeout (the
@@ -118,8 +152,11 @@ pub struct FrontendSpec {
     pub flags: u16,
     /// `Svc4Value::affinity_timeout_secs`.
     pub affinity_timeout_secs: u32,
-    /// Slot order.
+    /// The ready backends, in slot order.
     pub backends: Vec<Backend4>,
+    /// The terminating backends that still serve: in `svc_backend4` (flagged terminating unless
+    /// another frontend gives them a slot), in no slot.
+    pub draining: Vec<Backend4>,
 }
 
 /// Every IPv4 frontend `service` declares (cluster IPs × ports, then its NodePorts), in order,
@@ -148,6 +185,7 @@ pub fn frontends_of<'a>(
                 pad: 0,
             };
             let local_only = is_node_port && service.external_local;
+            let (backends, draining) = backends_of(port, slices.clone(), node, local_only);
             let mut flags = affinity_flags;
             if local_only {
                 flags |= SVC_FLAG_EXTERNAL_LOCAL;
@@ -162,7 +200,8 @@ pub fn frontends_of<'a>(
                     },
                     flags,
                     affinity_timeout_secs,
-                    backends: backends_of(port, slices.clone(), node, local_only),
+                    backends,
+                    draining,
                 },
             ));
         }
@@ -202,11 +241,12 @@ pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids, node: &str) 
     let wanted_services: BTreeSet<Svc4Key> = frontends.iter().map(|f| f.0).collect();
     let wanted_backends: BTreeSet<Backend4> = frontends
         .iter()
-        .flat_map(|f| f.1.backends.iter().copied())
+        .flat_map(|f| f.1.backends.iter().chain(&f.1.draining).copied())
         .collect();
     keep_or_allocate(&mut ids.services, &wanted_services);
     keep_or_allocate(&mut ids.backends, &wanted_backends);
     let mut desired = Desired::default();
+    let mut draining = Vec::new();
     for (key, spec) in frontends {
         let Some(&service_id) = ids.services.get(&key) else {
             continue;
@@ -238,6 +278,16 @@ pub fn compute(services: &Services, slices: &Slices, ids: &mut Ids, node: &str) 
             },
         );
         desired.revnat.insert(service_id, spec.revnat);
+        draining.extend(spec.draining);
+    }
+    // Draining backends no frontend gives a slot: in the map, flagged.
+    for backend in draining {
+        if let Some(&backend_id) = ids.backends.get(&backend) {
+            desired
+                .backends
+                .entry(backend_id)
+                .or_insert_with(|| backend_value(backend, true));
+        }
     }
     desired
 }

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use maps_schema::service::{Backend4, SVC_FLAG_AFFINITY, SlotKey, Svc4Key};
+use maps_schema::service::{
+    BACKEND_FLAG_TERMINATING, Backend4, SVC_FLAG_AFFINITY, SlotKey, Svc4Key,
+};
 
 use super::desired::{Desired, Ids, compute};
 use crate::policy::{load::parse_str, model::PolicySet};
@@ -259,4 +261,57 @@ fn a_frontend_two_services_claim_goes_to_the_first() {
         .map(|b| b.addr)
         .collect();
     assert_eq!(backends, vec![[10, 0, 0, 1]], "prod/a, not a mix of both");
+}
+
+#[test]
+fn a_terminating_endpoint_that_serves_keeps_its_backend_id_flagged_and_no_slot() {
+    let ready = set(&[
+        service("web", "10.96.0.10"),
+        slice("web", &[("10.0.0.1", true), ("10.0.0.2", true)]),
+    ]);
+    let mut ids = Ids::default();
+    let before = run(&ready, &mut ids);
+    let id_of = |d: &Desired, last: u8| {
+        d.backends
+            .iter()
+            .find(|(_, b)| b.addr == [10, 0, 0, last])
+            .map(|(id, b)| (*id, b.flags))
+    };
+    let (id2, flags2) = id_of(&before, 2).expect("10.0.0.2 is a backend");
+    assert_eq!(flags2 & BACKEND_FLAG_TERMINATING, 0);
+
+    // 10.0.0.2 terminates but still serves; a third endpoint terminates and serves no more.
+    let terminating = set(&[
+        service("web", "10.96.0.10"),
+        "kind: EndpointSlice\nmetadata: {name: web-1, namespace: prod, labels: {kubernetes.io/service-name: web}}\n\
+         addressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n\
+         - {addresses: [10.0.0.1], conditions: {ready: true}}\n\
+         - {addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}}\n\
+         - {addresses: [10.0.0.3], conditions: {ready: false, serving: false, terminating: true}}\n"
+            .to_owned(),
+    ]);
+    let after = run(&terminating, &mut ids);
+    let got: Vec<[u8; 4]> = slot_backends(&after, [10, 96, 0, 10])
+        .iter()
+        .map(|b| b.addr)
+        .collect();
+    assert_eq!(
+        got,
+        [[10, 0, 0, 1]],
+        "only the ready endpoint takes new flows"
+    );
+    let (id2_after, flags2_after) =
+        id_of(&after, 2).expect("the draining backend stays in the map");
+    assert_eq!(id2_after, id2, "its flows' backend id still finds it");
+    assert_ne!(
+        flags2_after & BACKEND_FLAG_TERMINATING,
+        0,
+        "flagged terminating"
+    );
+    assert_eq!(
+        id_of(&after, 3),
+        None,
+        "a terminating endpoint that does not serve is not kept"
+    );
+    assert_eq!(after.backends.len(), 2);
 }

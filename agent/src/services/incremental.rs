@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use maps_schema::service::{Backend4, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value};
 
 use super::{
-    desired::{FrontendSpec, Services, frontends_of},
+    desired::{FrontendSpec, Services, backend_identity, backend_value, frontends_of},
     model::EndpointSlice,
 };
 
@@ -141,8 +141,20 @@ pub struct Tracker {
     declared: HashMap<ObjectKey, Vec<(Svc4Key, FrontendSpec)>>,
     service_ids: IdPool<Svc4Key>,
     backend_ids: IdPool<Backend4>,
-    /// How many slots point at each backend.
-    backend_refs: HashMap<Backend4, u32>,
+    /// How many frontends hold each backend (by identity), in a slot or draining.
+    backend_refs: HashMap<Backend4, Refs>,
+    /// The backend ids an update touched, with the backend (identity) that held each: their
+    /// `svc_backend4` entries are written once, from the final counts.
+    touched: BTreeMap<u32, Backend4>,
+}
+
+/// How many frontends hold a backend.
+#[derive(Clone, Copy, Debug, Default)]
+struct Refs {
+    /// In a slot (it takes new flows).
+    slots: u32,
+    /// Draining (terminating but serving: it keeps its flows).
+    draining: u32,
 }
 
 impl Tracker {
@@ -167,8 +179,12 @@ impl Tracker {
         backends: impl IntoIterator<Item = (u32, Backend4)>,
     ) {
         self.service_ids.seed(frontends.into_iter().collect());
-        self.backend_ids
-            .seed(backends.into_iter().map(|(id, b)| (b, id)).collect());
+        self.backend_ids.seed(
+            backends
+                .into_iter()
+                .map(|(id, b)| (backend_identity(b), id))
+                .collect(),
+        );
     }
 
     /// After the first whole set: the kernel's ids no Service took back are free for any.
@@ -228,7 +244,26 @@ impl Tracker {
         for key in &affected {
             self.acquire(key, &mut ops);
         }
+        self.write_backends(&mut ops);
         ops
+    }
+
+    /// The `svc_backend4` entries of the backends this update touched, from the final counts:
+    /// a backend some frontend gives a slot as is, one only draining flagged terminating, one
+    /// no frontend holds (its id not taken again) deleted.
+    fn write_backends(&mut self, ops: &mut Ops) {
+        for (id, backend) in std::mem::take(&mut self.touched) {
+            let held = self.backend_ids.get(&backend) == Some(id);
+            match self.backend_refs.get(&backend) {
+                Some(refs) if held => {
+                    ops.backends
+                        .push((id, Some(backend_value(backend, refs.slots == 0))));
+                }
+                // Given back, and not taken again in this update (a backend taking it would
+                // have replaced this one in `touched`).
+                _ => ops.backends.push((id, None)),
+            }
+        }
     }
 
     fn owner(&self, frontend: &Svc4Key) -> Option<ObjectKey> {
@@ -281,7 +316,7 @@ impl Tracker {
             }
             ops.revnat.push((old.service_id, None));
             self.service_ids.give_back(&frontend);
-            self.unref(&old.spec.backends, ops);
+            self.unref(&old.spec);
         }
     }
 
@@ -298,10 +333,15 @@ impl Tracker {
             }
             // New references first, so a backend kept across the change keeps its id.
             let mut count: u16 = 0;
-            for backend in &spec.backends {
-                *self.backend_refs.entry(*backend).or_default() += 1;
+            for backend in &spec.draining {
+                self.backend_refs.entry(*backend).or_default().draining += 1;
                 let backend_id = self.backend_ids.take(backend);
-                ops.backends.push((backend_id, Some(*backend)));
+                self.touched.insert(backend_id, *backend);
+            }
+            for backend in &spec.backends {
+                self.backend_refs.entry(*backend).or_default().slots += 1;
+                let backend_id = self.backend_ids.take(backend);
+                self.touched.insert(backend_id, *backend);
                 ops.slots.push((
                     SlotKey {
                         service_id,
@@ -336,7 +376,7 @@ impl Tracker {
                 }),
             ));
             if let Some(old) = &old {
-                self.unref(&old.spec.backends, ops);
+                self.unref(&old.spec);
             }
             self.owned
                 .entry(key.clone())
@@ -345,17 +385,25 @@ impl Tracker {
         }
     }
 
-    fn unref(&mut self, backends: &[Backend4], ops: &mut Ops) {
-        for backend in backends {
+    /// Drops a frontend's references to its backends; an id no frontend holds any more is given
+    /// back (its entry is deleted by [`Self::write_backends`]).
+    fn unref(&mut self, spec: &FrontendSpec) {
+        let slotted = spec.backends.iter().map(|b| (b, true));
+        for (backend, slot) in slotted.chain(spec.draining.iter().map(|b| (b, false))) {
             let Some(refs) = self.backend_refs.get_mut(backend) else {
                 continue;
             };
-            *refs -= 1;
-            if *refs == 0 {
+            let count = if slot {
+                &mut refs.slots
+            } else {
+                &mut refs.draining
+            };
+            *count = count.saturating_sub(1);
+            if let Some(id) = self.backend_ids.get(backend) {
+                self.touched.insert(id, *backend);
+            }
+            if refs.slots == 0 && refs.draining == 0 {
                 self.backend_refs.remove(backend);
-                if let Some(id) = self.backend_ids.get(backend) {
-                    ops.backends.push((id, None));
-                }
                 self.backend_ids.give_back(backend);
             }
         }

@@ -1,15 +1,18 @@
 //! The incremental service maps against the full computation: random changes (Services added,
 //! edited and deleted, two Services claiming one frontend, slices moving between Services, ready
-//! states flipping), and after every step the maps the ops built hold what `desired::compute`
+//! states flipping, endpoints terminating while they serve), and after every step the maps the ops built hold what `desired::compute`
 //! gives for the same model — frontends with their flags, reverse NAT and backends in slot order
-//! — with no orphan slot, backend or reverse NAT entry. Ids kept across steps; seeded ids kept.
+//! and draining backends flagged terminating — with no orphan slot or reverse NAT entry, and no
+//! backend but those in a slot or draining. Ids kept across steps; seeded ids kept.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr},
 };
 
-use maps_schema::service::{Backend4, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value};
+use maps_schema::service::{
+    BACKEND_FLAG_TERMINATING, Backend4, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value,
+};
 
 use super::{
     desired::{Ids, Services, Slices, compute},
@@ -46,16 +49,23 @@ impl Maps {
     }
 }
 
-type Shape = BTreeMap<Svc4Key, (u16, u32, RevNat4, Vec<Backend4>)>;
+/// Frontends with their backends in slot order, and the draining backends (in the map, in no
+/// slot).
+type Shape = (
+    BTreeMap<Svc4Key, (u16, u32, RevNat4, Vec<Backend4>)>,
+    BTreeSet<Backend4>,
+);
 
-/// Frontends with their backends in slot order; panics on an orphan or a dangling id.
+/// Frontends with their backends in slot order, and the draining backends; panics on an orphan
+/// slot or reverse NAT entry, a dangling id, a slotted backend flagged terminating or an
+/// unslotted one not flagged.
 fn shape(
     frontends: &BTreeMap<Svc4Key, Svc4Value>,
     slots: &BTreeMap<SlotKey, SlotValue>,
     backends: &BTreeMap<u32, Backend4>,
     revnat: &BTreeMap<u32, RevNat4>,
 ) -> Shape {
-    let mut out = Shape::new();
+    let mut out = BTreeMap::new();
     let mut used_backends = BTreeSet::new();
     let mut slot_count = 0;
     for (k, v) in frontends {
@@ -76,13 +86,20 @@ fn shape(
         out.insert(*k, (v.flags, v.affinity_timeout_secs, rev, list));
     }
     assert_eq!(slots.len(), slot_count, "no orphan slot");
-    assert_eq!(
-        backends.keys().copied().collect::<BTreeSet<_>>(),
-        used_backends,
-        "no orphan backend"
-    );
+    let mut draining = BTreeSet::new();
+    for (id, b) in backends {
+        let flagged = b.flags & BACKEND_FLAG_TERMINATING != 0;
+        assert_eq!(
+            flagged,
+            !used_backends.contains(id),
+            "only a backend in no slot is flagged terminating: {id} {b:?}"
+        );
+        if flagged {
+            draining.insert(*b);
+        }
+    }
     assert_eq!(revnat.len(), frontends.len(), "no orphan reverse NAT entry");
-    out
+    (out, draining)
 }
 
 /// A tiny deterministic generator (no dependency for tests).
@@ -135,12 +152,18 @@ fn service(rng: &mut Rng, name: &str) -> Service {
 fn slice(rng: &mut Rng, name: &str, svc: &str) -> EndpointSlice {
     let endpoints = (0..rng.next(4))
         .map(|_| {
-            let ready = rng.next(4) != 0;
+            // Ready, terminating and serving (draining), terminating, not ready.
+            let (ready, serving, terminating) = match rng.next(6) {
+                0 => (false, true, true),
+                1 => (false, false, true),
+                2 => (false, false, false),
+                _ => (true, true, false),
+            };
             Endpoint {
                 addresses: vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, rng.next(8) as u8 + 1))],
                 ready,
-                serving: ready,
-                terminating: false,
+                serving,
+                terminating,
                 node: Some(if rng.next(2) == 0 { "n1" } else { "n2" }.into()),
             }
         })

@@ -111,4 +111,12 @@ impl Endpoint {
     pub fn serves_new_flows(&self) -> bool {
         self.ready
     }
+
+    /// A terminating endpoint that still serves (`serving` but not `ready`) keeps the flows it
+    /// has, UDP ones included (kube-proxy leaves their conntrack entries alone); one that does
+    /// not serve keeps only established TCP connections (conntrack) and gets no UDP datagram.
+    #[must_use]
+    pub fn keeps_flows(&self) -> bool {
+        !self.ready && self.serving
+    }
 }
