@@ -218,7 +218,7 @@ fn translate(
     };
     let addr = IpAddr::from(b.addr);
     let how = if affinity {
-        "by the client address (sessionAffinity: ClientIP)".to_owned()
+        "by the client address (sessionAffinity: ClientIP; a client whose last new flow went to a backend still in its slot within the timeout goes there instead)".to_owned()
     } else {
         format!("by the flow's hash (source port {sport})")
     };

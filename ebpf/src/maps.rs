@@ -14,7 +14,7 @@ use maps_schema::{
         DROP_EVENTS_BYTES, ENDPOINTS_MAX, HOST_FWD_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX,
         MASQ_IF_MAX, NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
     },
-    service::{SVC_BACKENDS_MAX, SVC_MAX},
+    service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
 };
 
@@ -162,6 +162,15 @@ pub(crate) static SVC_REVNAT4: HashMap<u32, RevNat4, { SVC_MAX as usize }, AGENT
 #[btf_map(name = "svc_ct4_v1", pin_by_name)]
 pub(crate) static SVC_CT4: LruHashMap<SvcCt4Key, SvcCt4Entry, { SVC_CT_MAX as usize }> =
     LruHashMap::new();
+
+/// `sessionAffinity: ClientIP`: each client's backend per frontend (`maps_schema::service`);
+/// written by the programs.
+#[btf_map(name = "svc_affin4_v1", pin_by_name)]
+pub(crate) static SVC_AFFINITY4: LruHashMap<
+    Affinity4Key,
+    Affinity4,
+    { SVC_AFFINITY_MAX as usize },
+> = LruHashMap::new();
 
 /// BPF host routing: slot `HOST_FWD_SLOT` holds `host_fwd` when the agent runs with
 /// `--host-routing bpf`; agent-written.

@@ -5,7 +5,8 @@
 //! of the previous release finds it in `svc_ct4`'s reply entry). A flow keeps the backend it was
 //! given (`svc_ct4`, `maps_schema::service_ct`) while
 //! the service's slots change; only a new flow (or a new TCP connection on a tuple whose backend
-//! is gone) is placed by `backend_slot(flow_hash(..))`.
+//! is gone) is placed by `backend_slot(flow_hash(..))`, or with `ClientIP` affinity on the
+//! backend the client's last new flow went to (`svc_affin4`) while that holds.
 //!
 //! ICMP errors about translated flows are translated back in `service_related`.
 //!
@@ -21,6 +22,7 @@ use maps_schema::{
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
+    service::{Affinity4, Affinity4Key, affinity_holds},
     service::{
         BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SVC_FLAG_AFFINITY, backend_slot,
         flow_hash, pod_nodeport,
@@ -32,7 +34,7 @@ use crate::{
     counters::Seen,
     flow::{Family as _, decide, now_ns},
     ipv4::V4,
-    maps::{IDENT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    maps::{IDENT4, SVC_AFFINITY4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
     masq,
     parse::{
         Aligned, Class, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, TCP_ACK, TCP_SYN, Tuple,
@@ -54,9 +56,17 @@ pub(crate) struct Translation {
     pub(crate) backend_id: u32,
     /// The backend's port (host byte order).
     pub(crate) port: u32,
-    /// Non-zero for a new flow: its entries are written once policy allowed it.
+    /// Non-zero for a new flow ([`NEW`], with [`NEW_AFFINITY`] when its frontend has
+    /// `ClientIP` affinity): its entries are written once policy allowed it.
     pub(crate) new: u32,
+    /// The slot the backend holds (what an affinity entry remembers).
+    pub(crate) slot: u32,
 }
+
+/// [`Translation::new`]: a new flow.
+const NEW: u32 = 1;
+/// [`Translation::new`]: the frontend has `ClientIP` affinity (the client's choice is remembered).
+const NEW_AFFINITY: u32 = 2;
 
 impl Translation {
     /// Nothing chosen yet.
@@ -68,6 +78,7 @@ impl Translation {
             backend_id: 0,
             port: 0,
             new: 0,
+            slot: 0,
         }
     }
 
@@ -266,7 +277,12 @@ pub(crate) fn frontend(
     let Some(svc) = (unsafe { SVC4.get(&fk.0) }) else {
         return Ok(false);
     };
-    let (service_id, count, flags) = (svc.service_id, svc.backend_count, svc.flags);
+    let (service_id, count, flags, timeout) = (
+        svc.service_id,
+        svc.backend_count,
+        svc.flags,
+        svc.affinity_timeout_secs,
+    );
     let syn = t.proto == IPPROTO_TCP && tcp_flags & TCP_SYN != 0 && tcp_flags & TCP_ACK == 0;
     if let Some(e) = SVC_CT4.get_ptr_mut(&key(t, DIR_ORIGINAL).0) {
         // SAFETY: a valid map value pointer for this program run.
@@ -289,28 +305,41 @@ pub(crate) fn frontend(
                 backend_id,
                 port: u32::from(port),
                 new: 0,
+                slot: 0,
             };
             return Ok(true);
         }
     }
-    let hash = flow_hash(
-        t.src.to_ne_bytes(),
-        t.sport,
-        t.dst.to_ne_bytes(),
-        t.dport,
-        t.proto,
-        flags & SVC_FLAG_AFFINITY != 0,
-    );
-    let slot = backend_slot(hash, count).ok_or(DROP_SERVICE_NO_BACKEND)?;
-    let sk = Aligned(SlotKey {
-        service_id,
-        slot,
-        pad: 0,
-    });
-    // SAFETY: as for `SVC4`.
-    let backend_id = unsafe { SVC_SLOTS.get(&sk.0) }
-        .ok_or(DROP_SERVICE_NO_BACKEND)?
-        .backend_id;
+    let affinity = flags & SVC_FLAG_AFFINITY != 0;
+    let remembered = if affinity {
+        remembered(service_id, t.src, count, timeout)
+    } else {
+        None
+    };
+    let (backend_id, slot) = match remembered {
+        Some(chosen) => chosen,
+        None => {
+            let hash = flow_hash(
+                t.src.to_ne_bytes(),
+                t.sport,
+                t.dst.to_ne_bytes(),
+                t.dport,
+                t.proto,
+                affinity,
+            );
+            let slot = backend_slot(hash, count).ok_or(DROP_SERVICE_NO_BACKEND)?;
+            let sk = Aligned(SlotKey {
+                service_id,
+                slot,
+                pad: 0,
+            });
+            // SAFETY: as for `SVC4`.
+            let backend_id = unsafe { SVC_SLOTS.get(&sk.0) }
+                .ok_or(DROP_SERVICE_NO_BACKEND)?
+                .backend_id;
+            (backend_id, slot)
+        }
+    };
     // SAFETY: as for `SVC4`.
     let b = unsafe { SVC_BACKENDS4.get(&backend_id) }.ok_or(DROP_SERVICE_NO_BACKEND)?;
     *out = Translation {
@@ -318,9 +347,55 @@ pub(crate) fn frontend(
         service_id,
         backend_id,
         port: u32::from(b.port),
-        new: 1,
+        new: if affinity { NEW | NEW_AFFINITY } else { NEW },
+        slot: u32::from(slot),
     };
     Ok(true)
+}
+
+/// The backend (id, slot) `client`'s last new flow to frontend `service_id` went to, while that
+/// was at most `timeout_secs` ago and the backend still holds that slot of the frontend's `count`
+/// (so it still serves it: the agent never clears these entries).
+#[inline(always)]
+fn remembered(service_id: u32, client: u32, count: u16, timeout_secs: u32) -> Option<(u32, u16)> {
+    let key = Aligned(Affinity4Key {
+        service_id,
+        client: client.to_ne_bytes(),
+    });
+    let a = SVC_AFFINITY4.get_ptr(&key.0)?;
+    // SAFETY: a valid map value pointer for this program run.
+    let (backend_id, slot, last) = unsafe { ((*a).backend_id, (*a).slot, (*a).last_used_ns) };
+    if slot >= count || !affinity_holds(last, now_ns(), timeout_secs) {
+        return None;
+    }
+    let sk = Aligned(SlotKey {
+        service_id,
+        slot,
+        pad: 0,
+    });
+    // SAFETY: as for `SVC4`.
+    let held = unsafe { SVC_SLOTS.get(&sk.0) }.is_some_and(|v| v.backend_id == backend_id);
+    held.then_some((backend_id, slot))
+}
+
+/// A new flow of a frontend with `ClientIP` affinity: its client's entry names its backend, used
+/// now (kube-proxy's `recent --set` on every new connection through the endpoint).
+#[inline(always)]
+fn remember(t: &Tuple<u32>, tr: &Translation) -> Result<(), i32> {
+    if tr.new & NEW_AFFINITY == 0 {
+        return Ok(());
+    }
+    let key = Aligned(Affinity4Key {
+        service_id: tr.service_id,
+        client: t.src.to_ne_bytes(),
+    });
+    let value = Affinity4 {
+        backend_id: tr.backend_id,
+        slot: tr.slot as u16,
+        _pad: 0,
+        last_used_ns: now_ns(),
+    };
+    SVC_AFFINITY4.insert(&key.0, &value, 0)
 }
 
 /// Whether a pod's packet (tuple `t`) is to a NodePort on an address of this node: a port in
@@ -381,7 +456,8 @@ pub(crate) fn record(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> 
     }
     let reply = client_entry(t, tr);
     SVC_CT4.insert(&key(&t.reversed(), DIR_REPLY).0, &reply, 0)?;
-    record_original(t, vip, vport, &reply)
+    record_original(t, vip, vport, &reply)?;
+    remember(t, tr)
 }
 
 /// A new flow's `svc_ct4` entry holding its client end (the reply entry as is; the original entry
@@ -423,7 +499,8 @@ fn record_flow(t: &Tuple<u32>, vip: u32, vport: u16, tr: &Translation) -> Result
     if tr.new == 0 {
         return Ok(());
     }
-    record_original(t, vip, vport, &client_entry(t, tr))
+    record_original(t, vip, vport, &client_entry(t, tr))?;
+    remember(t, tr)
 }
 
 /// The layout-2 build (`ct-v2`): both entries, as that release wrote them.

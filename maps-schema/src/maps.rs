@@ -154,6 +154,7 @@ pub const ALL: &[&str] = &[
     crate::service::SVC_BACKENDS4,
     crate::service::SVC_REVNAT4,
     crate::service_ct::SVC_CT4,
+    crate::service::SVC_AFFINITY4,
     HOST_FWD,
 ];
 

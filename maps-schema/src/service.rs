@@ -16,6 +16,11 @@ pub const SVC_BACKENDS4: &str = "svc_backend4_v1";
 /// service id (`u32`) → [`RevNat4`]: what a reply's source is rewritten back to. Written by the
 /// agent.
 pub const SVC_REVNAT4: &str = "svc_revnat4_v1";
+/// [`Affinity4Key`] → [`Affinity4`], LRU: `sessionAffinity: ClientIP`'s memory of each client's
+/// backend per frontend. Written by the programs.
+pub const SVC_AFFINITY4: &str = "svc_affin4_v1";
+/// Default size of [`SVC_AFFINITY4`].
+pub const SVC_AFFINITY_MAX: u32 = 65_536;
 /// Default size of [`SVC4`] and [`SVC_REVNAT4`].
 pub const SVC_MAX: u32 = 65_536;
 /// Default size of [`SVC_SLOTS`] and [`SVC_BACKENDS4`].
@@ -23,7 +28,10 @@ pub const SVC_BACKENDS_MAX: u32 = 262_144;
 /// Most backends one frontend spreads over (a slot index is a `u16`).
 pub const MAX_SLOTS: u32 = 65_535;
 
-/// [`Svc4Value::flags`]: `sessionAffinity: ClientIP` (the hash covers the client address only).
+/// [`Svc4Value::flags`]: `sessionAffinity: ClientIP`. A client's new flow goes to the backend its
+/// last new flow to the frontend went to ([`SVC_AFFINITY4`]) while that was at most
+/// [`Svc4Value::affinity_timeout_secs`] ago and the backend still holds the slot it had; otherwise
+/// it is placed by a hash of the client address only.
 pub const SVC_FLAG_AFFINITY: u16 = 1;
 /// [`Svc4Value::flags`]: a NodePort frontend with `externalTrafficPolicy: Local` (its slots hold
 /// this node's backends only, and the client's address is kept).
@@ -187,7 +195,54 @@ pub struct RevNat4 {
 }
 assert_size!(RevNat4, 8);
 
-user_pod!(Svc4Key, Svc4Value, SlotKey, SlotValue, Backend4, RevNat4);
+/// A client of a frontend with `sessionAffinity: ClientIP`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Affinity4Key {
+    /// The frontend's service id.
+    pub service_id: u32,
+    /// The client's address.
+    pub client: [u8; 4],
+}
+assert_size!(Affinity4Key, 8);
+
+/// Where a client's last new flow to a frontend went. The slot is kept so that the programs can
+/// check that the backend still serves the frontend ([`SlotKey`] → the same backend id) without
+/// the agent clearing entries: a backend that left the frontend, or moved to another slot, is
+/// chosen again by hash.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Affinity4 {
+    /// The backend id.
+    pub backend_id: u32,
+    /// Its slot when the flow was placed.
+    pub slot: u16,
+    /// Explicit padding (zero).
+    pub _pad: u16,
+    /// The conntrack clock when the client's last new flow to the frontend was placed.
+    pub last_used_ns: u64,
+}
+assert_size!(Affinity4, 16);
+
+/// Whether an affinity entry used at `last_used_ns` still holds at `now_ns` for a frontend with
+/// `timeout_secs` (kube-proxy's `recent --rcheck --seconds`: the age of the client's last new
+/// flow, not of its last packet).
+#[inline(always)]
+#[must_use]
+pub const fn affinity_holds(last_used_ns: u64, now_ns: u64, timeout_secs: u32) -> bool {
+    now_ns.saturating_sub(last_used_ns) <= timeout_secs as u64 * 1_000_000_000
+}
+
+user_pod!(
+    Svc4Key,
+    Svc4Value,
+    SlotKey,
+    SlotValue,
+    Backend4,
+    RevNat4,
+    Affinity4Key,
+    Affinity4
+);
 
 /// A flow's hash for backend selection (FNV-1a over the tuple, then a final mix): the same for
 /// every packet of the flow, so the conntrack entry and a re-selection agree. With affinity only

@@ -2,21 +2,25 @@
 //! frontend leaves `from_endpoint` addressed to the backend `backend_slot(flow_hash(..))` picks,
 //! with valid checksums; the backend's reply enters the client from the frontend; a flow keeps
 //! its backend when the service's slots change (a new flow follows the new slots); egress policy
-//! judges the backend's identity; a terminating backend that still serves keeps its flows (UDP
+//! judges the backend's identity; `ClientIP` affinity keeps a client on its backend across a
+//! change of the slots until its timeout or the backend leaves; a terminating backend that still serves keeps its flows (UDP
 //! too) but gets no new one; a frontend with no ready backend drops under its own reason.
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use aya::maps::HashMap;
 use maps_schema::{
-    Backend4, PolicyValue, SvcCt4Entry, SvcCt4Key,
+    Backend4, PolicyValue, Svc4Key, Svc4Value, SvcCt4Entry, SvcCt4Key,
     endpoint::FLAG_ISOLATED_EGRESS,
     policy::{EGRESS, VERDICT_ALLOW},
     reason::{
         DROP_POLICY_DENIED, DROP_SERVICE_NO_BACKEND, PASS, PASS_ESTABLISHED, PASS_POLICY,
         PASS_RELATED,
     },
-    service::{BACKEND_FLAG_TERMINATING, SVC_BACKENDS4, backend_slot, flow_hash},
+    service::{
+        Affinity4, Affinity4Key, BACKEND_FLAG_TERMINATING, SVC_AFFINITY4, SVC_BACKENDS4,
+        SVC_FLAG_AFFINITY, SVC4, backend_slot, flow_hash,
+    },
     service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
 };
 use tests::{
@@ -309,6 +313,124 @@ fn a_terminating_backend_keeps_its_udp_flows_and_gets_no_new_connection() {
         }
         // The next protocol's `service` writes both backends afresh (unflagged).
     }
+}
+
+/// Gives frontend `vip:PORT/proto` `ClientIP` affinity with `timeout` seconds (after `service`,
+/// which writes it without).
+fn with_affinity(lab: &mut Lab, vip: Ipv4Addr, proto: u8, timeout: u32) {
+    let mut m: HashMap<_, Svc4Key, Svc4Value> =
+        HashMap::try_from(lab.ebpf.map_mut(SVC4).expect("svc4")).expect("hash");
+    let key = Svc4Key {
+        addr: vip.octets(),
+        port: PORT,
+        protocol: proto,
+        pad: 0,
+    };
+    let mut v = m.get(&key, 0).expect("the frontend");
+    v.flags |= SVC_FLAG_AFFINITY;
+    v.affinity_timeout_secs = timeout;
+    m.insert(&key, &v, 0).expect("rewrite the frontend");
+}
+
+fn affinity_map(lab: &mut Lab) -> HashMap<&mut aya::maps::MapData, Affinity4Key, Affinity4> {
+    HashMap::try_from(lab.ebpf.map_mut(SVC_AFFINITY4).expect("svc_affin4")).expect("lru")
+}
+
+#[test]
+fn client_ip_affinity_keeps_a_client_on_its_backend_until_the_timeout_or_the_backend_leaves() {
+    let Some(mut lab) = lab("client_ip_affinity_keeps_a_client_on_its_backend") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let addr = |lab: &Lab, pod: usize| v4(lab, Peer::Pod(pod));
+    let id_of = |pod: usize| if pod == DB { 1 } else { 2 };
+    // The client's hash (affinity: its address only) over 2 slots, then over a count whose
+    // slot differs, filled so that the first choice keeps its slot and the hash now names the
+    // other backend.
+    let hash = flow_hash(client.octets(), 0, VIP.octets(), PORT, TCP, true);
+    let first_slot = backend_slot(hash, 2).expect("a slot");
+    let first = [DB, WEB][usize::from(first_slot)];
+    let other = if first == DB { WEB } else { DB };
+    let (count, moved_slot) = (3..16u16)
+        .find_map(|n| {
+            let s = backend_slot(hash, n).expect("a slot");
+            (s != first_slot).then_some((n, s))
+        })
+        .expect("some count moves the hash");
+    let grown: Vec<(u32, usize)> = (0..count)
+        .map(|i| {
+            let pod = if i == first_slot { first } else { other };
+            (id_of(pod), pod)
+        })
+        .collect();
+
+    // A new connection from `sport` after the frontend got `slots`: where it went.
+    let connect = |lab: &mut Lab, slots: &[(u32, usize)], sport: u16, what: &str| {
+        service(lab, 1, VIP, TCP, slots);
+        with_affinity(lab, VIP, TCP, 600);
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
+        expect(what, o, PASS);
+        dst_of(&out).0
+    };
+    let key = Affinity4Key {
+        service_id: 1,
+        client: client.octets(),
+    };
+    let to = connect(
+        &mut lab,
+        &[(1, DB), (2, WEB)],
+        41_000,
+        "the first connection",
+    );
+    assert_eq!(to, addr(&lab, first), "placed by the client's hash");
+    let remembered = affinity_map(&mut lab)
+        .get(&key, 0)
+        .expect("the choice is remembered");
+    assert_eq!(
+        (remembered.backend_id, remembered.slot),
+        (id_of(first), first_slot)
+    );
+
+    // The slots grow: the hash alone now names the other backend, the client stays.
+    let to = connect(
+        &mut lab,
+        &grown,
+        41_001,
+        "a new connection within the timeout",
+    );
+    assert_eq!(to, addr(&lab, first), "affinity holds across the change");
+
+    // The timeout passed (the entry aged by hand): the hash places it, on the other backend
+    // (the positive control that affinity, not the hash, kept it above).
+    let mut aged = affinity_map(&mut lab).get(&key, 0).expect("the entry");
+    aged.last_used_ns = 0;
+    affinity_map(&mut lab)
+        .insert(&key, &aged, 0)
+        .expect("age the entry");
+    let to = connect(
+        &mut lab,
+        &grown,
+        41_002,
+        "a new connection after the timeout",
+    );
+    assert_eq!(to, addr(&lab, other), "placed again by the hash");
+    let now = affinity_map(&mut lab).get(&key, 0).expect("the new choice");
+    assert_eq!((now.backend_id, now.slot), (id_of(other), moved_slot));
+
+    // The remembered backend leaves its slot (the first one takes every slot): the entry no
+    // longer holds, and the client goes where the slots say.
+    let only_first: Vec<(u32, usize)> = (0..count).map(|_| (id_of(first), first)).collect();
+    let to = connect(
+        &mut lab,
+        &only_first,
+        41_003,
+        "a new connection after its backend left",
+    );
+    assert_eq!(
+        to,
+        addr(&lab, first),
+        "a backend out of the slots is not kept"
+    );
 }
 
 #[test]
