@@ -383,7 +383,7 @@ pub(crate) fn try_masq_ingress(ctx: &TcContext) -> Verdict {
         return Verdict::Pass;
     };
     let node = u32::from_ne_bytes(iface.addr);
-    let Some(f) = parse(&pkt, ICMP_ECHO_REPLY).filter(|f| f.dst == node) else {
+    let Some(f) = parse(&pkt, ICMP_ECHO_REPLY) else {
         count(PASS, DIR_MASQUERADE, seen.len);
         return Verdict::Pass;
     };
@@ -391,6 +391,10 @@ pub(crate) fn try_masq_ingress(ctx: &TcContext) -> Verdict {
         && let Some(verdict) = nodeport::arriving(ctx, &pkt, &f, node, &seen)
     {
         return verdict;
+    }
+    if f.dst != node {
+        count(PASS, DIR_MASQUERADE, seen.len);
+        return Verdict::Pass;
     }
     let key = nat_key(f.src, f.dst, f.sport, f.dport, f.proto, DIR_INGRESS);
     let Some(e) = NAT4.get_ptr_mut(&key.0) else {

@@ -24,6 +24,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use maps_schema::{
+    Svc4Key,
     nat::DIR_INGRESS,
     reason::{
         DIR_MASQUERADE, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_NODEPORT_NO_ROUTE,
@@ -36,18 +37,43 @@ use maps_schema::{
 use crate::{
     counters::{Seen, Verdict, account, count},
     fib::{self, FIB_NO_NEIGH, FIB_SUCCESS, Fib},
-    maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4},
+    maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC4},
     masq::{Flow, egress_port, nat_key, rewrite},
-    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
+    parse::{Aligned, IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
     service::{Translation, frontend, key, record},
 };
 
-/// The NodePort frontend a `svc_ct4` reply entry's service has, if it is one: its port.
+/// The frontend a `svc_ct4` reply entry's service has (`NODEPORT_ANY` for a NodePort): what a
+/// reply's source becomes. `None` when the service is gone.
 #[inline(always)]
-fn nodeport_of(service_id: u32) -> Option<u16> {
+fn frontend_of(service_id: u32) -> Option<([u8; 4], u16)> {
     // SAFETY: read-only to programs; the agent replaces entries whole.
     let rev = unsafe { SVC_REVNAT4.get(&service_id) }?;
-    (rev.addr == NODEPORT_ANY).then_some(rev.port)
+    Some((rev.addr, rev.port))
+}
+
+/// A frontend's address for a reply leaving through an interface with address `node`: a
+/// NodePort's is `node`, an external address's (or a cluster IP's, reached from outside) its own.
+#[inline(always)]
+fn source_of(frontend: [u8; 4], node: u32) -> u32 {
+    if frontend == NODEPORT_ANY {
+        node
+    } else {
+        u32::from_ne_bytes(frontend)
+    }
+}
+
+/// Whether `(addr, port, proto)` is a frontend.
+#[inline(always)]
+fn is_frontend(addr: [u8; 4], port: u16, proto: u8) -> bool {
+    let key = Aligned(Svc4Key {
+        addr,
+        port,
+        protocol: proto,
+        pad: 0,
+    });
+    // SAFETY: read-only to programs; the agent replaces entries whole.
+    unsafe { SVC4.get(&key.0) }.is_some()
 }
 
 #[inline(always)]
@@ -82,9 +108,11 @@ fn route(ctx: &TcContext, ifindex: u32, proto: u8, src: u32, dst: u32) -> Option
     Some((fib, rc, out))
 }
 
-/// A packet arriving for the interface's address `node`: a NodePort flow's packet or a reply of
-/// one translated to another node's backend; `None` for anything else (the masquerade's, or the
-/// node's own).
+/// A packet arriving through the interface with address `node`: for `node`, a NodePort flow's
+/// packet (or one to an external address that is `node`) or a reply of one translated to another
+/// node's backend; for another address, a packet to a frontend (an external or load-balancer
+/// address routed to this node, or a cluster IP); `None` for anything else (the masquerade's,
+/// the node's own, or traffic through the node).
 #[inline(always)]
 pub(crate) fn arriving(
     ctx: &TcContext,
@@ -98,7 +126,9 @@ pub(crate) fn arriving(
     }
     // A reply of a flow sent to another node's backend: backend → node:NAT port.
     let nk = nat_key(f.src, node, f.sport, f.dport, f.proto, DIR_INGRESS);
-    if let Some(e) = NAT4.get_ptr(&nk.0) {
+    if f.dst == node
+        && let Some(e) = NAT4.get_ptr(&nk.0)
+    {
         // SAFETY: a pointer into the map's value for this program run.
         let (client, cport) = unsafe { (u32::from_ne_bytes((*e).addr), (*e).port) };
         let reply = Tuple {
@@ -110,12 +140,18 @@ pub(crate) fn arriving(
         };
         let se = SVC_CT4.get_ptr(&key(&reply, DIR_REPLY).0)?;
         // SAFETY: as above.
-        let nodeport = nodeport_of(unsafe { (*se).service_id })?;
-        return Some(remote_reply(ctx, f, (client, cport), nodeport, seen));
+        let frontend = frontend_of(unsafe { (*se).service_id })?;
+        return Some(remote_reply(ctx, f, (client, cport), frontend, seen));
     }
     let t = tuple(f);
     let mut tr = Translation::empty();
-    match frontend(&t, u32::from_ne_bytes(NODEPORT_ANY), f.tcp_flags, &mut tr) {
+    // For the node's address: its NodePorts, else an external address that is the node's.
+    let fe = if f.dst == node && is_frontend(NODEPORT_ANY, f.dport, f.proto) {
+        u32::from_ne_bytes(NODEPORT_ANY)
+    } else {
+        f.dst
+    };
+    match frontend(&t, fe, f.tcp_flags, &mut tr) {
         Ok(false) => None,
         Ok(true) => Some(to_backend(ctx, pkt, f, &t, &tr, seen)),
         Err(reason) => Some(account(reason, seen, pkt)),
@@ -170,31 +206,33 @@ fn to_backend(
     forward(ctx, &fib, rc, PASS_NODEPORT, seen)
 }
 
-/// The reply of a NodePort flow sent to another node's backend: to the client, from this node's
-/// address on the way out and the NodePort.
+/// The reply of a flow from outside sent to another node's backend: to the client, from the
+/// frontend (a NodePort's: this node's address on the way out and the NodePort).
 #[inline(always)]
 fn remote_reply(
     ctx: &TcContext,
     f: &Flow,
     (client, cport): (u32, u16),
-    nodeport: u16,
+    (frontend, from_port): ([u8; 4], u16),
     seen: &Seen,
 ) -> Verdict {
     let Some((fib, rc, out)) = route(ctx, seen.ifindex, f.proto, f.src, client) else {
         return dropped(DROP_NODEPORT_NO_ROUTE, seen);
     };
+    let from = source_of(frontend, out);
     if rewrite(ctx, f, false, (f.dst, client), (f.dport, cport)).is_err() {
         return dropped(DROP_MALFORMED, seen);
     }
     let back = Flow { dst: client, ..*f };
-    if rewrite(ctx, &back, true, (f.src, out), (f.sport, nodeport)).is_err() {
+    if rewrite(ctx, &back, true, (f.src, from), (f.sport, from_port)).is_err() {
         return dropped(DROP_MALFORMED, seen);
     }
     forward(ctx, &fib, rc, PASS_NODEPORT_REPLY, seen)
 }
 
 /// A packet leaving through the interface with address `node`: a local backend's reply to a
-/// NodePort client gets `node` and the NodePort as its source; `None` for anything else.
+/// client from outside gets the frontend as its source (a NodePort's: `node` and the NodePort);
+/// `None` for anything else.
 #[inline(always)]
 pub(crate) fn reply_out(ctx: &TcContext, f: &Flow, node: u32, seen: &Seen) -> Option<Verdict> {
     if f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP {
@@ -202,8 +240,9 @@ pub(crate) fn reply_out(ctx: &TcContext, f: &Flow, node: u32, seen: &Seen) -> Op
     }
     let e = SVC_CT4.get_ptr(&key(&tuple(f), DIR_REPLY).0)?;
     // SAFETY: a pointer into the map's value for this program run.
-    let nodeport = nodeport_of(unsafe { (*e).service_id })?;
-    let reason = match rewrite(ctx, f, true, (f.src, node), (f.sport, nodeport)) {
+    let (frontend, from_port) = frontend_of(unsafe { (*e).service_id })?;
+    let from = source_of(frontend, node);
+    let reason = match rewrite(ctx, f, true, (f.src, from), (f.sport, from_port)) {
         Ok(()) => PASS_NODEPORT_REPLY,
         Err(_) => DROP_MALFORMED,
     };

@@ -19,7 +19,12 @@
 //!   either node, each seeing the pod's address, its socket connected to the address and NodePort
 //!   it dialled; `Local` only node 0's backend; a port no Service has is refused by node 0; node
 //!   0's backend reaching itself that way (hairpin) sees the hairpin address;
-//! - `weir service list -o json` lists the NodePort frontends with their policy.
+//! - addresses routed to node 0 from outside: an `externalIPs` address (both backends), a
+//!   `LoadBalancer`'s `status.loadBalancer.ingress` address with `Local` (node 0's backend, the
+//!   client's address kept), an external address that is node 0's own; an address routed there
+//!   that no Service has is not answered; from the pod, the external address reaches both
+//!   backends;
+//! - `weir service list -o json` lists the NodePort and external frontends with their policy.
 
 use std::{
     collections::BTreeMap,
@@ -46,9 +51,19 @@ const NODE0_UNDERLAY: &str = "10.99.0.11";
 const NP_REMOTE: u16 = 30_001;
 const NP_LOCAL: u16 = 30_002;
 const NP_CLUSTER: u16 = 30_003;
+/// An external address (`externalIPs`) and a load balancer's (`status.loadBalancer.ingress`),
+/// both routed to node 0 by the outside namespace; an address routed there that no Service has.
+const EXTERNAL: &str = "192.0.2.80";
+const LOAD_BALANCER: &str = "198.51.100.80";
+const NO_SERVICE: &str = "192.0.2.99";
+/// The port of the Service whose external address is node 0's own.
+const ON_NODE_PORT: u16 = 81;
+
 /// The source a pod's packet has when its Service sends it to the pod itself
 /// (`maps_schema::service::HAIRPIN4`).
 const HAIRPIN: &str = "169.254.42.1";
+/// The NodePort of the load balancer's Service.
+const NP_LB: u16 = 30_004;
 /// A port no Service has.
 const NP_NONE: u16 = 30_009;
 /// Connections per NodePort.
@@ -62,14 +77,30 @@ fn service(
     policy: &str,
     backends: &[(&str, &str)],
 ) -> String {
+    let spec =
+        format!("  type: NodePort\n  externalTrafficPolicy: {policy}\n  clusterIP: {cluster_ip}");
+    service_doc(name, 80, Some(node_port), &spec, "{}", backends)
+}
+
+/// A Service `name` with `spec` lines (type, externalIPs, …) and `status`, port `port` (with its
+/// `node_port`), and its EndpointSlice (backends: address and node).
+fn service_doc(
+    name: &str,
+    port: u16,
+    node_port: Option<u16>,
+    spec: &str,
+    status: &str,
+    backends: &[(&str, &str)],
+) -> String {
     let endpoints: String = backends
         .iter()
         .map(|(ip, node)| format!("- {{addresses: [{ip}], nodeName: {node}}}\n"))
         .collect();
+    let node_port = node_port.map_or_else(String::new, |n| format!(", nodePort: {n}"));
     format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
-         spec:\n  type: NodePort\n  externalTrafficPolicy: {policy}\n  clusterIP: {cluster_ip}\n\
-         \x20 ports: [{{name: tcp, port: 80, protocol: TCP, targetPort: {PORT}, nodePort: {node_port}}}]\n\
+         spec:\n{spec}\n\x20 ports: [{{name: tcp, port: {port}, protocol: TCP, targetPort: {PORT}{node_port}}}]\n\
+         status: {status}\n\
          ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
          metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
          addressType: IPv4\nports: [{{name: tcp, port: {PORT}, protocol: TCP}}]\nendpoints:\n{endpoints}---\n"
@@ -207,6 +238,9 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         &outside_end,
     ]);
     outside.exec(&["ip", "link", "set", &outside_end, "up"]);
+    for routed in [EXTERNAL, LOAD_BALANCER, NO_SERVICE] {
+        outside.exec(&["ip", "route", "add", routed, "via", NODE0_OUTSIDE]);
+    }
     cluster.add_node();
 
     let web0 = cluster.node_mut(0).add_pod("default", "web-0");
@@ -235,6 +269,30 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
             NP_CLUSTER,
             "Cluster",
             &[(&web0, "wt-node-0"), (&web1, "wt-node-1")],
+        ),
+        service_doc(
+            "ext",
+            80,
+            None,
+            &format!("  clusterIP: 10.96.7.4\n  externalIPs: [{EXTERNAL}]"),
+            "{}",
+            &[(&web0, "wt-node-0"), (&web1, "wt-node-1")],
+        ),
+        service_doc(
+            "lb",
+            80,
+            Some(NP_LB),
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  clusterIP: 10.96.7.5",
+            &format!("{{loadBalancer: {{ingress: [{{ip: {LOAD_BALANCER}}}]}}}}"),
+            &[(&web0, "wt-node-0"), (&web1, "wt-node-1")],
+        ),
+        service_doc(
+            "on-node",
+            ON_NODE_PORT,
+            None,
+            &format!("  clusterIP: 10.96.7.6\n  externalIPs: [{NODE0_OUTSIDE}]"),
+            "{}",
+            &[(&web1, "wt-node-1")],
         ),
     ]
     .concat();
@@ -279,6 +337,33 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         Ok(v) => panic!("a port no Service has answered: {v:?}"),
     }
 
+    // External addresses routed to node 0: `externalIPs` (Cluster: both backends, node 1's
+    // seeing node 0's address), a load balancer's (`Local`: node 0's backend, the client's
+    // address kept), and an external address that is node 0's own; the client's socket is
+    // connected to the address it dialled. Control: an address routed there that no Service
+    // has is not answered.
+    let addr = |ip: &str, port: u16| SocketAddr::new(ip.parse().expect("address"), port);
+    let ext = visits(&outside, addr(EXTERNAL, 80));
+    assert_eq!(
+        ext.keys().cloned().collect::<Vec<_>>(),
+        expected_keys.to_vec(),
+        "externalIPs from outside: {ext:?}"
+    );
+    assert_eq!(
+        visits(&outside, addr(LOAD_BALANCER, 80)),
+        BTreeMap::from([(pair("web-0", CLIENT), CONNECTIONS)]),
+        "a load balancer's address, Local"
+    );
+    assert_eq!(
+        visits(&outside, addr(NODE0_OUTSIDE, ON_NODE_PORT)),
+        BTreeMap::from([(pair("web-1", NODE0_UNDERLAY), CONNECTIONS)]),
+        "an external address that is the node's own"
+    );
+    assert!(
+        visit(&outside, addr(NO_SERVICE, 80)).is_err(),
+        "an address no Service has is not answered"
+    );
+
     // A pod on node 0 reaches the NodePorts on its own node's addresses (translated by its
     // `from_endpoint`, no masquerade: every backend sees the pod's own address), and its socket
     // is connected to the address and NodePort it dialled (the replies come back from there).
@@ -309,6 +394,14 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         }
     }
 
+    // From the pod, the external addresses are frontends too (no masquerade).
+    let from_pod = visits(pod, addr(EXTERNAL, 80));
+    assert_eq!(
+        from_pod.keys().cloned().collect::<Vec<_>>(),
+        vec![pair("web-0", &client0), pair("web-1", &client0)],
+        "externalIPs from a pod: {from_pod:?}"
+    );
+
     // Hairpin: node 0's backend reaching itself through the `Local` NodePort on its node's
     // address sees the hairpin address as its peer (as through a cluster IP).
     let web0_ns = &cluster.node(0).pods[0].0.ns;
@@ -334,7 +427,11 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         .as_array()
         .expect("a list")
         .iter()
-        .filter(|f| f["frontend"].as_str().is_some_and(|s| s.starts_with("*:")))
+        .filter(|f| {
+            f["frontend"].as_str().is_some_and(|s| {
+                s.starts_with("*:") || s.starts_with(EXTERNAL) || s.starts_with(LOAD_BALANCER)
+            })
+        })
         .map(|f| {
             (
                 f["frontend"].as_str().unwrap_or_default().to_owned(),
@@ -345,6 +442,9 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
     assert_eq!(
         frontends,
         vec![
+            (format!("{EXTERNAL}:80/tcp"), None),
+            (format!("{LOAD_BALANCER}:80/tcp"), Some("Local".to_owned())),
+            (format!("*:{NP_LB}/tcp"), Some("Local".to_owned())),
             (format!("*:{NP_CLUSTER}/tcp"), None),
             (format!("*:{NP_LOCAL}/tcp"), Some("Local".to_owned())),
             (format!("*:{NP_REMOTE}/tcp"), None),

@@ -174,14 +174,50 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
             ));
         }
     };
+    let external_ips = external_ips(s)?;
     Ok(Service {
         namespace,
         name,
         cluster_ips,
+        external_ips,
         ports,
         affinity,
         external_local,
     })
+}
+
+/// `spec.externalIPs`, then (a `LoadBalancer`'s) the `ip`s of `status.loadBalancer.ingress` (a
+/// hostname-only ingress has no address to serve), without repeats.
+fn external_ips(s: &K8sService) -> Result<Vec<std::net::IpAddr>, ConvertError> {
+    let spec = s.spec.as_ref();
+    let mut texts: Vec<(String, String)> = spec
+        .and_then(|spec| spec.external_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, ip)| (format!("spec.externalIPs[{i}]"), ip.clone()))
+        .collect();
+    let is_lb = spec.and_then(|spec| spec.type_.as_deref()) == Some("LoadBalancer");
+    if is_lb {
+        let ingress = s
+            .status
+            .as_ref()
+            .and_then(|st| st.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for (i, entry) in ingress.into_iter().flatten().enumerate() {
+            if let Some(ip) = &entry.ip {
+                texts.push((format!("status.loadBalancer.ingress[{i}].ip"), ip.clone()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (field, text) in texts {
+        let ip = address(&text, &field)?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 fn target_port(

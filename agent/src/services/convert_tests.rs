@@ -66,6 +66,33 @@ fn a_headless_service_has_no_frontend_and_affinity_defaults() {
 }
 
 #[test]
+fn external_ips_and_load_balancer_addresses_are_frontends() {
+    let set = parse_str(
+        "lb.yaml",
+        "kind: Service\nmetadata: {name: lb, namespace: prod}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.20\n  externalIPs: [192.0.2.10]\n  ports: [{port: 80, nodePort: 30080}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 198.51.100.7}, {hostname: lb.example.com}, {ip: 192.0.2.10}]\n---\nkind: Service\nmetadata: {name: plain, namespace: prod}\nspec:\n  clusterIP: 10.96.0.21\n  ports: [{port: 80}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 198.51.100.8}]\n",
+    )
+    .expect("valid");
+    let ips = |name: &str| {
+        set.services[&("prod".to_owned(), name.to_owned())]
+            .external_ips
+            .clone()
+    };
+    let want: Vec<IpAddr> = ["192.0.2.10", "198.51.100.7"]
+        .iter()
+        .map(|a| a.parse().expect("ip"))
+        .collect();
+    assert_eq!(
+        ips("lb"),
+        want,
+        "externalIPs, then the load balancer's addresses (a hostname has none), once each"
+    );
+    assert!(
+        ips("plain").is_empty(),
+        "only a LoadBalancer Service's status counts"
+    );
+}
+
+#[test]
 fn bad_services_and_slices_name_file_line_and_field() {
     let cases = [
         (
@@ -79,6 +106,14 @@ fn bad_services_and_slices_name_file_line_and_field() {
         (
             "kind: Service\nmetadata: {name: x}\nspec: {ports: [{port: 0}]}\n",
             "spec.ports[0].port",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {externalIPs: [192.0.2.1, 192.0.2.x]}\n",
+            "spec.externalIPs[1]",
+        ),
+        (
+            "kind: Service\nmetadata: {name: x}\nspec: {type: LoadBalancer, ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: nope}]}}\n",
+            "status.loadBalancer.ingress[0].ip",
         ),
         (
             "kind: Service\nmetadata: {name: x}\nspec: {ports: [{port: 80, protocol: ICMP}]}\n",

@@ -172,19 +172,29 @@ pub fn frontends_of<'a>(
     };
     let mut out = Vec::new();
     for port in &service.ports {
-        let cluster = service.cluster_ips.iter().filter_map(|ip| match ip {
-            IpAddr::V4(v4) => Some((v4.octets(), port.port, false)),
-            IpAddr::V6(_) => None,
-        });
+        // (address, port, whether `externalTrafficPolicy` applies): cluster IPs, external
+        // addresses, the NodePort.
+        let v4 = |ips: &[IpAddr], external: bool| {
+            ips.iter()
+                .filter_map(move |ip| match ip {
+                    IpAddr::V4(v4) => Some((v4.octets(), port.port, external)),
+                    IpAddr::V6(_) => None,
+                })
+                .collect::<Vec<_>>()
+        };
         let node_port = port.node_port.map(|n| (NODEPORT_ANY, n, true));
-        for (addr, frontend_port, is_node_port) in cluster.chain(node_port) {
+        let all = v4(&service.cluster_ips, false)
+            .into_iter()
+            .chain(v4(&service.external_ips, true))
+            .chain(node_port);
+        for (addr, frontend_port, external) in all {
             let key = Svc4Key {
                 addr,
                 port: frontend_port,
                 protocol: port.protocol,
                 pad: 0,
             };
-            let local_only = is_node_port && service.external_local;
+            let local_only = external && service.external_local;
             let (backends, draining) = backends_of(port, slices.clone(), node, local_only);
             let mut flags = affinity_flags;
             if local_only {

@@ -3,8 +3,9 @@
 
 use std::net::IpAddr;
 
-/// One Service: its ClusterIP frontends and, for `type: NodePort` and `LoadBalancer`, its
-/// NodePorts (served on the host interfaces `--nodeport-interfaces` names).
+/// One Service: its ClusterIP frontends, its external ones (`spec.externalIPs` and a
+/// `LoadBalancer`'s `status.loadBalancer.ingress` addresses) and, for `type: NodePort` and
+/// `LoadBalancer`, its NodePorts (served on the host interfaces `--nodeport-interfaces` names).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     /// Namespace.
@@ -13,12 +14,16 @@ pub struct Service {
     pub name: String,
     /// `spec.clusterIPs` (else `spec.clusterIP`); empty for a headless Service (`None`).
     pub cluster_ips: Vec<IpAddr>,
+    /// `spec.externalIPs`, then the addresses of `status.loadBalancer.ingress` (a `LoadBalancer`
+    /// Service), without repeats: frontends like the cluster IPs, served to pods and on the host
+    /// interfaces `--nodeport-interfaces` names.
+    pub external_ips: Vec<IpAddr>,
     /// `spec.ports`, in order.
     pub ports: Vec<ServicePort>,
     /// `spec.sessionAffinity` with its timeout.
     pub affinity: SessionAffinity,
-    /// `spec.externalTrafficPolicy: Local`: NodePort traffic goes to this node's endpoints only
-    /// and keeps the client's address (else `Cluster`: any endpoint; another node's sees this
+    /// `spec.externalTrafficPolicy: Local`: NodePort and external-address traffic goes to this
+    /// node's endpoints only and keeps the client's address (else `Cluster`: any endpoint; another node's sees this
     /// node's address).
     pub external_local: bool,
 }

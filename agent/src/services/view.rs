@@ -24,8 +24,8 @@ pub struct ServiceView {
     /// `cluster-ip:port/protocol` (`10.96.0.10:80/tcp`, `[fd00::10]:80/tcp`); a NodePort is
     /// `*:node-port/protocol` (served on the addresses of `--nodeport-interfaces`).
     pub frontend: String,
-    /// `Local` for a NodePort of a Service with `externalTrafficPolicy: Local` (only this
-    /// node's endpoints serve it).
+    /// `Local` for a NodePort or an external address (`externalIPs`, a load balancer's) of a
+    /// Service with `externalTrafficPolicy: Local` (only this node's endpoints serve it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_traffic_policy: Option<String>,
     /// The Service port's name (empty for a Service's one unnamed port).
@@ -130,7 +130,8 @@ pub fn views(services: &Services, slices: &Slices) -> Vec<ServiceView> {
 /// replaces only its own Services' parts).
 pub type ServiceViews = Vec<std::sync::Arc<Vec<ServiceView>>>;
 
-/// The frontends of one Service (cluster IP, then port, then its NodePorts) with the endpoints
+/// The frontends of one Service (cluster IP, then external address, then port, then its
+/// NodePorts) with the endpoints
 /// of `slices` (its own EndpointSlices).
 #[must_use]
 pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView> {
@@ -139,7 +140,13 @@ pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView
         SessionAffinity::None => None,
         SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
     };
-    for ip in &service.cluster_ips {
+    let external = service.external_local.then(|| "Local".to_owned());
+    let addresses = service
+        .cluster_ips
+        .iter()
+        .map(|ip| (ip, None))
+        .chain(service.external_ips.iter().map(|ip| (ip, external.clone())));
+    for (ip, policy) in addresses {
         for port in &service.ports {
             out.push(ServiceView {
                 service: format!("{}/{}", service.namespace, service.name),
@@ -149,7 +156,7 @@ pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView
                     protocol_name(port.protocol).to_lowercase()
                 ),
                 port_name: port.name.clone(),
-                external_traffic_policy: None,
+                external_traffic_policy: policy.clone(),
                 affinity_timeout_seconds,
                 backends: backends(*ip, port, slices),
             });
