@@ -36,6 +36,9 @@ pub const SVC_FLAG_AFFINITY: u16 = 1;
 /// [`Svc4Value::flags`]: a NodePort frontend with `externalTrafficPolicy: Local` (its slots hold
 /// this node's backends only, and the client's address is kept).
 pub const SVC_FLAG_EXTERNAL_LOCAL: u16 = 2;
+/// [`Svc4Value::flags`]: a cluster IP frontend with `internalTrafficPolicy: Local` (its slots
+/// hold this node's backends only). For operators: the programs do not read it.
+pub const SVC_FLAG_INTERNAL_LOCAL: u16 = 4;
 /// [`Backend4::flags`]: the backend is a pod on this node (a NodePort packet to it is only
 /// translated to it; one to another node's backend also gets this node's address as its source,
 /// so the reply comes back through this node).

@@ -23,7 +23,8 @@
 //!   `LoadBalancer`'s `status.loadBalancer.ingress` address with `Local` (node 0's backend, the
 //!   client's address kept), an external address that is node 0's own; an address routed there
 //!   that no Service has is not answered; from the pod, the external address reaches both
-//!   backends;
+//!   backends; a cluster IP with `internalTrafficPolicy: Local` serves the pod only node 0's
+//!   backend;
 //! - `weir service list -o json` lists the NodePort and external frontends with their policy.
 
 use std::{
@@ -287,6 +288,14 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
             &[(&web0, "wt-node-0"), (&web1, "wt-node-1")],
         ),
         service_doc(
+            "internal",
+            80,
+            None,
+            "  clusterIP: 10.96.7.7\n  internalTrafficPolicy: Local",
+            "{}",
+            &[(&web0, "wt-node-0"), (&web1, "wt-node-1")],
+        ),
+        service_doc(
             "on-node",
             ON_NODE_PORT,
             None,
@@ -400,6 +409,14 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         from_pod.keys().cloned().collect::<Vec<_>>(),
         vec![pair("web-0", &client0), pair("web-1", &client0)],
         "externalIPs from a pod: {from_pod:?}"
+    );
+
+    // `internalTrafficPolicy: Local`: the pod's connections to the cluster IP stay on node 0's
+    // backend (the NodePort above, `Cluster`, reached both: the positive control).
+    assert_eq!(
+        visits(pod, addr("10.96.7.7", 80)),
+        BTreeMap::from([(pair("web-0", &client0), CONNECTIONS)]),
+        "internalTrafficPolicy: Local from a pod"
     );
 
     // Hairpin: node 0's backend reaching itself through the `Local` NodePort on its node's

@@ -68,16 +68,14 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
             ));
         }
     };
-    let external_local = match spec.external_traffic_policy.as_deref() {
-        None | Some("Cluster") => false,
-        Some("Local") => true,
-        Some(other) => {
-            return Err(ConvertError::invalid(
-                "spec.externalTrafficPolicy",
-                format!("{other:?} is not Cluster or Local"),
-            ));
-        }
-    };
+    let external_local = local_policy(
+        spec.external_traffic_policy.as_deref(),
+        "spec.externalTrafficPolicy",
+    )?;
+    let internal_local = local_policy(
+        spec.internal_traffic_policy.as_deref(),
+        "spec.internalTrafficPolicy",
+    )?;
     let listed = spec.ports.clone().unwrap_or_default();
     let mut ports: Vec<ServicePort> = Vec::with_capacity(listed.len());
     for (i, p) in listed.iter().enumerate() {
@@ -183,6 +181,7 @@ pub fn service(s: &K8sService) -> Result<Service, ConvertError> {
         ports,
         affinity,
         external_local,
+        internal_local,
     })
 }
 
@@ -218,6 +217,18 @@ fn external_ips(s: &K8sService) -> Result<Vec<std::net::IpAddr>, ConvertError> {
         }
     }
     Ok(out)
+}
+
+/// A traffic policy (`Cluster`, the default, or `Local`): whether it is `Local`.
+fn local_policy(value: Option<&str>, field: &'static str) -> Result<bool, ConvertError> {
+    match value {
+        None | Some("Cluster") => Ok(false),
+        Some("Local") => Ok(true),
+        Some(other) => Err(ConvertError::invalid(
+            field,
+            format!("{other:?} is not Cluster or Local"),
+        )),
+    }
 }
 
 fn target_port(

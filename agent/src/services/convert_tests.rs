@@ -112,6 +112,10 @@ fn bad_services_and_slices_name_file_line_and_field() {
             "spec.externalIPs[1]",
         ),
         (
+            "kind: Service\nmetadata: {name: x}\nspec: {internalTrafficPolicy: Node}\n",
+            "spec.internalTrafficPolicy",
+        ),
+        (
             "kind: Service\nmetadata: {name: x}\nspec: {type: LoadBalancer, ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: nope}]}}\n",
             "status.loadBalancer.ingress[0].ip",
         ),

@@ -13,7 +13,8 @@ use std::{
 
 use maps_schema::service::{
     BACKEND_FLAG_LOCAL, BACKEND_FLAG_TERMINATING, Backend4, MAX_SLOTS, NODEPORT_ANY, RevNat4,
-    SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SlotKey, SlotValue, Svc4Key, Svc4Value,
+    SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SVC_FLAG_INTERNAL_LOCAL, SlotKey, SlotValue,
+    Svc4Key, Svc4Value,
 };
 
 use super::model::{EndpointSlice, Service, ServicePort, SessionAffinity, TargetPort};
@@ -194,11 +195,19 @@ pub fn frontends_of<'a>(
                 protocol: port.protocol,
                 pad: 0,
             };
-            let local_only = external && service.external_local;
+            let local_only = if external {
+                service.external_local
+            } else {
+                service.internal_local
+            };
             let (backends, draining) = backends_of(port, slices.clone(), node, local_only);
             let mut flags = affinity_flags;
             if local_only {
-                flags |= SVC_FLAG_EXTERNAL_LOCAL;
+                flags |= if external {
+                    SVC_FLAG_EXTERNAL_LOCAL
+                } else {
+                    SVC_FLAG_INTERNAL_LOCAL
+                };
             }
             out.push((
                 key,

@@ -146,6 +146,7 @@ fn service(rng: &mut Rng, name: &str) -> Service {
             SessionAffinity::None
         },
         external_local: rng.next(2) == 0,
+        internal_local: rng.next(3) == 0,
         external_ips: if rng.next(3) == 0 {
             vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, rng.next(4) as u8 + 1))]
         } else {

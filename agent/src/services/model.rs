@@ -26,6 +26,9 @@ pub struct Service {
     /// node's endpoints only and keeps the client's address (else `Cluster`: any endpoint; another node's sees this
     /// node's address).
     pub external_local: bool,
+    /// `spec.internalTrafficPolicy: Local`: traffic from this node's pods to the cluster IPs goes
+    /// to this node's endpoints only (none here: rejected, as kube-proxy drops it).
+    pub internal_local: bool,
 }
 
 /// One port of a Service.

@@ -28,6 +28,10 @@ pub struct ServiceView {
     /// Service with `externalTrafficPolicy: Local` (only this node's endpoints serve it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_traffic_policy: Option<String>,
+    /// `Local` for a cluster IP of a Service with `internalTrafficPolicy: Local` (only this
+    /// node's endpoints serve this node's pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_traffic_policy: Option<String>,
     /// The Service port's name (empty for a Service's one unnamed port).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub port_name: String,
@@ -141,12 +145,18 @@ pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView
         SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
     };
     let external = service.external_local.then(|| "Local".to_owned());
+    let internal = service.internal_local.then(|| "Local".to_owned());
     let addresses = service
         .cluster_ips
         .iter()
-        .map(|ip| (ip, None))
-        .chain(service.external_ips.iter().map(|ip| (ip, external.clone())));
-    for (ip, policy) in addresses {
+        .map(|ip| (ip, None, internal.clone()))
+        .chain(
+            service
+                .external_ips
+                .iter()
+                .map(|ip| (ip, external.clone(), None)),
+        );
+    for (ip, policy, internal_policy) in addresses {
         for port in &service.ports {
             out.push(ServiceView {
                 service: format!("{}/{}", service.namespace, service.name),
@@ -157,6 +167,7 @@ pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView
                 ),
                 port_name: port.name.clone(),
                 external_traffic_policy: policy.clone(),
+                internal_traffic_policy: internal_policy.clone(),
                 affinity_timeout_seconds,
                 backends: backends(*ip, port, slices),
             });
@@ -173,7 +184,8 @@ pub fn views_of(service: &Service, slices: &[&EndpointSlice]) -> Vec<ServiceView
                 protocol_name(port.protocol).to_lowercase()
             ),
             port_name: port.name.clone(),
-            external_traffic_policy: service.external_local.then(|| "Local".to_owned()),
+            external_traffic_policy: external.clone(),
+            internal_traffic_policy: None,
             affinity_timeout_seconds,
             backends: backends(IpAddr::from([0u8; 4]), port, slices),
         });
