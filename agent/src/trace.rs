@@ -12,7 +12,10 @@ use maps_schema::{
     endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
     identity::{HOST, WORLD, reserved_name},
     policy::{EGRESS, INGRESS, VERDICT_ALLOW, decide},
-    service::{SVC_FLAG_AFFINITY, SlotKey, Svc4Key, backend_slot, flow_hash},
+    service::{
+        SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SlotKey, Svc4Key,
+        backend_slot, flow_hash,
+    },
 };
 use serde::{Deserialize, Serialize};
 
@@ -182,9 +185,18 @@ fn translate(
         addr: dst.octets(),
         port: req.port,
         protocol: proto,
-        pad: 0,
+        scope: SCOPE_ALL,
     };
-    let svc = maps.frontends.desired(&key)?;
+    let mut svc = maps.frontends.desired(&key)?;
+    // A pod gets every backend of a `Local` external frontend, as `from_endpoint` gives it.
+    if svc.flags & SVC_FLAG_EXTERNAL_LOCAL != 0
+        && let Some(all) = maps.frontends.desired(&Svc4Key {
+            scope: SCOPE_PODS,
+            ..key
+        })
+    {
+        svc = all;
+    }
     let frontend = format!("{dst}:{}/{}", req.port, req.protocol.to_ascii_lowercase());
     let sport = req.src_port.unwrap_or(DEFAULT_SRC_PORT);
     let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;

@@ -30,7 +30,7 @@ use maps_schema::{
         DIR_MASQUERADE, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_NODEPORT_NO_ROUTE,
         PASS_NODEPORT, PASS_NODEPORT_REPLY,
     },
-    service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY},
+    service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY, SCOPE_ALL},
     service_ct::DIR_REPLY,
 };
 
@@ -70,7 +70,7 @@ fn is_frontend(addr: [u8; 4], port: u16, proto: u8) -> bool {
         addr,
         port,
         protocol: proto,
-        pad: 0,
+        scope: SCOPE_ALL,
     });
     // SAFETY: read-only to programs; the agent replaces entries whole.
     unsafe { SVC4.get(&key.0) }.is_some()
@@ -151,7 +151,7 @@ pub(crate) fn arriving(
     } else {
         f.dst
     };
-    match frontend(&t, fe, f.tcp_flags, &mut tr) {
+    match frontend(&t, (fe, false), f.tcp_flags, &mut tr) {
         Ok(false) => None,
         Ok(true) => Some(to_backend(ctx, pkt, f, &t, &tr, seen)),
         Err(reason) => Some(account(reason, seen, pkt)),

@@ -24,8 +24,8 @@ use maps_schema::{
     },
     service::{Affinity4, Affinity4Key, affinity_holds},
     service::{
-        BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SVC_FLAG_AFFINITY, backend_slot,
-        flow_hash, pod_nodeport,
+        BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY,
+        SVC_FLAG_EXTERNAL_LOCAL, backend_slot, flow_hash, pod_nodeport,
     },
     service_ct::{DIR_ORIGINAL, DIR_REPLY},
 };
@@ -162,7 +162,7 @@ pub(crate) fn decide_v4(
     } else {
         p.tuple.dst
     };
-    match frontend(&p.tuple, fe, p.tcp_flags, &mut tr) {
+    match frontend(&p.tuple, (fe, true), p.tcp_flags, &mut tr) {
         Ok(false) => return decide::<V4>(ep, seen, &mut p, rule),
         Ok(true) => {}
         Err(reason) => return reason,
@@ -263,20 +263,28 @@ pub(crate) fn send_back(ctx: &TcContext, ifindex: u32, to_self: bool) -> bool {
 #[inline(always)]
 pub(crate) fn frontend(
     t: &Tuple<u32>,
-    frontend: u32,
+    (frontend, pod): (u32, bool),
     tcp_flags: u8,
     out: &mut Translation,
 ) -> Result<bool, Reason> {
-    let fk = Aligned(Svc4Key {
+    let mut fk = Aligned(Svc4Key {
         addr: frontend.to_ne_bytes(),
         port: t.dport,
         protocol: t.proto,
-        pad: 0,
+        scope: SCOPE_ALL,
     });
     // SAFETY: read-only to programs; the agent replaces entries whole.
-    let Some(svc) = (unsafe { SVC4.get(&fk.0) }) else {
+    let Some(mut svc) = (unsafe { SVC4.get(&fk.0) }) else {
         return Ok(false);
     };
+    // A pod gets every backend of a `Local` external frontend (kube-proxy's short cut for pods).
+    if pod && svc.flags & SVC_FLAG_EXTERNAL_LOCAL != 0 {
+        fk.0.scope = SCOPE_PODS;
+        // SAFETY: as above.
+        if let Some(all) = unsafe { SVC4.get(&fk.0) } {
+            svc = all;
+        }
+    }
     let (service_id, count, flags, timeout) = (
         svc.service_id,
         svc.backend_count,

@@ -99,10 +99,20 @@ pub struct Svc4Key {
     pub port: u16,
     /// IP protocol number (TCP 6, UDP 17, SCTP 132).
     pub protocol: u8,
-    /// Explicit padding (zero).
-    pub pad: u8,
+    /// [`SCOPE_ALL`], or [`SCOPE_PODS`] for the pods' variant of a `Local` external frontend.
+    pub scope: u8,
 }
 assert_size!(Svc4Key, 8);
+
+/// [`Svc4Key::scope`]: the frontend as every program sees it (the only scope before scopes
+/// existed: the byte was padding, always zero).
+pub const SCOPE_ALL: u8 = 0;
+/// [`Svc4Key::scope`]: the variant this node's pods get of a frontend with
+/// `externalTrafficPolicy: Local` (a NodePort or an external address; its [`SCOPE_ALL`] entry,
+/// which the host interfaces use, has [`SVC_FLAG_EXTERNAL_LOCAL`] and only this node's
+/// backends): every ready backend, as kube-proxy gives pods. `from_endpoint` looks it up only
+/// after finding that flag.
+pub const SCOPE_PODS: u8 = 1;
 
 /// A frontend's service.
 #[repr(C)]

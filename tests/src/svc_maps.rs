@@ -81,7 +81,7 @@ pub fn write_service(ebpf: &mut Ebpf, f: &Frontend<'_>) {
         addr: f.vip.octets(),
         port: f.port,
         protocol: f.protocol,
-        pad: 0,
+        scope: 0,
     };
     let value = Svc4Value {
         service_id: f.id,

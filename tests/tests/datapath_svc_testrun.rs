@@ -324,7 +324,7 @@ fn with_affinity(lab: &mut Lab, vip: Ipv4Addr, proto: u8, timeout: u32) {
         addr: vip.octets(),
         port: PORT,
         protocol: proto,
-        pad: 0,
+        scope: 0,
     };
     let mut v = m.get(&key, 0).expect("the frontend");
     v.flags |= SVC_FLAG_AFFINITY;

@@ -17,13 +17,14 @@
 //!   NodePorts (its address is not even routed from outside);
 //! - a pod on node 0 reaches the NodePorts on node 0's own addresses (both of them): backends on
 //!   either node, each seeing the pod's address, its socket connected to the address and NodePort
-//!   it dialled; `Local` only node 0's backend; a port no Service has is refused by node 0; node
-//!   0's backend reaching itself that way (hairpin) sees the hairpin address;
+//!   it dialled; `Local` too (every backend for a pod, as kube-proxy); a port no Service has is
+//!   refused by node 0; node 0's backend reaching itself that way (hairpin) sees the hairpin
+//!   address;
 //! - addresses routed to node 0 from outside: an `externalIPs` address (both backends), a
 //!   `LoadBalancer`'s `status.loadBalancer.ingress` address with `Local` (node 0's backend, the
 //!   client's address kept), an external address that is node 0's own; an address routed there
-//!   that no Service has is not answered; from the pod, the external address reaches both
-//!   backends; a cluster IP with `internalTrafficPolicy: Local` serves the pod only node 0's
+//!   that no Service has is not answered; from the pod, the external and the `Local` load
+//!   balancer's addresses reach both backends; a cluster IP with `internalTrafficPolicy: Local` serves the pod only node 0's
 //!   backend;
 //! - `weir service list -o json` lists the NodePort and external frontends with their policy.
 
@@ -390,11 +391,13 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
             vec![pair("web-0", &client0), pair("web-1", &client0)],
             "a pod to its node's {node_addr}, backends on both nodes: {both:?}"
         );
-        // `Local`: this node's backends only, as for a client outside.
+        // `Local` (only node 0's backend from outside): a pod gets every backend, as
+        // kube-proxy gives pods.
+        let local = visits(pod, to(NP_LOCAL));
         assert_eq!(
-            visits(pod, to(NP_LOCAL)),
-            BTreeMap::from([(pair("web-0", &client0), CONNECTIONS)]),
-            "a pod to its node's {node_addr}, Local"
+            local.keys().cloned().collect::<Vec<_>>(),
+            vec![pair("web-0", &client0), pair("web-1", &client0)],
+            "a pod to its node's {node_addr}, Local: {local:?}"
         );
         // Control: a port no Service has reaches node 0's own stack, which refuses it.
         match visit(pod, to(NP_NONE)) {
@@ -410,6 +413,12 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         vec![pair("web-0", &client0), pair("web-1", &client0)],
         "externalIPs from a pod: {from_pod:?}"
     );
+    let lb_from_pod = visits(pod, addr(LOAD_BALANCER, 80));
+    assert_eq!(
+        lb_from_pod.keys().cloned().collect::<Vec<_>>(),
+        vec![pair("web-0", &client0), pair("web-1", &client0)],
+        "a Local load balancer's address from a pod: every backend: {lb_from_pod:?}"
+    );
 
     // `internalTrafficPolicy: Local`: the pod's connections to the cluster IP stay on node 0's
     // backend (the NodePort above, `Cluster`, reached both: the positive control).
@@ -419,13 +428,14 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         "internalTrafficPolicy: Local from a pod"
     );
 
-    // Hairpin: node 0's backend reaching itself through the `Local` NodePort on its node's
-    // address sees the hairpin address as its peer (as through a cluster IP).
+    // Hairpin: node 0's backend reaching itself through a NodePort on its node's address sees
+    // the hairpin address as its peer (as through a cluster IP); node 1's sees it.
     let web0_ns = &cluster.node(0).pods[0].0.ns;
+    let hairpin = visits(web0_ns, at(NP_CLUSTER));
     assert_eq!(
-        visits(web0_ns, at(NP_LOCAL)),
-        BTreeMap::from([(pair("web-0", HAIRPIN), CONNECTIONS)]),
-        "a backend to its own node's NodePort onto itself"
+        hairpin.keys().cloned().collect::<Vec<_>>(),
+        vec![pair("web-0", HAIRPIN), pair("web-1", &web0)],
+        "a backend to its own node's NodePort: {hairpin:?}"
     );
 
     // The CLI lists the NodePort frontends.

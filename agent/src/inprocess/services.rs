@@ -40,7 +40,7 @@ const VIP: Svc4Key = Svc4Key {
     addr: [10, 96, 0, 10],
     port: 80,
     protocol: 6,
-    pad: 0,
+    scope: 0,
 };
 
 fn frontend(kernel: &FakeKernel) -> Option<Svc4Value> {

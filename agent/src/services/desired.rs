@@ -13,8 +13,8 @@ use std::{
 
 use maps_schema::service::{
     BACKEND_FLAG_LOCAL, BACKEND_FLAG_TERMINATING, Backend4, MAX_SLOTS, NODEPORT_ANY, RevNat4,
-    SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SVC_FLAG_INTERNAL_LOCAL, SlotKey, SlotValue,
-    Svc4Key, Svc4Value,
+    SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SVC_FLAG_INTERNAL_LOCAL,
+    SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
 use super::model::{EndpointSlice, Service, ServicePort, SessionAffinity, TargetPort};
@@ -193,6 +193,11 @@ pub fn frontends_of<'a>(
                 addr,
                 port: frontend_port,
                 protocol: port.protocol,
+                scope: SCOPE_ALL,
+            };
+            let revnat = RevNat4 {
+                addr,
+                port: frontend_port,
                 pad: 0,
             };
             let local_only = if external {
@@ -212,17 +217,31 @@ pub fn frontends_of<'a>(
             out.push((
                 key,
                 FrontendSpec {
-                    revnat: RevNat4 {
-                        addr,
-                        port: frontend_port,
-                        pad: 0,
-                    },
+                    revnat,
                     flags,
                     affinity_timeout_secs,
                     backends,
                     draining,
                 },
             ));
+            // `Local` external: this node's pods get every backend (its own entry, which
+            // `from_endpoint` looks up after finding the `Local` flag), as kube-proxy gives them.
+            if external && local_only {
+                let (backends, draining) = backends_of(port, slices.clone(), node, false);
+                out.push((
+                    Svc4Key {
+                        scope: SCOPE_PODS,
+                        ..key
+                    },
+                    FrontendSpec {
+                        revnat,
+                        flags: affinity_flags,
+                        affinity_timeout_secs,
+                        backends,
+                        draining,
+                    },
+                ));
+            }
         }
     }
     out

@@ -40,7 +40,7 @@ fn key(vip: [u8; 4]) -> Svc4Key {
         addr: vip,
         port: 80,
         protocol: 6,
-        pad: 0,
+        scope: 0,
     }
 }
 
@@ -177,7 +177,9 @@ fn affinity_is_carried_and_a_slice_of_another_service_is_ignored() {
 
 #[test]
 fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
-    use maps_schema::service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY, SVC_FLAG_EXTERNAL_LOCAL};
+    use maps_schema::service::{
+        BACKEND_FLAG_LOCAL, NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL,
+    };
     let doc = |name: &str, vip: &str, node_port: u16, policy: &str| {
         format!(
             "kind: Service\nmetadata: {{name: {name}, namespace: prod}}\nspec: {{type: NodePort, externalTrafficPolicy: {policy}, clusterIP: {vip}, ports: [{{name: http, port: 80, targetPort: http, nodePort: {node_port}}}]}}\n---\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: prod, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n- {{addresses: [10.0.0.1], nodeName: n1}}\n- {{addresses: [10.0.1.1], nodeName: n2}}\n- {{addresses: [10.0.1.2], nodeName: n2, conditions: {{ready: false}}}}\n"
@@ -193,12 +195,12 @@ fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
         &mut Ids::default(),
         "n1",
     );
-    let frontend = |port: u16| {
+    let frontend = |port: u16, scope: u8| {
         let k = Svc4Key {
             addr: NODEPORT_ANY,
             port,
             protocol: 6,
-            pad: 0,
+            scope,
         };
         let f = d.frontends[&k];
         let backends: Vec<([u8; 4], u8)> = (0..f.backend_count)
@@ -214,7 +216,7 @@ fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
             .collect();
         (f, backends, d.revnat[&f.service_id])
     };
-    let (cluster, backends, revnat) = frontend(30080);
+    let (cluster, backends, revnat) = frontend(30080, SCOPE_ALL);
     assert_eq!(
         backends,
         vec![([10, 0, 0, 1], BACKEND_FLAG_LOCAL), ([10, 0, 1, 1], 0)],
@@ -222,13 +224,29 @@ fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
     );
     assert_eq!(cluster.flags & SVC_FLAG_EXTERNAL_LOCAL, 0);
     assert_eq!((revnat.addr, revnat.port), (NODEPORT_ANY, 30080));
-    let (local, backends, _) = frontend(30081);
+    let (local, backends, _) = frontend(30081, SCOPE_ALL);
     assert_eq!(
         backends,
         vec![([10, 0, 0, 1], BACKEND_FLAG_LOCAL)],
         "Local: this node's ready endpoints only"
     );
     assert_ne!(local.flags & SVC_FLAG_EXTERNAL_LOCAL, 0);
+    // Its pods' variant: every ready endpoint, the same reverse NAT, no Local flag; a Cluster
+    // NodePort has none.
+    let (pods, backends, revnat) = frontend(30081, SCOPE_PODS);
+    assert_eq!(
+        backends,
+        vec![([10, 0, 0, 1], BACKEND_FLAG_LOCAL), ([10, 0, 1, 1], 0)],
+        "Local, for this node's pods: every ready endpoint"
+    );
+    assert_eq!(pods.flags & SVC_FLAG_EXTERNAL_LOCAL, 0);
+    assert_eq!((revnat.addr, revnat.port), (NODEPORT_ANY, 30081));
+    assert!(!d.frontends.contains_key(&Svc4Key {
+        addr: NODEPORT_ANY,
+        port: 30080,
+        protocol: 6,
+        scope: SCOPE_PODS,
+    }));
     // The ClusterIP frontend of a NodePort Service keeps every ready backend.
     assert_eq!(slot_backends(&d, [10, 96, 0, 2]).len(), 2);
     // A node that is neither: under Local nothing serves, so the NodePort rejects.
@@ -242,7 +260,7 @@ fn a_node_port_serves_every_ready_backend_or_only_this_nodes_under_local() {
         addr: NODEPORT_ANY,
         port: 30081,
         protocol: 6,
-        pad: 0,
+        scope: 0,
     };
     assert_eq!(other.frontends[&k].backend_count, 0);
 }

@@ -60,7 +60,7 @@ fn key(i: u32) -> Svc4Key {
         addr: vip(i).octets(),
         port: PORT,
         protocol: TCP,
-        pad: 0,
+        scope: 0,
     }
 }
 
