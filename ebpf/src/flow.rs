@@ -178,6 +178,18 @@ fn stateful<F: Family>(
     if trace {
         return reason;
     }
+    // A pod's packet in its flow's direction knows the flow's frontend (`p.rev_nat`, 0 for none):
+    // a new connection reusing a translated tuple through another frontend (or none) gets its
+    // replies from that one, not from the old flow's.
+    #[cfg(not(feature = "ct-v2"))]
+    if direction == DIR_FROM_ENDPOINT && original {
+        // SAFETY: as above.
+        unsafe {
+            if (*entry).rev_nat != p.rev_nat {
+                (*entry).rev_nat = p.rev_nat;
+            }
+        }
+    }
     let mut flags = old | approve;
     if !original {
         flags |= FLAG_SEEN_REPLY;

@@ -434,6 +434,40 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_the_timeout_or_the_bac
 }
 
 #[test]
+fn a_tuple_reused_through_another_frontend_gets_replies_from_that_frontend() {
+    let Some(mut lab) = lab("a_tuple_reused_through_another_frontend") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let db = v4(&lab, Peer::Pod(DB));
+    // Two Services onto the same backend port: one client port through each in turn translates
+    // to the same tuple (the kernel reuses a source port for another destination).
+    service(&mut lab, 1, VIP, TCP, &[(1, DB)]);
+    service(&mut lab, 2, WEB_VIP, TCP, &[(1, DB)]);
+    let sport = 42_000;
+    for (round, vip) in [VIP, WEB_VIP, VIP].into_iter().enumerate() {
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport, vip, PORT, TCP, SYN));
+        assert!(o.passed, "round {round}: the SYN to {vip} passes: {o}");
+        assert_eq!(dst_of(&out), (db, TARGET), "round {round}");
+        let reply = frame(db, TARGET, client, sport, TCP, SYN | ACK);
+        assert!(
+            lab.from(DB, &reply).passed,
+            "round {round}: the SYN-ACK leaves db"
+        );
+        let (o, back) = lab.to_out(CLIENT, &reply);
+        assert!(
+            o.passed,
+            "round {round}: the SYN-ACK enters the client: {o}"
+        );
+        assert_eq!(
+            src_of(&back),
+            (vip, PORT),
+            "round {round}: the reply comes from the frontend this connection dialled"
+        );
+    }
+}
+
+#[test]
 fn egress_policy_judges_the_backend_identity() {
     let Some(mut lab) = Lab::new("egress_policy_judges_the_backend_identity", Fam::V4) else {
         return;
