@@ -267,6 +267,10 @@ pub(crate) fn frontend(
     tcp_flags: u8,
     out: &mut Translation,
 ) -> Result<bool, Reason> {
+    #[cfg_attr(
+        feature = "debug-log",
+        expect(unused_mut, reason = "the pods' scope lookup is left out")
+    )]
     let mut fk = Aligned(Svc4Key {
         addr: frontend.to_ne_bytes(),
         port: t.dport,
@@ -274,10 +278,17 @@ pub(crate) fn frontend(
         scope: SCOPE_ALL,
     });
     // SAFETY: read-only to programs; the agent replaces entries whole.
+    #[cfg_attr(
+        feature = "debug-log",
+        expect(unused_mut, reason = "the pods' scope lookup is left out")
+    )]
     let Some(mut svc) = (unsafe { SVC4.get(&fk.0) }) else {
         return Ok(false);
     };
     // A pod gets every backend of a `Local` external frontend (kube-proxy's short cut for pods).
+    // Not in the `debug-log` test build (with its logging the programs would exceed the
+    // verifier's complexity limit): there a pod gets the `Local` frontend's backends.
+    #[cfg(not(feature = "debug-log"))]
     if pod && svc.flags & SVC_FLAG_EXTERNAL_LOCAL != 0 {
         fk.0.scope = SCOPE_PODS;
         // SAFETY: as above.
@@ -319,9 +330,17 @@ pub(crate) fn frontend(
         }
     }
     let affinity = flags & SVC_FLAG_AFFINITY != 0;
+    // The `debug-log` test build leaves affinity's memory out: with its logging calls the
+    // programs would exceed the verifier's complexity limit (it places by the client's hash).
+    #[cfg(not(feature = "debug-log"))]
     let remembered = if affinity {
         remembered(service_id, t.src, count, timeout)
     } else {
+        None
+    };
+    #[cfg(feature = "debug-log")]
+    let remembered: Option<(u32, u16)> = {
+        let _ = timeout;
         None
     };
     let (backend_id, slot) = match remembered {
@@ -361,6 +380,7 @@ pub(crate) fn frontend(
     Ok(true)
 }
 
+#[cfg(not(feature = "debug-log"))]
 /// The backend (id, slot) `client`'s last new flow to frontend `service_id` went to, while that
 /// was at most `timeout_secs` ago and the backend still holds that slot of the frontend's `count`
 /// (so it still serves it: the agent never clears these entries).
@@ -390,7 +410,8 @@ fn remembered(service_id: u32, client: u32, count: u16, timeout_secs: u32) -> Op
 /// now (kube-proxy's `recent --set` on every new connection through the endpoint).
 #[inline(always)]
 fn remember(t: &Tuple<u32>, tr: &Translation) -> Result<(), i32> {
-    if tr.new & NEW_AFFINITY == 0 {
+    // Nothing to remember in the `debug-log` test build (see `remembered`'s absence there).
+    if cfg!(feature = "debug-log") || tr.new & NEW_AFFINITY == 0 {
         return Ok(());
     }
     let key = Aligned(Affinity4Key {
