@@ -593,11 +593,13 @@ fn watch(
         let rv_now = s.rv;
         drop(s);
         for (rv, event, object) in new {
-            chunk(&mut stream, &json!({"type": event, "object": object}))?;
+            // Stamped before the write: the agent can act on the event before this thread runs
+            // again, and a reader must find the stamp by then.
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
             shared.lock().sent_at.insert((kind, rv), now);
+            chunk(&mut stream, &json!({"type": event, "object": object}))?;
             last = rv;
         }
         if Instant::now() >= until {
