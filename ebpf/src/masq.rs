@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use maps_schema::{
-    MasqInterface, Nat4Entry, Nat4Key,
+    MasqInterface, Nat4Entry, Nat4Key, checksum,
     nat::{
         DIR_EGRESS, DIR_INGRESS, EVENT_COLLISION, EVENT_CREATED, EVENT_EXHAUSTED,
         EVENT_INSERT_FAILED, FLAG_TCP_CLOSING, IF_NO_MASQUERADE, IF_NODEPORT, PORT_RETRIES,
@@ -208,11 +208,13 @@ fn context(ctx: &TcContext) -> (Option<MasqInterface>, Packet, Seen) {
 /// Rewrites one address and one port (or echo identifier) with the checksums that cover them:
 /// the source's with `egress`, else the destination's (also the service translation's, `service`).
 /// The address, the port and the IPv4 header checksum are written directly into the packet (the
-/// header checksum is always a full one, updated incrementally here); only the upper-layer
-/// checksum goes through the kernel's helper, which knows the skb's checksum state (a pod's
-/// `CHECKSUM_PARTIAL` packet holds the pseudo header's sum there, not the segment's), and a port
-/// left as it is costs nothing. Packet pointers are stale afterwards; callers only count and
-/// return (or parse again).
+/// header checksum is always a full one, updated incrementally here). The upper-layer checksum
+/// takes the address's change through the kernel's helper, which knows the skb's checksum state
+/// (a pod's `CHECKSUM_PARTIAL` packet holds the pseudo header's sum there, not the segment's);
+/// what the helper did to the field tells that state (`maps_schema::checksum::state`), so the
+/// port's change is applied here, not by a second helper call (only when the state cannot be
+/// told does the helper apply it). A port left as it is costs nothing. Packet pointers are stale
+/// afterwards; callers only count and return (or parse again).
 #[inline(always)]
 pub(crate) fn rewrite(
     ctx: &TcContext,
@@ -234,7 +236,11 @@ pub(crate) fn rewrite(
     // (`word`).
     unsafe {
         let check = ip.add(IP_CHECK - ETH_HLEN).cast::<u16>();
-        check.write_unaligned(csum_replace4(check.read_unaligned(), old_addr, new_addr));
+        check.write_unaligned(checksum::replace4(
+            check.read_unaligned(),
+            old_addr,
+            new_addr,
+        ));
         let addr = ip.add(if egress { IP_SRC } else { IP_DST } - ETH_HLEN);
         addr.cast::<u32>().write_unaligned(new_addr);
         if old_port != new_port {
@@ -243,35 +249,66 @@ pub(crate) fn rewrite(
                 .write_unaligned(new_port.to_be());
         }
     }
-    if f.proto != IPPROTO_ICMP {
-        ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_addr),
-            u64::from(new_addr),
-            addr_flags | 4,
-        )?;
+    let (old_port, new_port) = (old_port.to_be(), new_port.to_be());
+    if f.proto == IPPROTO_ICMP {
+        if old_port != new_port {
+            ctx.l4_csum_replace(
+                csum_off,
+                u64::from(old_port),
+                u64::from(new_port),
+                port_flags | 2,
+            )?;
+        }
+        return Ok(());
     }
-    if old_port != new_port {
-        ctx.l4_csum_replace(
+    let before = l4_check(ctx, csum_off)?;
+    ctx.l4_csum_replace(
+        csum_off,
+        u64::from(old_addr),
+        u64::from(new_addr),
+        addr_flags | 4,
+    )?;
+    if old_port == new_port || (f.proto == IPPROTO_UDP && before == 0) {
+        // A UDP datagram without a checksum keeps none.
+        return Ok(());
+    }
+    let after = l4_check(ctx, csum_off)?;
+    match checksum::state(before, after, old_addr, new_addr) {
+        checksum::State::Partial => Ok(()),
+        checksum::State::Full => {
+            let mut check = checksum::replace2(after, old_port, new_port);
+            if f.proto == IPPROTO_UDP && check == 0 {
+                // UDP's zero means "no checksum": a computed zero is sent as all ones.
+                check = 0xffff;
+            }
+            let pkt = Packet {
+                data: ctx.data(),
+                end: ctx.data_end(),
+            };
+            let field: *const [u8; 2] = pkt.ptr(csum_off).ok_or(-1i64)?;
+            // SAFETY: bounds checked by `ptr`; written as the addresses above are.
+            unsafe { field.cast_mut().cast::<u16>().write_unaligned(check) };
+            Ok(())
+        }
+        checksum::State::Unknown => ctx.l4_csum_replace(
             csum_off,
-            u64::from(old_port.to_be()),
-            u64::from(new_port.to_be()),
+            u64::from(old_port),
+            u64::from(new_port),
             port_flags | 2,
-        )?;
+        ),
     }
-    Ok(())
 }
 
-/// An Internet checksum (as loaded) after one of the 32-bit words it covers changed from `old`
-/// to `new` (as loaded), RFC 1624's `HC' = ~(~HC + ~m + m')`. The ones'-complement sum does not
-/// depend on byte order, so loaded words need no swapping.
+/// The upper-layer checksum field (as loaded) at `off`.
 #[inline(always)]
-pub(crate) fn csum_replace4(check: u16, old: u32, new: u32) -> u16 {
-    let old = !old;
-    let sum = u32::from(!check) + (old & 0xffff) + (old >> 16) + (new & 0xffff) + (new >> 16);
-    let sum = (sum & 0xffff) + (sum >> 16);
-    let sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
+fn l4_check(ctx: &TcContext, off: usize) -> Result<u16, i64> {
+    let pkt = Packet {
+        data: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let field: *const [u8; 2] = pkt.ptr(off).ok_or(-1i64)?;
+    // SAFETY: bounds checked by `ptr`.
+    Ok(unsafe { field.cast::<u16>().read_unaligned() })
 }
 
 /// The egress port (host byte order) a flow leaves with: its entry's, or a newly claimed one.

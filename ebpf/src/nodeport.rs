@@ -24,22 +24,21 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use maps_schema::{
-    Svc4Key,
     nat::DIR_INGRESS,
     reason::{
         DIR_MASQUERADE, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_NODEPORT_NO_ROUTE,
         PASS_NODEPORT, PASS_NODEPORT_REPLY,
     },
-    service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY, SCOPE_ALL},
+    service::{BACKEND_FLAG_LOCAL, NODEPORT_ANY},
     service_ct::DIR_REPLY,
 };
 
 use crate::{
     counters::{Seen, Verdict, account, count},
     fib::{self, FIB_NO_NEIGH, FIB_SUCCESS, Fib},
-    maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC4},
+    maps::{MASQ_IF, NAT4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4},
     masq::{Flow, egress_port, nat_key, rewrite},
-    parse::{Aligned, IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Reason, Tuple},
     service::{Translation, frontend, key, record},
 };
 
@@ -61,19 +60,6 @@ fn source_of(frontend: [u8; 4], node: u32) -> u32 {
     } else {
         u32::from_ne_bytes(frontend)
     }
-}
-
-/// Whether `(addr, port, proto)` is a frontend.
-#[inline(always)]
-fn is_frontend(addr: [u8; 4], port: u16, proto: u8) -> bool {
-    let key = Aligned(Svc4Key {
-        addr,
-        port,
-        protocol: proto,
-        scope: SCOPE_ALL,
-    });
-    // SAFETY: read-only to programs; the agent replaces entries whole.
-    unsafe { SVC4.get(&key.0) }.is_some()
 }
 
 #[inline(always)]
@@ -145,8 +131,9 @@ pub(crate) fn arriving(
     }
     let t = tuple(f);
     let mut tr = Translation::empty();
-    // For the node's address: its NodePorts, else an external address that is the node's.
-    let fe = if f.dst == node && is_frontend(NODEPORT_ANY, f.dport, f.proto) {
+    // For the node's address: its NodePorts, else an external address that is the node's
+    // (`frontend` looks the address up when the port is no NodePort).
+    let fe = if f.dst == node {
         u32::from_ne_bytes(NODEPORT_ANY)
     } else {
         f.dst

@@ -155,7 +155,8 @@ pub(crate) fn decide_v4(
         };
     }
     // A NodePort on one of this node's own addresses is served here as the host interfaces
-    // serve it from outside (a host address is never a frontend of its own).
+    // serve it from outside; else the address itself may be a frontend (an external address
+    // that is the node's).
     let node_port = own_node_port(&p.tuple);
     let fe = if node_port {
         u32::from_ne_bytes(NODEPORT_ANY)
@@ -257,7 +258,9 @@ pub(crate) fn send_back(ctx: &TcContext, ifindex: u32, to_self: bool) -> bool {
 
 /// The backend of a packet to a frontend, into `out`: `Ok(false)` when `(frontend, t.dport,
 /// t.proto)` is no frontend (`frontend` is the packet's destination, or `NODEPORT_ANY` for a
-/// NodePort); the flow's backend when it has one, else a newly chosen one; no ready backend drops.
+/// packet to a node address, whose destination is then looked up only when that is no NodePort:
+/// an external address that is the node's); the flow's backend when it has one, else a newly
+/// chosen one; no ready backend drops.
 /// (An out parameter, not an `Option`: the verifier refuses the misaligned stack reads the
 /// compiler makes of a niche-packed enum around it.)
 #[inline(always)]
@@ -267,10 +270,6 @@ pub(crate) fn frontend(
     tcp_flags: u8,
     out: &mut Translation,
 ) -> Result<bool, Reason> {
-    #[cfg_attr(
-        feature = "debug-log",
-        expect(unused_mut, reason = "the pods' scope lookup is left out")
-    )]
     let mut fk = Aligned(Svc4Key {
         addr: frontend.to_ne_bytes(),
         port: t.dport,
@@ -278,11 +277,17 @@ pub(crate) fn frontend(
         scope: SCOPE_ALL,
     });
     // SAFETY: read-only to programs; the agent replaces entries whole.
+    let mut found = unsafe { SVC4.get(&fk.0) };
+    if found.is_none() && frontend == u32::from_ne_bytes(NODEPORT_ANY) {
+        fk.0.addr = t.dst.to_ne_bytes();
+        // SAFETY: as above.
+        found = unsafe { SVC4.get(&fk.0) };
+    }
     #[cfg_attr(
         feature = "debug-log",
         expect(unused_mut, reason = "the pods' scope lookup is left out")
     )]
-    let Some(mut svc) = (unsafe { SVC4.get(&fk.0) }) else {
+    let Some(mut svc) = found else {
         return Ok(false);
     };
     // A pod gets every backend of a `Local` external frontend (kube-proxy's short cut for pods).

@@ -8,6 +8,7 @@
 #[cfg(feature = "user")]
 extern crate std;
 
+pub mod checksum;
 pub mod conntrack;
 pub mod counters;
 pub mod endpoint;

@@ -22,9 +22,11 @@
 //!   address;
 //! - addresses routed to node 0 from outside: an `externalIPs` address (both backends), a
 //!   `LoadBalancer`'s `status.loadBalancer.ingress` address with `Local` (node 0's backend, the
-//!   client's address kept), an external address that is node 0's own; an address routed there
-//!   that no Service has is not answered; from the pod, the external and the `Local` load
-//!   balancer's addresses reach both backends; a cluster IP with `internalTrafficPolicy: Local` serves the pod only node 0's
+//!   client's address kept), external addresses that are node 0's own (on a port outside the
+//!   NodePort range and on one inside it that is no NodePort); an address routed there that no
+//!   Service has is not answered; from the pod, the external and the `Local` load balancer's
+//!   addresses reach both backends, and node 0's own external addresses (both ports) reach their
+//!   backend; a cluster IP with `internalTrafficPolicy: Local` serves the pod only node 0's
 //!   backend;
 //! - `weir service list -o json` lists the NodePort and external frontends with their policy.
 
@@ -60,6 +62,9 @@ const LOAD_BALANCER: &str = "198.51.100.80";
 const NO_SERVICE: &str = "192.0.2.99";
 /// The port of the Service whose external address is node 0's own.
 const ON_NODE_PORT: u16 = 81;
+/// The port of another such Service, in the NodePort range but no NodePort (a pod's packet to
+/// its node's address on such a port is looked up as a NodePort first).
+const ON_NODE_HIGH_PORT: u16 = 30_100;
 
 /// The source a pod's packet has when its Service sends it to the pod itself
 /// (`maps_schema::service::HAIRPIN4`).
@@ -304,6 +309,14 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
             "{}",
             &[(&web1, "wt-node-1")],
         ),
+        service_doc(
+            "on-node-high",
+            ON_NODE_HIGH_PORT,
+            None,
+            &format!("  clusterIP: 10.96.7.8\n  externalIPs: [{NODE0_OUTSIDE}]"),
+            "{}",
+            &[(&web1, "wt-node-1")],
+        ),
     ]
     .concat();
     for node in cluster.live() {
@@ -369,6 +382,11 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         BTreeMap::from([(pair("web-1", NODE0_UNDERLAY), CONNECTIONS)]),
         "an external address that is the node's own"
     );
+    assert_eq!(
+        visits(&outside, addr(NODE0_OUTSIDE, ON_NODE_HIGH_PORT)),
+        BTreeMap::from([(pair("web-1", NODE0_UNDERLAY), CONNECTIONS)]),
+        "an external address that is the node's own, on a port in the NodePort range"
+    );
     assert!(
         visit(&outside, addr(NO_SERVICE, 80)).is_err(),
         "an address no Service has is not answered"
@@ -419,6 +437,15 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         vec![pair("web-0", &client0), pair("web-1", &client0)],
         "a Local load balancer's address from a pod: every backend: {lb_from_pod:?}"
     );
+    // An external address that is the node's own, from the pod: on a port outside the NodePort
+    // range, and on one inside it that is no NodePort (looked up as a NodePort first).
+    for port in [ON_NODE_PORT, ON_NODE_HIGH_PORT] {
+        assert_eq!(
+            visits(pod, addr(NODE0_OUTSIDE, port)),
+            BTreeMap::from([(pair("web-1", &client0), CONNECTIONS)]),
+            "an external address that is the node's own, port {port}, from a pod"
+        );
+    }
 
     // `internalTrafficPolicy: Local`: the pod's connections to the cluster IP stay on node 0's
     // backend (the NodePort above, `Cluster`, reached both: the positive control).
