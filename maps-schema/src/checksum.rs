@@ -34,7 +34,15 @@ fn fold(sum: u32) -> u16 {
 #[inline(always)]
 #[must_use]
 pub fn same(a: u16, b: u16) -> bool {
-    a == b || (a | b == 0xffff && a & b == 0)
+    zero_as_zero(a) == zero_as_zero(b)
+}
+
+/// `0xffff` as `0`, anything else as it is; arithmetic, no branch (each branch multiplies the
+/// paths the BPF verifier walks).
+#[inline(always)]
+fn zero_as_zero(x: u16) -> u16 {
+    let all_ones = ((u32::from(x) + 1) >> 16) as u16;
+    x & all_ones.wrapping_sub(1)
 }
 
 /// What an skb's upper-layer checksum field holds, as far as a rewrite needs to know.
@@ -53,9 +61,10 @@ pub enum State {
 /// The checksum state of an skb, from its upper-layer checksum field `before` and `after` the
 /// kernel's `bpf_l4_csum_replace` applied an address change `old` → `new` with
 /// `BPF_F_PSEUDO_HDR`. The kernel (`inet_proto_csum_replace4`) updates a full checksum as
-/// [`replace4`] does and a partial one the other way round (`HC + ~m + m'`: it holds the pseudo
-/// header's sum, not its complement); the two results are the same value only when the change is
-/// zero. Programs cannot read `ip_summed`; this tells it for no second helper call.
+/// [`replace4`] does, subtracting the change's sum (`~(~HC + ~m + m')`), and a partial one the
+/// other way round, adding it (`HC + ~m + m'`: it holds the pseudo header's sum, not its
+/// complement); the two results are the same value only when the change sums to zero. Programs
+/// cannot read `ip_summed`; this tells it for no second helper call.
 #[inline(always)]
 #[must_use]
 pub fn state(before: u16, after: u16, old: u32, new: u32) -> State {
@@ -164,6 +173,12 @@ mod tests {
         }
         // Only a change that is zero in ones'-complement arithmetic cannot be told.
         assert!(unknown * 1000 < told, "{unknown} unknown of {told}");
+    }
+
+    #[test]
+    fn only_the_two_zeros_are_the_same() {
+        assert!(same(0, 0xffff) && same(0xffff, 0) && same(0x1234, 0x1234));
+        assert!(!same(0x1234, !0x1234) && !same(0, 1));
     }
 
     #[test]
