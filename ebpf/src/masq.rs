@@ -231,16 +231,14 @@ pub(crate) fn rewrite(
     let ip: *const [u8; 20] = pkt.ptr(ETH_HLEN).ok_or(-1i64)?;
     let port: *const [u8; 2] = pkt.ptr(port_off).ok_or(-1i64)?;
     let ip = ip.cast_mut().cast::<u8>();
+    // The address's change, once for the IPv4 header's checksum and the upper layer's state.
+    let change = checksum::change4(old_addr, new_addr);
     // SAFETY: both regions are bounds checked by `ptr`; tc programs may write packet data (the
     // verifier makes a cloned skb's header private first), and misaligned access is allowed
     // (`word`).
     unsafe {
         let check = ip.add(IP_CHECK - ETH_HLEN).cast::<u16>();
-        check.write_unaligned(checksum::replace4(
-            check.read_unaligned(),
-            old_addr,
-            new_addr,
-        ));
+        check.write_unaligned(checksum::apply(check.read_unaligned(), change));
         let addr = ip.add(if egress { IP_SRC } else { IP_DST } - ETH_HLEN);
         addr.cast::<u32>().write_unaligned(new_addr);
         if old_port != new_port {
@@ -273,7 +271,7 @@ pub(crate) fn rewrite(
         return Ok(());
     }
     let after = l4_check(ctx, csum_off)?;
-    match checksum::state(before, after, old_addr, new_addr) {
+    match checksum::state(before, after, change) {
         checksum::State::Partial => Ok(()),
         checksum::State::Full => {
             let mut check = checksum::replace2(after, old_port, new_port);

@@ -8,9 +8,23 @@
 #[inline(always)]
 #[must_use]
 pub fn replace4(check: u16, old: u32, new: u32) -> u16 {
+    apply(check, change4(old, new))
+}
+
+/// The ones'-complement sum `~m + m'` of a 32-bit word's change from `old` to `new`: what
+/// [`apply`] applies to any checksum covering the word (compute it once for several).
+#[inline(always)]
+#[must_use]
+pub fn change4(old: u32, new: u32) -> u16 {
     let old = !old;
-    let sum = u32::from(!check) + (old & 0xffff) + (old >> 16) + (new & 0xffff) + (new >> 16);
-    fold(sum)
+    !fold((old & 0xffff) + (old >> 16) + (new & 0xffff) + (new >> 16))
+}
+
+/// A checksum after the words it covers changed by `change` ([`change4`]): `~(~HC + change)`.
+#[inline(always)]
+#[must_use]
+pub fn apply(check: u16, change: u16) -> u16 {
+    fold(u32::from(!check) + u32::from(change))
 }
 
 /// An Internet checksum after one of the 16-bit words it covers changed from `old` to `new`.
@@ -59,17 +73,17 @@ pub enum State {
 }
 
 /// The checksum state of an skb, from its upper-layer checksum field `before` and `after` the
-/// kernel's `bpf_l4_csum_replace` applied an address change `old` → `new` with
-/// `BPF_F_PSEUDO_HDR`. The kernel (`inet_proto_csum_replace4`) updates a full checksum as
-/// [`replace4`] does, subtracting the change's sum (`~(~HC + ~m + m')`), and a partial one the
-/// other way round, adding it (`HC + ~m + m'`: it holds the pseudo header's sum, not its
-/// complement); the two results are the same value only when the change sums to zero. Programs
-/// cannot read `ip_summed`; this tells it for no second helper call.
+/// kernel's `bpf_l4_csum_replace` applied an address change whose sum is `change` ([`change4`])
+/// with `BPF_F_PSEUDO_HDR`. The kernel (`inet_proto_csum_replace4`) updates a full checksum as
+/// [`apply`] does, subtracting the change (`~(~HC + ~m + m')`), and a partial one the other way
+/// round, adding it (`HC + ~m + m'`: it holds the pseudo header's sum, not its complement); the
+/// two results are the same value only when the change sums to zero. Programs cannot read
+/// `ip_summed`; this tells it for no second helper call.
 #[inline(always)]
 #[must_use]
-pub fn state(before: u16, after: u16, old: u32, new: u32) -> State {
-    let full = replace4(before, old, new);
-    let partial = !replace4(!before, old, new);
+pub fn state(before: u16, after: u16, change: u16) -> State {
+    let full = apply(before, change);
+    let partial = !apply(!before, change);
     if same(full, partial) {
         State::Unknown
     } else if same(after, full) {
@@ -158,7 +172,7 @@ mod tests {
             let (old, new) = (rng(&mut seed) as u32, rng(&mut seed) as u32);
             for partial in [false, true] {
                 let after = kernel(check, old, new, partial);
-                match state(check, after, old, new) {
+                match state(check, after, change4(old, new)) {
                     State::Full => {
                         assert!(!partial, "{check:#x} {old:#x} {new:#x}");
                         told += 1;
@@ -190,13 +204,13 @@ mod tests {
         );
         for partial in [false, true] {
             let after = kernel(0x1234, old, new, partial);
-            assert_eq!(state(0x1234, after, old, new), State::Unknown);
+            assert_eq!(state(0x1234, after, change4(old, new)), State::Unknown);
         }
         // A field the helper did not touch as either state would: unknown.
         let (old, new) = (
             u32::from_ne_bytes([10, 0, 0, 1]),
             u32::from_ne_bytes([10, 0, 0, 9]),
         );
-        assert_eq!(state(0x1234, 0x1234, old, new), State::Unknown);
+        assert_eq!(state(0x1234, 0x1234, change4(old, new)), State::Unknown);
     }
 }
