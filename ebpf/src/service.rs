@@ -16,16 +16,19 @@
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcContext};
 #[cfg(not(feature = "ct-v2"))]
 use maps_schema::conntrack::FLAG_OPENER_IS_B;
+// Affinity's memory and the pods' scope lookup (left out of the `debug-log` test build).
+#[cfg(not(feature = "debug-log"))]
+use maps_schema::service::{SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, affinity_holds};
 use maps_schema::{
     EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
     identity::HOST,
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{Affinity4, Affinity4Key, affinity_holds},
+    service::{Affinity4, Affinity4Key},
     service::{
-        BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY,
-        SVC_FLAG_EXTERNAL_LOCAL, backend_slot, flow_hash, pod_nodeport,
+        BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SCOPE_ALL, SVC_FLAG_AFFINITY,
+        backend_slot, flow_hash, pod_nodeport,
     },
     service_ct::{DIR_ORIGINAL, DIR_REPLY},
 };
@@ -293,6 +296,8 @@ pub(crate) fn frontend(
     // A pod gets every backend of a `Local` external frontend (kube-proxy's short cut for pods).
     // Not in the `debug-log` test build (with its logging the programs would exceed the
     // verifier's complexity limit): there a pod gets the `Local` frontend's backends.
+    #[cfg(feature = "debug-log")]
+    let _ = pod;
     #[cfg(not(feature = "debug-log"))]
     if pod && svc.flags & SVC_FLAG_EXTERNAL_LOCAL != 0 {
         fk.0.scope = SCOPE_PODS;

@@ -8,7 +8,13 @@ use anyhow::{Context as _, Result, bail};
 use crate::{ebpf_build::EbpfBuild, util};
 
 /// eBPF feature sets linted besides the default build (test-only variants).
-const EBPF_VARIANTS: &[&[&str]] = &[&[], &["verifier-reject"], &["ct-v2"]];
+const EBPF_VARIANTS: &[&[&str]] = &[
+    &[],
+    &["verifier-reject"],
+    &["ct-v2"],
+    &["debug-log"],
+    &["bench"],
+];
 
 pub(crate) fn run(ws: &Path) -> Result<()> {
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
