@@ -17,6 +17,8 @@ use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcCon
 #[cfg(not(feature = "ct-v2"))]
 use maps_schema::conntrack::FLAG_OPENER_IS_B;
 // Affinity's memory and the pods' scope lookup (left out of the `debug-log` test build).
+#[cfg(not(any(feature = "ct-v2", feature = "debug-log")))]
+use maps_schema::service::tuple_taken;
 #[cfg(not(feature = "debug-log"))]
 use maps_schema::service::{SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, affinity_holds};
 use maps_schema::{
@@ -378,7 +380,35 @@ pub(crate) fn frontend(
         }
     };
     // SAFETY: as for `SVC4`.
-    let b = unsafe { SVC_BACKENDS4.get(&backend_id) }.ok_or(DROP_SERVICE_NO_BACKEND)?;
+    #[cfg_attr(
+        any(feature = "ct-v2", feature = "debug-log"),
+        expect(unused_mut, reason = "the taken-tuple check is left out")
+    )]
+    let mut b = unsafe { SVC_BACKENDS4.get(&backend_id) }.ok_or(DROP_SERVICE_NO_BACKEND)?;
+    #[cfg_attr(
+        any(feature = "ct-v2", feature = "debug-log"),
+        expect(unused_mut, reason = "the taken-tuple check is left out")
+    )]
+    let (mut backend_id, mut slot) = (backend_id, slot);
+    // A placed flow whose translated tuple another live flow holds takes the next slot's backend
+    // (`maps_schema::service::tuple_taken`): one conntrack lookup per new flow. Not in the
+    // layout-2 build (its entries have no frontend) nor the `debug-log` test build (the
+    // verifier's complexity limit).
+    #[cfg(not(any(feature = "ct-v2", feature = "debug-log")))]
+    if remembered.is_none() && count > 1 && taken(t, b.addr, b.port, service_id) {
+        let next = if slot + 1 >= count { 0 } else { slot + 1 };
+        let sk = Aligned(SlotKey {
+            service_id,
+            slot: next,
+            pad: 0,
+        });
+        // SAFETY: as for `SVC4`.
+        if let Some(v) = unsafe { SVC_SLOTS.get(&sk.0) }
+            && let Some(other) = unsafe { SVC_BACKENDS4.get(&v.backend_id) }
+        {
+            (backend_id, slot, b) = (v.backend_id, next, other);
+        }
+    }
     *out = Translation {
         addr: u32::from_ne_bytes(b.addr),
         service_id,
@@ -388,6 +418,24 @@ pub(crate) fn frontend(
         slot: u32::from(slot),
     };
     Ok(true)
+}
+
+/// Whether the tuple of `t` translated to backend `addr:port` belongs to another live flow than
+/// one of frontend `service_id` (its conntrack entry, `maps_schema::service::tuple_taken`).
+#[cfg(not(any(feature = "ct-v2", feature = "debug-log")))]
+#[inline(always)]
+fn taken(t: &Tuple<u32>, addr: [u8; 4], port: u16, service_id: u32) -> bool {
+    let translated = Tuple {
+        dst: u32::from_ne_bytes(addr),
+        dport: port,
+        ..*t
+    };
+    let (key, _) = V4::ct_key(&translated);
+    V4::ct_get(&key).is_some_and(|e| {
+        // SAFETY: a valid map value pointer for this program run.
+        let (rev_nat, flags) = unsafe { ((*e).rev_nat, (*e).flags) };
+        tuple_taken(rev_nat, flags, t.proto, service_id)
+    })
 }
 
 #[cfg(not(feature = "debug-log"))]

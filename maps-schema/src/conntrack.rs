@@ -181,6 +181,14 @@ pub const fn value_size(version: u32) -> Option<u32> {
     }
 }
 
+/// Whether a TCP entry's `flags` say its connection is over (a reset, or a FIN each way): its
+/// tuple may be reused by a new connection.
+#[inline(always)]
+#[must_use]
+pub const fn tcp_closed(flags: u32) -> bool {
+    flags & FLAG_TCP_RST != 0 || (flags & FLAG_TCP_FIN_SRC != 0 && flags & FLAG_TCP_FIN_DST != 0)
+}
+
 impl CtEntryV1 {
     /// A new entry seen first at `now_ns`.
     #[must_use]
@@ -275,8 +283,7 @@ impl CtEntry {
         let f = self.flags;
         match protocol {
             6 => {
-                if f & FLAG_TCP_RST != 0 || (f & FLAG_TCP_FIN_SRC != 0 && f & FLAG_TCP_FIN_DST != 0)
-                {
+                if tcp_closed(f) {
                     TIMEOUT_TCP_CLOSED_SECS
                 } else if f & FLAG_TCP_SYN_ACK != 0 {
                     TIMEOUT_TCP_ESTABLISHED_SECS

@@ -257,6 +257,20 @@ user_pod!(
     Affinity4
 );
 
+/// Whether a new flow of frontend `service_id` must not take a backend because its translated
+/// tuple already belongs to another live flow: the conntrack entry of that tuple (its `rev_nat`
+/// and `flags`, protocol `protocol`) is of another frontend or of none (a pod's flow to the
+/// backend itself, or through a frontend with another id), and not a TCP connection that is over.
+/// Two flows sharing one tuple would take each other's replies (the kernel reuses a source port
+/// for different destinations, so one pod's flows to two frontends onto one backend port can meet
+/// on it); kube-proxy's conntrack moves the second to another source port, weir to another backend
+/// when the frontend has one.
+#[inline(always)]
+#[must_use]
+pub const fn tuple_taken(rev_nat: u32, flags: u32, protocol: u8, service_id: u32) -> bool {
+    rev_nat != service_id && !(protocol == 6 && crate::conntrack::tcp_closed(flags))
+}
+
 /// A flow's hash for backend selection (FNV-1a over the tuple, then a final mix): the same for
 /// every packet of the flow, so the conntrack entry and a re-selection agree. With affinity only
 /// the client address counts, so a client's flows share a backend. Byte by byte through
@@ -314,6 +328,23 @@ pub const fn backend_slot(hash: u32, backend_count: u16) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tuple_is_taken_by_a_live_flow_of_another_frontend_only() {
+        use crate::conntrack::{FLAG_TCP_FIN_DST, FLAG_TCP_FIN_SRC, FLAG_TCP_RST, FLAG_TCP_SYN};
+        let (tcp, udp) = (6, 17);
+        // Another frontend's live flow, or a flow to the backend itself (no frontend).
+        assert!(tuple_taken(7, FLAG_TCP_SYN, tcp, 9));
+        assert!(tuple_taken(0, FLAG_TCP_SYN, tcp, 9));
+        assert!(tuple_taken(7, 0, udp, 9));
+        // The same frontend's flow (a retransmitted SYN, a reused tuple): not taken.
+        assert!(!tuple_taken(9, FLAG_TCP_SYN, tcp, 9));
+        // A TCP connection that is over may be reused; a UDP flow is live until it expires.
+        assert!(!tuple_taken(7, FLAG_TCP_RST, tcp, 9));
+        assert!(!tuple_taken(7, FLAG_TCP_FIN_SRC | FLAG_TCP_FIN_DST, tcp, 9));
+        assert!(tuple_taken(7, FLAG_TCP_FIN_SRC, tcp, 9));
+        assert!(tuple_taken(7, FLAG_TCP_RST, udp, 9));
+    }
 
     #[test]
     fn a_flow_keeps_its_slot_and_flows_spread() {

@@ -3,8 +3,10 @@
 //! with valid checksums; the backend's reply enters the client from the frontend; a flow keeps
 //! its backend when the service's slots change (a new flow follows the new slots); egress policy
 //! judges the backend's identity; `ClientIP` affinity keeps a client on its backend across a
-//! change of the slots until its timeout or the backend leaves; a terminating backend that still serves keeps its flows (UDP
-//! too) but gets no new one; a frontend with no ready backend drops under its own reason.
+//! change of the slots until its timeout or the backend leaves; a terminating backend that still
+//! serves keeps its flows (UDP too) but gets no new one; a new flow whose translated tuple another
+//! frontend's live flow holds takes the next backend; a frontend with no ready backend drops under
+//! its own reason.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -464,6 +466,56 @@ fn a_tuple_reused_through_another_frontend_gets_replies_from_that_frontend() {
             (vip, PORT),
             "round {round}: the reply comes from the frontend this connection dialled"
         );
+    }
+}
+
+#[test]
+fn a_new_flow_meeting_another_frontends_live_tuple_takes_the_next_backend() {
+    let Some(mut lab) = lab("a_new_flow_meeting_another_frontends_live_tuple") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let (db, web) = (v4(&lab, Peer::Pod(DB)), v4(&lab, Peer::Pod(WEB)));
+    // Two Services onto the same backend port, db behind both, web behind the second too.
+    service(&mut lab, 1, VIP, TCP, &[(1, DB)]);
+    service(&mut lab, 2, WEB_VIP, TCP, &[(1, DB), (2, WEB)]);
+    // Two client ports whose flows through the second frontend the hash sends to db.
+    let port = port_to(&lab, DB, WEB_VIP, TCP, &[DB, WEB]);
+    let control = (port + 1..41_000)
+        .find(|p| chosen(&lab, *p, WEB_VIP, TCP, &[DB, WEB]) == DB)
+        .expect("a second port to db");
+    // Control: with no other flow on its tuple, such a flow goes to db.
+    let (o, out) = lab.from_out(CLIENT, &frame(client, control, WEB_VIP, PORT, TCP, SYN));
+    assert!(o.passed, "the control SYN passes: {o}");
+    assert_eq!(
+        dst_of(&out),
+        (db, TARGET),
+        "the hash's choice, nothing in the way"
+    );
+
+    // A live connection from `port` through the first frontend holds (client:port, db:8080).
+    let (o, out) = lab.from_out(CLIENT, &frame(client, port, VIP, PORT, TCP, SYN));
+    assert!(o.passed, "the first connection's SYN passes: {o}");
+    assert_eq!(dst_of(&out), (db, TARGET));
+    assert!(
+        lab.from(DB, &frame(db, TARGET, client, port, TCP, SYN | ACK))
+            .passed
+    );
+    // The kernel reuses the port for the second frontend: that flow takes web, not db's tuple.
+    let (o, out) = lab.from_out(CLIENT, &frame(client, port, WEB_VIP, PORT, TCP, SYN));
+    assert!(o.passed, "the second connection's SYN passes: {o}");
+    assert_eq!(
+        dst_of(&out),
+        (web, TARGET),
+        "the second connection does not take the first one's tuple"
+    );
+    // Each connection's replies come from the frontend it dialled.
+    for (pod, from, vip) in [(DB, db, VIP), (WEB, web, WEB_VIP)] {
+        let reply = frame(from, TARGET, client, port, TCP, SYN | ACK);
+        assert!(lab.from(pod, &reply).passed, "the reply leaves {from}");
+        let (o, back) = lab.to_out(CLIENT, &reply);
+        assert!(o.passed, "the reply from {from} enters the client: {o}");
+        assert_eq!(src_of(&back), (vip, PORT), "the reply from {from}");
     }
 }
 
