@@ -248,18 +248,23 @@ pub(crate) fn rewrite(
         }
     }
     let (old_port, new_port) = (old_port.to_be(), new_port.to_be());
+    // The port's change through the kernel's helper (ICMP's identifier, or a state not told).
+    let port_by_helper = || {
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_port),
+            u64::from(new_port),
+            port_flags | 2,
+        )
+    };
     if f.proto == IPPROTO_ICMP {
         if old_port != new_port {
-            ctx.l4_csum_replace(
-                csum_off,
-                u64::from(old_port),
-                u64::from(new_port),
-                port_flags | 2,
-            )?;
+            port_by_helper()?;
         }
         return Ok(());
     }
-    let before = l4_check(ctx, csum_off)?;
+    // SAFETY: `l4_check` bounds checks the field.
+    let before = unsafe { l4_check(ctx, csum_off)?.read_unaligned() };
     ctx.l4_csum_replace(
         csum_off,
         u64::from(old_addr),
@@ -270,7 +275,8 @@ pub(crate) fn rewrite(
         // A UDP datagram without a checksum keeps none.
         return Ok(());
     }
-    let after = l4_check(ctx, csum_off)?;
+    // SAFETY: as above (the helper moved the packet's pointers: taken again).
+    let after = unsafe { l4_check(ctx, csum_off)?.read_unaligned() };
     match checksum::state(before, after, change) {
         checksum::State::Partial => Ok(()),
         checksum::State::Full => {
@@ -279,34 +285,24 @@ pub(crate) fn rewrite(
                 // UDP's zero means "no checksum": a computed zero is sent as all ones.
                 check = 0xffff;
             }
-            let pkt = Packet {
-                data: ctx.data(),
-                end: ctx.data_end(),
-            };
-            let field: *const [u8; 2] = pkt.ptr(csum_off).ok_or(-1i64)?;
-            // SAFETY: bounds checked by `ptr`; written as the addresses above are.
-            unsafe { field.cast_mut().cast::<u16>().write_unaligned(check) };
+            // SAFETY: `l4_check` bounds checks the field; written as the addresses above are.
+            unsafe { l4_check(ctx, csum_off)?.write_unaligned(check) };
             Ok(())
         }
-        checksum::State::Unknown => ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_port),
-            u64::from(new_port),
-            port_flags | 2,
-        ),
+        checksum::State::Unknown => port_by_helper(),
     }
 }
 
-/// The upper-layer checksum field (as loaded) at `off`.
+/// The upper-layer checksum field at `off` (a value as loaded), bounds checked against the
+/// packet's current pointers.
 #[inline(always)]
-fn l4_check(ctx: &TcContext, off: usize) -> Result<u16, i64> {
+fn l4_check(ctx: &TcContext, off: usize) -> Result<*mut u16, i64> {
     let pkt = Packet {
         data: ctx.data(),
         end: ctx.data_end(),
     };
     let field: *const [u8; 2] = pkt.ptr(off).ok_or(-1i64)?;
-    // SAFETY: bounds checked by `ptr`.
-    Ok(unsafe { field.cast::<u16>().read_unaligned() })
+    Ok(field.cast_mut().cast::<u16>())
 }
 
 /// The egress port (host byte order) a flow leaves with: its entry's, or a newly claimed one.

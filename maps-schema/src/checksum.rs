@@ -3,14 +3,6 @@
 //! functions on values as loaded from the packet: the ones'-complement sum does not depend on
 //! byte order, so loaded words need no swapping.
 
-/// An Internet checksum after one of the 32-bit words it covers changed from `old` to `new`,
-/// RFC 1624's `HC' = ~(~HC + ~m + m')`.
-#[inline(always)]
-#[must_use]
-pub fn replace4(check: u16, old: u32, new: u32) -> u16 {
-    apply(check, change4(old, new))
-}
-
 /// The ones'-complement sum `~m + m'` of a 32-bit word's change from `old` to `new`: what
 /// [`apply`] applies to any checksum covering the word (compute it once for several).
 #[inline(always)]
@@ -20,7 +12,8 @@ pub fn change4(old: u32, new: u32) -> u16 {
     !fold((old & 0xffff) + (old >> 16) + (new & 0xffff) + (new >> 16))
 }
 
-/// A checksum after the words it covers changed by `change` ([`change4`]): `~(~HC + change)`.
+/// A checksum after the words it covers changed by `change` ([`change4`]), RFC 1624's
+/// `HC' = ~(~HC + ~m + m')`.
 #[inline(always)]
 #[must_use]
 pub fn apply(check: u16, change: u16) -> u16 {
@@ -153,7 +146,7 @@ mod tests {
             let old = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
             let new = rng(&mut seed) as u32;
             data[at..at + 4].copy_from_slice(&new.to_ne_bytes());
-            assert!(same(replace4(check, old, new), checksum(&data)));
+            assert!(same(apply(check, change4(old, new)), checksum(&data)));
             let at = (rng(&mut seed) % 10) as usize * 2;
             let old = u16::from_ne_bytes(data[at..at + 2].try_into().unwrap());
             let check = checksum(&data);
