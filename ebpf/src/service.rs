@@ -16,9 +16,10 @@
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect, programs::TcContext};
 #[cfg(not(feature = "ct-v2"))]
 use maps_schema::conntrack::FLAG_OPENER_IS_B;
-// Affinity's memory and the pods' scope lookup (left out of the `debug-log` test build).
+// The taken-tuple check (left out of the layout-2 and `debug-log` test builds).
 #[cfg(not(any(feature = "ct-v2", feature = "debug-log")))]
 use maps_schema::service::tuple_taken;
+// Affinity's memory and the pods' scope lookup (left out of the `debug-log` test build).
 #[cfg(not(feature = "debug-log"))]
 use maps_schema::service::{SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, affinity_holds};
 use maps_schema::{
