@@ -164,6 +164,14 @@ pub struct AgentArgs {
     /// iptables/nftables forward rules must see pod traffic).
     #[arg(long, env = "WEIR_HOST_ROUTING", default_value_t = HostRouting::Bpf)]
     pub host_routing: HostRouting,
+    /// Socket LB (Cilium's): attach `cgroup/connect4` and `getpeername4` programs to this cgroup
+    /// v2 directory, so a TCP socket of a process in it (or below it) that connects to a Service
+    /// gets a backend at `connect` and its packets need no translation; the socket still reads
+    /// the frontend as its peer. UDP stays translated per packet. In a cluster: the host's cgroup v2 root (the DaemonSet sets
+    /// it). Unset: off (links left by an earlier start are detached); Services are then
+    /// translated per packet by `from_endpoint`, as they are for sockets outside the cgroup.
+    #[arg(long, env = "WEIR_SOCKET_LB_CGROUP")]
+    pub socket_lb_cgroup: Option<PathBuf>,
     /// This node's addresses in its node record (the next hop other nodes route its blocks
     /// through), comma-separated. Default: the source address of this node's route to the first
     /// etcd endpoint.
@@ -303,6 +311,8 @@ pub struct Config {
     pub routing: RoutingMode,
     /// Who forwards pod traffic leaving the node.
     pub host_routing: HostRouting,
+    /// The cgroup v2 directory socket LB is attached to (None: off).
+    pub socket_lb_cgroup: Option<PathBuf>,
     /// This node's addresses for its node record (empty: found from the route to etcd).
     pub node_addresses: Vec<std::net::IpAddr>,
     /// How long a node record stays live without a heartbeat (dumped in seconds).
@@ -629,6 +639,16 @@ impl AgentArgs {
             ));
         }
         self.vxlan.check()?;
+        let socket_lb_cgroup = match &self.socket_lb_cgroup {
+            Some(dir) if !dir.is_absolute() || dir.as_os_str().is_empty() => {
+                return Err(invalid(
+                    "--socket-lb-cgroup (WEIR_SOCKET_LB_CGROUP)",
+                    &dir.display().to_string(),
+                    "give the absolute path of a cgroup v2 directory, e.g. /sys/fs/cgroup",
+                ));
+            }
+            other => other.clone(),
+        };
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -669,6 +689,7 @@ impl AgentArgs {
             cni_version: self.cni_version.clone(),
             routing: self.routing,
             host_routing: self.host_routing,
+            socket_lb_cgroup,
             node_addresses: self.node_addresses.clone(),
             node_expiry: std::time::Duration::from_secs(self.node_expiry),
             vxlan: self.vxlan.clone(),
@@ -863,6 +884,10 @@ mod tests {
                 "--block-size-v4",
             ),
             (vec!["--node", "n1", "--metrics", "nope"], "--metrics"),
+            (
+                vec!["--node", "n1", "--socket-lb-cgroup", "sys/fs/cgroup"],
+                "--socket-lb-cgroup",
+            ),
             (
                 vec!["--node", "n1", "--prefilter-interfaces", "a/b"],
                 "--prefilter-interfaces",

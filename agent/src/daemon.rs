@@ -56,6 +56,9 @@ pub enum DaemonError {
     /// BPF host routing could not be set.
     #[error(transparent)]
     HostRouting(#[from] crate::bpf::programs::HostRoutingError),
+    /// Socket LB could not be attached or detached.
+    #[error(transparent)]
+    SocketLb(#[from] crate::bpf::socket_lb::SocketLbError),
     /// The conntrack maps could not be migrated (or are newer than this agent).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
@@ -129,6 +132,8 @@ pub struct Started<'a> {
     pub prefilter: Vec<(String, AttachMode)>,
     /// Masquerade attachments: (interface, program, how).
     pub masquerade: Vec<(String, String, AttachMode)>,
+    /// Socket LB: the cgroup its programs are attached to (none: off), links removed.
+    pub socket_lb: crate::bpf::socket_lb::SocketLbReport,
     /// Endpoints restored from the registry.
     pub endpoints: usize,
     /// The conntrack layout in use.
@@ -165,6 +170,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config.host_routing == crate::config::HostRouting::Bpf,
     )?;
     let program_report = programs.report.programs.clone();
+    let socket_lb = crate::bpf::socket_lb::reconcile(&paths, config.socket_lb_cgroup.as_deref())?;
     crate::observe::ebpf_log::start(&paths);
     // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
     let (prefilter_driver, prefilter) = Prefilter::start(
@@ -516,6 +522,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         programs: program_report,
         prefilter,
         masquerade,
+        socket_lb,
         endpoints: restored,
         ct_layout,
         migration,

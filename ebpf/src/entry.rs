@@ -5,13 +5,13 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{__sk_buff, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 
 use maps_schema::maps::{HOST_FWD_IN_SLOT, HOST_FWD_SLOT};
 
-use crate::{counters::Verdict, endpoint, host_fwd, masq, prefilter};
+use crate::{counters::Verdict, endpoint, host_fwd, masq, prefilter, socket_lb};
 
 /// tc ingress of a host-side workload veth: packets leaving the pod. A packet it passes goes on
 /// to `host_fwd` when BPF host routing is on.
@@ -88,6 +88,18 @@ fn masq_ingress_action(skb: *mut __sk_buff) -> i32 {
         return TC_ACT_SHOT;
     };
     tc_action(masq::try_masq_ingress(&TcContext::new(skb)))
+}
+
+/// `cgroup/connect4` of the socket LB cgroup: a TCP socket connecting to a frontend gets a backend.
+#[cgroup_sock_addr(connect4)]
+pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_connect4(&ctx)
+}
+
+/// `cgroup/getpeername4` there: a socket given a backend reads its frontend as its peer.
+#[cgroup_sock_addr(getpeername4)]
+pub fn sock_getpeer4(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_show_frontend4(&ctx)
 }
 
 #[inline(always)]

@@ -27,6 +27,7 @@ mod prefilter;
 mod reject;
 mod service;
 mod service_related;
+mod socket_lb;
 mod trace;
 mod unreachable;
 

@@ -24,6 +24,7 @@ pub mod reason;
 pub mod rules;
 pub mod service;
 pub mod service_ct;
+pub mod socket_lb;
 pub mod trace;
 
 pub use conntrack::{ClockCache, Ct4Key, Ct6Key, CtEntry, CtEntryV1, CtEntryV2};

@@ -155,6 +155,7 @@ pub const ALL: &[&str] = &[
     crate::service::SVC_REVNAT4,
     crate::service_ct::SVC_CT4,
     crate::service::SVC_AFFINITY4,
+    crate::socket_lb::SOCK_RNAT4,
     HOST_FWD,
 ];
 

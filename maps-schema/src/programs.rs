@@ -20,6 +20,15 @@ pub const HOST_FWD: &str = "host_fwd";
 /// a redirect, so only the pod's `to_endpoint` runs between the wire and the pod.
 pub const HOST_FWD_IN: &str = "host_fwd_in";
 
+/// `cgroup/connect4` on the cgroup named by `--socket-lb-cgroup`: a TCP socket connecting to a
+/// frontend gets a backend (`maps_schema::socket_lb`).
+pub const SOCK_CONNECT4: &str = "sock_connect4";
+/// `cgroup/getpeername4` there: such a socket's peer reads as the frontend.
+pub const SOCK_GETPEER4: &str = "sock_getpeer4";
+
+/// The socket LB programs, attached to one cgroup together (links pinned as `links/<program>`).
+pub const SOCKET_LB: &[&str] = &[SOCK_CONNECT4, SOCK_GETPEER4];
+
 /// Every program in the object.
 pub const ALL: &[&str] = &[
     FROM_ENDPOINT,
@@ -29,6 +38,8 @@ pub const ALL: &[&str] = &[
     MASQ_INGRESS,
     HOST_FWD,
     HOST_FWD_IN,
+    SOCK_CONNECT4,
+    SOCK_GETPEER4,
 ];
 
 /// Host-side workload veths start with this prefix; any such link is a workload interface.

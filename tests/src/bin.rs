@@ -15,6 +15,13 @@ pub fn weir_cni() -> PathBuf {
     binary("weir-cni", "WEIR_CNI_BIN")
 }
 
+/// The socket LB tests' client (`tests/src/bin/wt-sockclient.rs`; override with
+/// `WT_SOCKCLIENT_BIN`).
+#[must_use]
+pub fn wt_sockclient() -> PathBuf {
+    binary("wt-sockclient", "WT_SOCKCLIENT_BIN")
+}
+
 fn binary(name: &str, var: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(var) {
         return PathBuf::from(path);

@@ -8,6 +8,7 @@
 //! - `bin`: paths of the built `weir` and `weir-cni` binaries.
 //! - `bpf`: per-test pin roots, loading weir's object, `BPF_PROG_TEST_RUN`, `bpftool` from outside.
 //! - `hooks`: the programs on workload veths' tc hooks, read from outside (filters or tcx links).
+//! - `cgroup`: a cgroup v2 directory of the test's own (socket LB is attached to it).
 //! - `ct`: two hand-built pods, live TCP flows, conntrack read with bpftool (migration tests).
 //! - `cri`: a containerd of the test's own driven through the CRI gRPC API, as kubelet drives it.
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
@@ -30,6 +31,7 @@ pub mod agent_proc;
 pub mod bench_net;
 pub mod bin;
 pub mod bpf;
+pub mod cgroup;
 pub mod cni;
 pub mod cri;
 pub mod csum;

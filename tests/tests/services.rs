@@ -777,3 +777,249 @@ fn a_pod_reaches_itself_through_its_service_judged_as_itself() {
         }
     }
 }
+
+/// How many `svc_ct4_v1` entries (original direction) hold a flow of IP `protocol` from `client` to
+/// `frontend`: the flows `from_endpoint` translated per packet. Read through the bpf syscall from
+/// the pin.
+fn translated_flows(root: &PinRoot, client: &str, frontend: &str, protocol: u8) -> usize {
+    use maps_schema::{SvcCt4Entry, SvcCt4Key, service_ct::DIR_ORIGINAL};
+    let pin = root.paths().map_pin(maps_schema::service_ct::SVC_CT4);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, SvcCt4Key, SvcCt4Entry> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).expect("svc_ct4 is a hash");
+    let (client, frontend): (std::net::Ipv4Addr, std::net::Ipv4Addr) = (
+        client.parse().expect("client address"),
+        frontend.parse().expect("frontend address"),
+    );
+    map.keys()
+        .filter_map(Result::ok)
+        .filter(|k| {
+            k.direction == DIR_ORIGINAL
+                && k.protocol == protocol
+                && k.saddr == client.octets()
+                && k.daddr == frontend.octets()
+        })
+        .count()
+}
+
+/// The socket LB programs attached to `cgroup`, by name (`bpftool cgroup show`, which prints
+/// nothing at all for a cgroup without programs).
+fn attached(cgroup: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "cgroup", "show", &cgroup.display().to_string()])
+        .output()
+        .expect("run bpftool (install it with `cargo xtask setup`)");
+    assert!(
+        out.status.success(),
+        "bpftool cgroup show failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Vec::new();
+    }
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
+    let mut names: Vec<String> = shown
+        .as_array()
+        .expect("a list of programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+/// `wt-sockclient` in `cgroup` (`None`: the test's own) and `pod`'s namespace: its output lines.
+fn sockclient(
+    cgroup: Option<&std::path::Path>,
+    pod: &Pod<'_>,
+    kind: &str,
+    n: u32,
+    to: SocketAddr,
+) -> Vec<String> {
+    let cgroup = cgroup.map_or_else(|| "-".to_owned(), |c| c.display().to_string());
+    let netns = format!("/var/run/netns/{}", pod.ns.name());
+    let out = std::process::Command::new(tests::bin::wt_sockclient())
+        .args([&cgroup, &netns, kind, &n.to_string(), &to.to_string()])
+        .output()
+        .expect("run wt-sockclient");
+    assert!(
+        out.status.success(),
+        "wt-sockclient failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every `wt-sockclient` TCP line is a backend's answer (`sock-…`) with the frontend as the peer.
+fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &str) {
+    assert!(!lines.is_empty(), "{when}: no connection made");
+    for line in lines {
+        assert!(line.starts_with("tcp sock-"), "{when}: {line}");
+        assert!(line.ends_with(&frontend.to_string()), "{when}: {line}");
+    }
+}
+
+/// Socket LB (`--socket-lb-cgroup`): a process in the cgroup whose TCP socket connects to a
+/// ClusterIP is given a backend at `connect` — every connection reaches a backend, both backends
+/// are used, `getpeername` shows the ClusterIP — and none of its TCP flows is translated per
+/// packet (no `svc_ct4_v1` entry), while the same client outside the cgroup (the positive control
+/// of that check) is translated per packet. Its UDP stays translated per packet (a connected
+/// socket would keep a removed backend), answered from the ClusterIP. Attachment is checked from outside
+/// (`bpftool cgroup show`): a restart with the flag replaces the links (each program attached
+/// once, connections still placed at connect); one without it detaches them, and the cgroup's
+/// connections are then translated per packet.
+#[test]
+fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
+    if !require_root("socket_lb_gives_a_backend_at_connect_and_shows_the_frontend") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let cgroup = tests::cgroup::TestCgroup::new();
+    std::fs::create_dir_all(dirs.path("policies")).expect("policy dir");
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let cgroup_arg = cgroup.path().display().to_string();
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--socket-lb-cgroup", &cgroup_arg],
+    );
+    let mut programs: Vec<String> = maps_schema::programs::SOCKET_LB
+        .iter()
+        .map(|p| (*p).to_owned())
+        .collect();
+    programs.sort();
+    assert_eq!(
+        attached(cgroup.path()),
+        programs,
+        "the socket LB programs on the cgroup"
+    );
+
+    let names = ["sock-a", "sock-b"];
+    let backends: Vec<Pod<'_>> = names.iter().map(|n| pod(&node, &agent, n, "web")).collect();
+    for (p, n) in backends.iter().zip(names) {
+        serve(p, n);
+    }
+    let client = pod(&node, &agent, "client", "client");
+    let cluster_ip = "10.96.0.30";
+    let ready: Vec<(&str, &str)> = backends.iter().map(|p| (p.ip.as_str(), READY)).collect();
+    write_atomically(
+        &dirs.path("policies").join("web.yaml"),
+        &service_docs("web", cluster_ip, &ready),
+    );
+    let want: Vec<(String, &str)> = backends.iter().map(|p| (p.ip.clone(), "ready")).collect();
+    wait_listed(&agent, "web", cluster_ip, &want);
+    let tcp_frontend: SocketAddr = format!("{cluster_ip}:80").parse().expect("frontend");
+    let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("frontend");
+
+    // In the cgroup: placed at connect.
+    let lines = sockclient(Some(cgroup.path()), &client, "tcp", 40, tcp_frontend);
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for line in &lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert!(
+            fields.len() == 3 && fields[0] == "tcp",
+            "a connection through socket LB failed: {line}"
+        );
+        assert!(names.contains(&fields[1]), "answered by a backend: {line}");
+        assert_eq!(
+            fields[2],
+            tcp_frontend.to_string(),
+            "getpeername shows the ClusterIP: {line}"
+        );
+        *counts.entry(fields[1].to_owned()).or_default() += 1;
+    }
+    assert_eq!(lines.len(), 40);
+    assert_eq!(counts.len(), 2, "both backends get connections: {counts:?}");
+    const TCP: u8 = 6;
+    const UDP: u8 = 17;
+    assert_eq!(
+        translated_flows(&root, &client.ip, cluster_ip, TCP),
+        0,
+        "no TCP flow of the cgroup's sockets is translated per packet"
+    );
+    for line in sockclient(Some(cgroup.path()), &client, "udp", 10, udp_frontend) {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert!(
+            fields.len() == 4 && fields[0] == "udp" && names.contains(&fields[1]),
+            "a datagram from the cgroup got no backend's answer: {line}"
+        );
+        assert_eq!(
+            fields[2],
+            udp_frontend.to_string(),
+            "recvfrom shows the ClusterIP: {line}"
+        );
+        assert_eq!(
+            fields[3],
+            udp_frontend.to_string(),
+            "getpeername shows the ClusterIP: {line}"
+        );
+    }
+    assert!(
+        translated_flows(&root, &client.ip, cluster_ip, UDP) >= 10,
+        "the cgroup's UDP is translated per packet"
+    );
+
+    // Positive control: the same client outside the cgroup is translated per packet.
+    reaches_a_backend_through(
+        sockclient(None, &client, "tcp", 5, tcp_frontend),
+        tcp_frontend,
+        "outside the cgroup",
+    );
+    let outside = translated_flows(&root, &client.ip, cluster_ip, TCP);
+    assert!(
+        outside >= 5,
+        "the client's flows outside the cgroup are translated per packet ({outside})"
+    );
+
+    // Restarted with the flag: the new links replace the old ones (each program attached once)
+    // and the cgroup's connections are still placed at connect.
+    drop(agent);
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--socket-lb-cgroup", &cgroup_arg],
+    );
+    assert_eq!(
+        attached(cgroup.path()),
+        programs,
+        "each socket LB program attached once after a restart"
+    );
+    wait_listed(&agent, "web", cluster_ip, &want);
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client, "tcp", 5, tcp_frontend),
+        tcp_frontend,
+        "after a restart",
+    );
+    assert_eq!(
+        translated_flows(&root, &client.ip, cluster_ip, TCP),
+        outside,
+        "after a restart the cgroup's TCP flows are still placed at connect"
+    );
+
+    // Restarted without the flag: detached, and the cgroup's connections translated per packet.
+    drop(agent);
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    assert!(
+        attached(cgroup.path()).is_empty(),
+        "socket LB detached without the flag"
+    );
+    wait_listed(&agent, "web", cluster_ip, &want);
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client, "tcp", 5, tcp_frontend),
+        tcp_frontend,
+        "without socket LB",
+    );
+    let after = translated_flows(&root, &client.ip, cluster_ip, TCP);
+    assert!(
+        after >= outside + 5,
+        "without socket LB the cgroup's flows are translated per packet ({outside} → {after})"
+    );
+}

@@ -146,6 +146,7 @@ fn load_program(name: &str, program: &mut Program) -> Result<(), LoadError> {
     let result = match program {
         Program::SchedClassifier(p) => p.load(),
         Program::Xdp(p) => p.load(),
+        Program::CgroupSockAddr(p) => p.load(),
         _ => {
             return Err(LoadError::Program {
                 program: name.to_owned(),
@@ -222,6 +223,7 @@ impl Loaded {
         let info = match self.ebpf.program(name)? {
             Program::SchedClassifier(p) => p.info(),
             Program::Xdp(p) => p.info(),
+            Program::CgroupSockAddr(p) => p.info(),
             _ => return None,
         };
         info.ok().map(|i| i.tag())

@@ -11,12 +11,17 @@
 //! - `update`: one Service added to a real `weir agent` whose source holds 10,000 Services and
 //!   EndpointSlices — the Kubernetes source (from the watch event) and the policy directory
 //!   (from the file's rename) —, until its frontend is in the pinned `svc4_v1`; and
-//!   `iptables-restore` of kube-proxy's full table at 10,000 Services.
+//!   `iptables-restore` of kube-proxy's full table at 10,000 Services;
+//! - `socket`: socket LB (`--socket-lb-cgroup`) on real TCP connections to a ClusterIP against
+//!   the same connections translated per packet and made straight to the backend: ns per
+//!   connection, and the programs' own run time per run from the kernel's statistics.
 //!
-//! Usage (root): `services-bench --object PATH --out PATH [--smoke] [--only testrun|traffic|update]`
+//! Usage (root): `services-bench --object PATH --out PATH [--smoke]
+//! [--only testrun|traffic|update|socket]`
 //! (`WEIR_BIN` names the `weir` binary for `update`). Writes one flat JSON object.
 
 mod rules;
+mod socket;
 mod testrun;
 mod traffic;
 mod update;
@@ -96,7 +101,7 @@ fn main() -> Result<()> {
             "--only" => only = args.next(),
             other => bail!(
                 "unknown argument {other:?}; usage: --object PATH --out PATH [--smoke] \
-                 [--only testrun|traffic|update]"
+                 [--only testrun|traffic|update|socket]"
             ),
         }
     }
@@ -114,16 +119,19 @@ fn main() -> Result<()> {
         unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len()) };
     buf.copy_from_slice(&bytes);
     let parts: Vec<&str> = match only.as_deref() {
-        None => vec!["testrun", "traffic", "update"],
-        Some(p @ ("testrun" | "traffic" | "update")) => vec![p],
-        Some(other) => bail!("--only {other:?}: choose `testrun`, `traffic` or `update`"),
+        None => vec!["testrun", "traffic", "update", "socket"],
+        Some(p @ ("testrun" | "traffic" | "update" | "socket")) => vec![p],
+        Some(other) => {
+            bail!("--only {other:?}: choose `testrun`, `traffic`, `update` or `socket`")
+        }
     };
     let mut figures = BTreeMap::new();
     for part in parts {
         match part {
             "testrun" => testrun::run(buf, sizes, &mut figures)?,
             "traffic" => traffic::run(buf, sizes, &mut figures)?,
-            _ => update::run(sizes, &mut figures)?,
+            "update" => update::run(sizes, &mut figures)?,
+            _ => socket::run(sizes, &mut figures)?,
         }
     }
     figures.insert("smoke".to_owned(), serde_json::json!(smoke));

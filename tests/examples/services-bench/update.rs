@@ -41,7 +41,7 @@ const SYNC_LIMIT: Duration = Duration::from_secs(300);
 const UPDATE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Service `i` and its EndpointSlice (two ready endpoints) as YAML documents.
-fn documents(i: u32, out: &mut String) {
+pub(crate) fn documents(i: u32, out: &mut String) {
     let (a, b) = (filler_backend(i, 0), filler_backend(i, 1));
     let _ = write!(
         out,
@@ -64,7 +64,7 @@ fn key(i: u32) -> Svc4Key {
     }
 }
 
-fn open_svc4(pin: &Path) -> Result<HashMap<MapData, Svc4Key, Svc4Value>> {
+pub(crate) fn open_svc4(pin: &Path) -> Result<HashMap<MapData, Svc4Key, Svc4Value>> {
     let data = MapData::from_pin(pin).with_context(|| format!("opening {}", pin.display()))?;
     Ok(HashMap::try_from(Map::from_map_data(data)?)?)
 }

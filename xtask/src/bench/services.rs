@@ -1,5 +1,5 @@
-//! `cargo xtask bench services [--smoke] [--only testrun|traffic|update]`: builds the `bench`
-//! variant of the eBPF object and `weir`, runs the `services-bench` example of the tests crate
+//! `cargo xtask bench services [--smoke] [--only testrun|traffic|update|socket]`: builds the
+//! `bench` variant of the eBPF object, `weir` and the tests' `wt-sockclient`, runs the `services-bench` example of the tests crate
 //! with them (root: it loads programs, builds namespaces and runs an agent), prints a table and
 //! writes `target/weir-bench/services.json`. Release build; `--smoke` uses the dev build and tiny
 //! sizes.
@@ -85,6 +85,44 @@ const ROWS: &[(&str, &str)] = &[
         "iptables_restore_ms_10k",
         "  iptables-nft-restore of the full table, ms",
     ),
+    ("conn_services", "socket LB: Services in the agent's source"),
+    (
+        "conn_direct_ns",
+        "  TCP connection to the backend, ns (wall)",
+    ),
+    ("conn_socket_ns", "  to the ClusterIP, socket LB, ns (wall)"),
+    (
+        "conn_packet_ns",
+        "  to the ClusterIP, per packet, ns (wall)",
+    ),
+    (
+        "run_from_endpoint_direct_ns",
+        "  from_endpoint ns/run: straight to the backend",
+    ),
+    (
+        "run_from_endpoint_socket_ns",
+        "  from_endpoint ns/run: socket LB",
+    ),
+    (
+        "run_from_endpoint_packet_ns",
+        "  from_endpoint ns/run: per packet",
+    ),
+    (
+        "run_to_endpoint_direct_ns",
+        "  to_endpoint ns/run: straight to the backend",
+    ),
+    (
+        "run_to_endpoint_socket_ns",
+        "  to_endpoint ns/run: socket LB",
+    ),
+    (
+        "run_to_endpoint_packet_ns",
+        "  to_endpoint ns/run: per packet",
+    ),
+    (
+        "run_sock_connect4_socket_ns",
+        "  sock_connect4 ns/run (one per connect)",
+    ),
 ];
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
@@ -101,6 +139,12 @@ pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Res
     .run()
     .map_err(|e| anyhow::anyhow!("building the bench eBPF variant: {e}"))?;
     let object = object.to_string_lossy().into_owned();
+    // The socket part's client (found beside the example, in the same profile's directory).
+    let mut client = vec!["build", "-p", "tests", "--bin", "wt-sockclient"];
+    if !smoke {
+        client.push("--release");
+    }
+    crate::util::run(workspace, "cargo", &client)?;
     let mut extra = vec!["--object", object.as_str()];
     if let Some(part) = only {
         extra.extend(["--only", part]);

@@ -1,0 +1,97 @@
+//! A client process for the socket LB tests: joins a cgroup (or none: `-`), enters a network
+//! namespace, then talks to an address as a pod's application would, and prints one line per
+//! exchange:
+//! - `tcp COUNT ADDR`: COUNT connections; each prints `tcp <first line read> <getpeername>` or
+//!   `tcp-error <error>`.
+//! - `udp COUNT ADDR`: COUNT connected UDP sockets, one datagram each; each prints
+//!   `udp <answer> <recvfrom's source> <getpeername>` or `udp-error <error>`.
+//! - `tcp-time COUNT ADDR` (the services benchmark): COUNT connections one after the other, each
+//!   closed once the server has closed it; prints `elapsed_ns <N> failed <M>` for all of them.
+//!
+//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|udp|tcp-time COUNT ADDR`. The cgroup is joined first,
+//! from the host's mount namespace (`ip netns exec` would remount `/sys`).
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use nix::sched::{CloneFlags, setns};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [cgroup, netns, kind, count, addr] = args.as_slice() else {
+        bail!("usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|udp|tcp-time COUNT ADDR");
+    };
+    let count: u32 = count.parse().context("COUNT")?;
+    let addr: SocketAddr = addr.parse().context("ADDR")?;
+    if cgroup != "-" {
+        let procs = std::path::Path::new(cgroup).join("cgroup.procs");
+        std::fs::write(&procs, "0").with_context(|| format!("join {}", procs.display()))?;
+    }
+    let ns = std::fs::File::open(netns).with_context(|| format!("open {netns}"))?;
+    setns(ns, CloneFlags::CLONE_NEWNET).context("enter the network namespace")?;
+    let timeout = Duration::from_secs(3);
+    if kind == "tcp-time" {
+        let (elapsed, failed) = tcp_time(addr, count, timeout);
+        println!("elapsed_ns {} failed {failed}", elapsed.as_nanos());
+        return Ok(());
+    }
+    for _ in 0..count {
+        match kind.as_str() {
+            "tcp" => match tcp(addr, timeout) {
+                Ok((line, peer)) => println!("tcp {line} {peer}"),
+                Err(e) => println!("tcp-error {e:#}"),
+            },
+            "udp" => match udp(addr, timeout) {
+                Ok((answer, from, peer)) => println!("udp {answer} {from} {peer}"),
+                Err(e) => println!("udp-error {e:#}"),
+            },
+            other => bail!("unknown kind {other:?}: use tcp or udp"),
+        }
+    }
+    Ok(())
+}
+
+fn tcp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAddr)> {
+    let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
+    stream.set_read_timeout(Some(timeout))?;
+    let peer = stream.peer_addr().context("getpeername")?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .context("read")?;
+    Ok((line.trim_end().to_owned(), peer))
+}
+
+/// `count` connections to `addr`, each read to its end (the server closes first, so the client's
+/// port is not left in `TIME_WAIT`): the time they took, and how many failed.
+fn tcp_time(addr: SocketAddr, count: u32, timeout: Duration) -> (std::time::Duration, u32) {
+    use std::io::Read as _;
+    let mut failed = 0;
+    let start = std::time::Instant::now();
+    for _ in 0..count {
+        let ok = TcpStream::connect_timeout(&addr, timeout).is_ok_and(|mut s| {
+            let _ = s.set_read_timeout(Some(timeout));
+            let mut buf = [0u8; 16];
+            s.read(&mut buf).is_ok()
+        });
+        if !ok {
+            failed += 1;
+        }
+    }
+    (start.elapsed(), failed)
+}
+
+fn udp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAddr, SocketAddr)> {
+    let socket = UdpSocket::bind("0.0.0.0:0").context("bind")?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket.connect(addr).context("connect")?;
+    let peer = socket.peer_addr().context("getpeername")?;
+    socket.send(b"ask").context("send")?;
+    let mut buf = [0u8; 512];
+    let (n, from) = socket.recv_from(&mut buf).context("recvfrom")?;
+    Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from, peer))
+}
