@@ -164,11 +164,12 @@ pub struct AgentArgs {
     /// iptables/nftables forward rules must see pod traffic).
     #[arg(long, env = "WEIR_HOST_ROUTING", default_value_t = HostRouting::Bpf)]
     pub host_routing: HostRouting,
-    /// Socket LB (Cilium's): attach `cgroup/connect4` and `getpeername4` programs to this cgroup
-    /// v2 directory, so a TCP socket of a process in it (or below it) that connects to a Service
-    /// gets a backend at `connect` and its packets need no translation; the socket still reads
-    /// the frontend as its peer. UDP stays translated per packet. In a cluster: the host's cgroup v2 root (the DaemonSet sets
-    /// it). Unset: off (links left by an earlier start are detached); Services are then
+    /// Socket LB (Cilium's): attach `cgroup/connect4` and `getpeername4` programs (and their IPv6
+    /// hooks, for IPv4-mapped addresses) to this cgroup v2 directory, so a TCP socket of a process
+    /// in it (or below it) that connects to a Service gets a backend at `connect` and its packets
+    /// need no translation; the socket still reads the frontend as its peer. UDP stays translated
+    /// per packet. On a node: the root of the host's cgroup v2 hierarchy (docs/install.md for the
+    /// DaemonSet). Unset: off (links left by an earlier start are detached); Services are then
     /// translated per packet by `from_endpoint`, as they are for sockets outside the cgroup.
     #[arg(long, env = "WEIR_SOCKET_LB_CGROUP")]
     pub socket_lb_cgroup: Option<PathBuf>,

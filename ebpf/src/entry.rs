@@ -102,6 +102,19 @@ pub fn sock_getpeer4(ctx: SockAddrContext) -> i32 {
     socket_lb::try_show_frontend4(&ctx)
 }
 
+/// `cgroup/connect6` there: an IPv6 TCP socket connecting to an IPv4-mapped frontend gets a
+/// backend.
+#[cgroup_sock_addr(connect6)]
+pub fn sock_connect6(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_connect6(&ctx)
+}
+
+/// `cgroup/getpeername6` there: such a socket reads its frontend as its peer.
+#[cgroup_sock_addr(getpeername6)]
+pub fn sock_getpeer6(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_show_frontend6(&ctx)
+}
+
 #[inline(always)]
 fn tc_action(verdict: Verdict) -> i32 {
     match verdict {

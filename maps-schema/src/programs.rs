@@ -26,8 +26,14 @@ pub const SOCK_CONNECT4: &str = "sock_connect4";
 /// `cgroup/getpeername4` there: such a socket's peer reads as the frontend.
 pub const SOCK_GETPEER4: &str = "sock_getpeer4";
 
+/// `cgroup/connect6` there: an IPv6 TCP socket connecting to a frontend's IPv4-mapped address
+/// (`::ffff:a.b.c.d`, a dual-stack socket's IPv4 peer) gets a backend.
+pub const SOCK_CONNECT6: &str = "sock_connect6";
+/// `cgroup/getpeername6` there: such a socket's peer reads as the frontend.
+pub const SOCK_GETPEER6: &str = "sock_getpeer6";
+
 /// The socket LB programs, attached to one cgroup together (links pinned as `links/<program>`).
-pub const SOCKET_LB: &[&str] = &[SOCK_CONNECT4, SOCK_GETPEER4];
+pub const SOCKET_LB: &[&str] = &[SOCK_CONNECT4, SOCK_GETPEER4, SOCK_CONNECT6, SOCK_GETPEER6];
 
 /// Every program in the object.
 pub const ALL: &[&str] = &[
@@ -40,6 +46,8 @@ pub const ALL: &[&str] = &[
     HOST_FWD_IN,
     SOCK_CONNECT4,
     SOCK_GETPEER4,
+    SOCK_CONNECT6,
+    SOCK_GETPEER6,
 ];
 
 /// Host-side workload veths start with this prefix; any such link is a workload interface.

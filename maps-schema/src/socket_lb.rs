@@ -8,7 +8,7 @@
 use crate::{assert_size, service::SVC_FLAG_AFFINITY, service::SVC_FLAG_EXTERNAL_LOCAL, user_pod};
 
 /// socket cookie (`u64`) → [`SockRevNat4`], LRU: the frontend a socket connected to, written by
-/// `sock_connect4`, read by `sock_getpeer4`. A cookie is never reused while the kernel runs, so an
+/// `sock_connect4`/`sock_connect6`, read by `sock_getpeer4`/`sock_getpeer6`. A cookie is never reused while the kernel runs, so an
 /// entry outliving its socket only waits for eviction (an entry evicted while its socket lives
 /// makes `getpeername` show the backend; the connection itself is not affected).
 pub const SOCK_RNAT4: &str = "sock_rnat4_v1";
@@ -34,7 +34,7 @@ assert_size!(SockRevNat4, 16);
 
 user_pod!(SockRevNat4);
 
-/// Whether `sock_connect4` places a socket of IP `protocol` connecting to a frontend with these
+/// Whether `sock_connect4`/`sock_connect6` place a socket of IP `protocol` connecting to a frontend with these
 /// `flags` and `backend_count`. Only TCP: a connected UDP socket would keep its backend after the
 /// backend is removed (kube-proxy and `from_endpoint` move a UDP flow's next datagram to another
 /// backend; Cilium destroys such sockets, which weir does not), so UDP stays translated per
@@ -54,7 +54,7 @@ pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {
 /// IP protocol number of TCP (as `bpf_sock_addr::protocol` holds it).
 pub const IPPROTO_TCP: u32 = 6;
 
-/// Whether `sock_getpeer4` shows `entry`'s frontend for a peer address
+/// Whether `sock_getpeer4`/`sock_getpeer6` show `entry`'s frontend for a peer address
 /// `(addr, port)` (port in host byte order): only when the peer is the backend the socket was
 /// given.
 #[inline(always)]

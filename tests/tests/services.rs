@@ -829,16 +829,17 @@ fn attached(cgroup: &std::path::Path) -> Vec<String> {
     names
 }
 
-/// `wt-sockclient` in `cgroup` (`None`: the test's own) and `pod`'s namespace: its output lines.
+/// `wt-sockclient` in `cgroup` (`None`: the test's own) and network namespace `ns`: its output
+/// lines.
 fn sockclient(
     cgroup: Option<&std::path::Path>,
-    pod: &Pod<'_>,
+    ns: &NetNs,
     kind: &str,
     n: u32,
     to: SocketAddr,
 ) -> Vec<String> {
     let cgroup = cgroup.map_or_else(|| "-".to_owned(), |c| c.display().to_string());
-    let netns = format!("/var/run/netns/{}", pod.ns.name());
+    let netns = format!("/var/run/netns/{}", ns.name());
     let out = std::process::Command::new(tests::bin::wt_sockclient())
         .args([&cgroup, &netns, kind, &n.to_string(), &to.to_string()])
         .output()
@@ -865,10 +866,11 @@ fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &st
 
 /// Socket LB (`--socket-lb-cgroup`): a process in the cgroup whose TCP socket connects to a
 /// ClusterIP is given a backend at `connect` — every connection reaches a backend, both backends
-/// are used, `getpeername` shows the ClusterIP — and none of its TCP flows is translated per
-/// packet (no `svc_ct4_v1` entry), while the same client outside the cgroup (the positive control
+/// are used, `getpeername` shows the ClusterIP, an IPv6 socket to the IPv4-mapped ClusterIP is
+/// placed too — and none of its TCP flows is translated per packet (no `svc_ct4_v1` entry), while the same client outside the cgroup (the positive control
 /// of that check) is translated per packet. Its UDP stays translated per packet (a connected
-/// socket would keep a removed backend), answered from the ClusterIP. Attachment is checked from outside
+/// socket would keep a removed backend), answered from the ClusterIP. The node's own processes in
+/// the cgroup reach the Service too; outside it they do not. Attachment is checked from outside
 /// (`bpftool cgroup show`): a restart with the flag replaces the links (each program attached
 /// once, connections still placed at connect); one without it detaches them, and the cgroup's
 /// connections are then translated per packet.
@@ -919,7 +921,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("frontend");
 
     // In the cgroup: placed at connect.
-    let lines = sockclient(Some(cgroup.path()), &client, "tcp", 40, tcp_frontend);
+    let lines = sockclient(Some(cgroup.path()), &client.ns, "tcp", 40, tcp_frontend);
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
     for line in &lines {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -937,6 +939,22 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     }
     assert_eq!(lines.len(), 40);
     assert_eq!(counts.len(), 2, "both backends get connections: {counts:?}");
+    // A dual-stack socket to the ClusterIP's IPv4-mapped address is placed the same way (the
+    // IPv6 hooks), and its peer reads as the mapped ClusterIP.
+    let mapped = SocketAddr::new(
+        std::net::IpAddr::V6(
+            cluster_ip
+                .parse::<std::net::Ipv4Addr>()
+                .expect("cluster IP")
+                .to_ipv6_mapped(),
+        ),
+        80,
+    );
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client.ns, "tcp6", 10, tcp_frontend),
+        mapped,
+        "an IPv6 socket to the IPv4-mapped ClusterIP",
+    );
     const TCP: u8 = 6;
     const UDP: u8 = 17;
     assert_eq!(
@@ -944,7 +962,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         0,
         "no TCP flow of the cgroup's sockets is translated per packet"
     );
-    for line in sockclient(Some(cgroup.path()), &client, "udp", 10, udp_frontend) {
+    for line in sockclient(Some(cgroup.path()), &client.ns, "udp", 10, udp_frontend) {
         let fields: Vec<&str> = line.split(' ').collect();
         assert!(
             fields.len() == 4 && fields[0] == "udp" && names.contains(&fields[1]),
@@ -966,9 +984,23 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         "the cgroup's UDP is translated per packet"
     );
 
+    // The node's own processes (host networking) in the cgroup reach the Service as well, which
+    // the per-packet path never served (no program translates what the node itself sends); from
+    // outside the cgroup the node's connection finds no route to the ClusterIP (the control).
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &node, "tcp", 5, tcp_frontend),
+        tcp_frontend,
+        "from the node in the cgroup",
+    );
+    let lines = sockclient(None, &node, "tcp", 1, tcp_frontend);
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("tcp-error"),
+        "from the node outside the cgroup nothing answers the ClusterIP: {lines:?}"
+    );
+
     // Positive control: the same client outside the cgroup is translated per packet.
     reaches_a_backend_through(
-        sockclient(None, &client, "tcp", 5, tcp_frontend),
+        sockclient(None, &client.ns, "tcp", 5, tcp_frontend),
         tcp_frontend,
         "outside the cgroup",
     );
@@ -994,7 +1026,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     );
     wait_listed(&agent, "web", cluster_ip, &want);
     reaches_a_backend_through(
-        sockclient(Some(cgroup.path()), &client, "tcp", 5, tcp_frontend),
+        sockclient(Some(cgroup.path()), &client.ns, "tcp", 5, tcp_frontend),
         tcp_frontend,
         "after a restart",
     );
@@ -1013,7 +1045,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     );
     wait_listed(&agent, "web", cluster_ip, &want);
     reaches_a_backend_through(
-        sockclient(Some(cgroup.path()), &client, "tcp", 5, tcp_frontend),
+        sockclient(Some(cgroup.path()), &client.ns, "tcp", 5, tcp_frontend),
         tcp_frontend,
         "without socket LB",
     );

@@ -15,7 +15,9 @@ use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, ProgramError, cgroup_sock_addr::CgroupSockAddrAttachType,
     links::FdLink,
 };
-use maps_schema::programs::{SOCK_CONNECT4, SOCK_GETPEER4, SOCKET_LB};
+use maps_schema::programs::{
+    SOCK_CONNECT4, SOCK_CONNECT6, SOCK_GETPEER4, SOCK_GETPEER6, SOCKET_LB,
+};
 use serde::Serialize;
 
 use crate::paths::Paths;
@@ -82,9 +84,11 @@ pub struct SocketLbReport {
 }
 
 /// Each socket LB program with its hook (the same programs as `SOCKET_LB`, checked by a test).
-const HOOKS: [(&str, CgroupSockAddrAttachType); 2] = [
+const HOOKS: [(&str, CgroupSockAddrAttachType); 4] = [
     (SOCK_CONNECT4, CgroupSockAddrAttachType::Connect4),
     (SOCK_GETPEER4, CgroupSockAddrAttachType::GetPeerName4),
+    (SOCK_CONNECT6, CgroupSockAddrAttachType::Connect6),
+    (SOCK_GETPEER6, CgroupSockAddrAttachType::GetPeerName6),
 ];
 
 /// Removes a link pin (detaching its link unless something else holds it); false when there was

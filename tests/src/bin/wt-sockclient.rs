@@ -3,12 +3,14 @@
 //! exchange:
 //! - `tcp COUNT ADDR`: COUNT connections; each prints `tcp <first line read> <getpeername>` or
 //!   `tcp-error <error>`.
+//! - `tcp6 COUNT ADDR`: as `tcp`, from an IPv6 socket to ADDR's IPv4-mapped address
+//!   (`::ffff:a.b.c.d`), as a dual-stack application connects to an IPv4 peer.
 //! - `udp COUNT ADDR`: COUNT connected UDP sockets, one datagram each; each prints
 //!   `udp <answer> <recvfrom's source> <getpeername>` or `udp-error <error>`.
 //! - `tcp-time COUNT ADDR` (the services benchmark): COUNT connections one after the other, each
 //!   closed once the server has closed it; prints `elapsed_ns <N> failed <M>` for all of them.
 //!
-//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|udp|tcp-time COUNT ADDR`. The cgroup is joined first,
+//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|tcp-time COUNT ADDR`. The cgroup is joined first,
 //! from the host's mount namespace (`ip netns exec` would remount `/sys`).
 
 use std::{
@@ -23,7 +25,7 @@ use nix::sched::{CloneFlags, setns};
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cgroup, netns, kind, count, addr] = args.as_slice() else {
-        bail!("usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|udp|tcp-time COUNT ADDR");
+        bail!("usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|tcp-time COUNT ADDR");
     };
     let count: u32 = count.parse().context("COUNT")?;
     let addr: SocketAddr = addr.parse().context("ADDR")?;
@@ -45,6 +47,10 @@ fn main() -> anyhow::Result<()> {
                 Ok((line, peer)) => println!("tcp {line} {peer}"),
                 Err(e) => println!("tcp-error {e:#}"),
             },
+            "tcp6" => match tcp(mapped(addr), timeout) {
+                Ok((line, peer)) => println!("tcp {line} {peer}"),
+                Err(e) => println!("tcp-error {e:#}"),
+            },
             "udp" => match udp(addr, timeout) {
                 Ok((answer, from, peer)) => println!("udp {answer} {from} {peer}"),
                 Err(e) => println!("udp-error {e:#}"),
@@ -53,6 +59,19 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `addr` as an IPv4-mapped IPv6 address (an IPv6 address stays as it is).
+fn mapped(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(v4) => SocketAddr::V6(std::net::SocketAddrV6::new(
+            v4.ip().to_ipv6_mapped(),
+            v4.port(),
+            0,
+            0,
+        )),
+        v6 @ SocketAddr::V6(_) => v6,
+    }
 }
 
 fn tcp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAddr)> {
