@@ -430,6 +430,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         monitor: crate::monitor::Monitor::default(),
         pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
             .then_some(server::POD_WAIT),
+        socket_lb: socket_lb.cgroup.clone(),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -120,6 +120,7 @@ impl TestAgent {
             kernel: Arc::new(kernel.clone()),
             monitor: crate::monitor::Monitor::default(),
             pod_wait: None,
+            socket_lb: None,
         });
         let socket = paths.api_socket.clone();
         let server = {

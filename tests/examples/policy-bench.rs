@@ -354,6 +354,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
         kernel: Arc::new(agent::dataplane::inspect::PinnedInspect::new(&paths)),
         monitor: agent::monitor::Monitor::default(),
         pod_wait: None,
+        socket_lb: None,
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -902,6 +902,14 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         programs,
         "the socket LB programs on the cgroup"
     );
+    let status: Value = agent
+        .api(hyper::Method::GET, "/v1/status", None)
+        .expect("GET /v1/status");
+    assert_eq!(
+        status["socket_lb"],
+        cgroup_arg.as_str(),
+        "the status names the cgroup"
+    );
 
     let names = ["sock-a", "sock-b"];
     let backends: Vec<Pod<'_>> = names.iter().map(|n| pod(&node, &agent, n, "web")).collect();
@@ -1042,6 +1050,13 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     assert!(
         attached(cgroup.path()).is_empty(),
         "socket LB detached without the flag"
+    );
+    let status: Value = agent
+        .api(hyper::Method::GET, "/v1/status", None)
+        .expect("GET /v1/status");
+    assert!(
+        status["socket_lb"].is_null(),
+        "the status says socket LB is off"
     );
     wait_listed(&agent, "web", cluster_ip, &want);
     reaches_a_backend_through(

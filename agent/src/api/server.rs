@@ -73,6 +73,8 @@ pub struct Api {
     /// pool annotations come from its Pod object, never from the CNI. `None`: the standalone
     /// source, where a pod without a Pod document takes its namespace's identity.
     pub pod_wait: Option<Duration>,
+    /// The cgroup socket LB is attached to (`--socket-lb-cgroup`; None: off).
+    pub socket_lb: Option<std::path::PathBuf>,
 }
 
 /// Waits (bounded by `api.pod_wait`) until the source has the Pod `namespace/pod` the request
@@ -187,6 +189,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
             nodes: (*snapshot.nodes).clone(),
+            socket_lb: api.socket_lb.clone(),
         },
     }))
 }

@@ -26,6 +26,9 @@ pub struct StatusDetail {
     /// The cluster's nodes (with node records: an `etcd:` datastore), their blocks, routes and health.
     #[serde(default)]
     pub nodes: Vec<crate::nodes::routing::NodeStatus>,
+    /// The cgroup v2 directory socket LB is attached to (`--socket-lb-cgroup`); absent: off.
+    #[serde(default)]
+    pub socket_lb: Option<std::path::PathBuf>,
 }
 
 /// `POST /v1/ipam/ops` body: a `weir ipam` operation for the agent to run on its datastore.

@@ -109,6 +109,10 @@ pub fn status(args: StatusArgs) -> Result<()> {
             if let Some(error) = &detail.applied.routes_error {
                 println!("routes:     {error}");
             }
+            match &detail.socket_lb {
+                Some(cgroup) => println!("socket LB:  on, cgroup {}", cgroup.display()),
+                None => println!("socket LB:  off (Services translated per packet)"),
+            }
             let ct = &detail.conntrack;
             println!(
                 "conntrack:  ipv4 {}/{} entries, {} created, {} evicted; ipv6 {}/{} entries, {} created, {} evicted",

@@ -217,5 +217,6 @@ pub(crate) async fn api(
         kernel: std::sync::Arc::new(kernel.fake.clone()),
         monitor: crate::monitor::Monitor::default(),
         pod_wait,
+        socket_lb: None,
     }
 }
