@@ -49,6 +49,34 @@ impl TestCgroup {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The names of the BPF programs attached to it, sorted, read from outside with `bpftool
+    /// cgroup show` (which prints nothing at all for a cgroup without programs).
+    #[must_use]
+    pub fn attached(&self) -> Vec<String> {
+        let out = std::process::Command::new("bpftool")
+            .args(["-j", "cgroup", "show", &self.path.display().to_string()])
+            .output()
+            .expect("run bpftool (install it with `cargo xtask setup`)");
+        assert!(
+            out.status.success(),
+            "bpftool cgroup show failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Vec::new();
+        }
+        let shown: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
+        let mut names: Vec<String> = shown
+            .as_array()
+            .expect("a list of programs")
+            .iter()
+            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 impl Default for TestCgroup {

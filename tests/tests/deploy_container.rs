@@ -6,7 +6,9 @@
 //! then the agent with host networking and its three named capabilities. Pods created through the
 //! CRI get their addresses and their policy from that containerised agent; stopping the agent
 //! container leaves traffic and policy in force (the pins live on the host's bpffs), and a new
-//! agent container reuses the pinned programs.
+//! agent container reuses the pinned programs. Socket LB is turned on as docs/install.md says (a
+//! read-only hostPath of a cgroup v2 directory, `WEIR_SOCKET_LB_CGROUP`), and its programs are
+//! found attached to that directory from outside.
 //!
 //! What differs from a cluster, and why: the hostPaths resolve inside containerd's private mount
 //! namespace, where `/run`, `/var`, `/etc` and `/opt` are overlays and `/sys/fs/bpf` is a bpffs of
@@ -133,6 +135,43 @@ fn get(node: &NetNs, path: &str) -> Option<u16> {
     })
 }
 
+/// Where the agent container sees the host's cgroup directory for socket LB (docs/install.md).
+const SOCKET_LB_MOUNT: &str = "/host/sys/fs/cgroup";
+
+/// The pod spec and agent container with socket LB turned on as docs/install.md says: `dir` as a
+/// read-only hostPath volume at [`SOCKET_LB_MOUNT`], and `WEIR_SOCKET_LB_CGROUP` naming it.
+fn with_socket_lb(
+    mut pod: k8s_openapi::api::core::v1::PodSpec,
+    agent: &k8s_openapi::api::core::v1::Container,
+    dir: &std::path::Path,
+    env: &mut BTreeMap<String, String>,
+) -> (
+    k8s_openapi::api::core::v1::PodSpec,
+    k8s_openapi::api::core::v1::Container,
+) {
+    use k8s_openapi::api::core::v1::{HostPathVolumeSource, Volume, VolumeMount};
+    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: "wt-cgroup".into(),
+        host_path: Some(HostPathVolumeSource {
+            path: dir.display().to_string(),
+            type_: Some("Directory".into()),
+        }),
+        ..Volume::default()
+    });
+    let mut agent = agent.clone();
+    agent
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: "wt-cgroup".into(),
+            mount_path: SOCKET_LB_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    env.insert("WEIR_SOCKET_LB_CGROUP".into(), SOCKET_LB_MOUNT.into());
+    (pod, agent)
+}
+
 /// The agent's start report (the `"event": "started"` line of its log).
 fn started(log: &str) -> Option<Value> {
     log.lines()
@@ -247,7 +286,12 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
             tail(&cri.log(), 10)
         )
     };
-    let first = image::run(&cri, &image_name, &pod_spec, agent, &env, Mode::Detached);
+    // Socket LB as docs/install.md turns it on (the shipped manifest leaves it off): a read-only
+    // hostPath of a cgroup v2 directory (here one of the test's own, not the hierarchy's root) and
+    // `WEIR_SOCKET_LB_CGROUP` naming its mount.
+    let cgroup = tests::cgroup::TestCgroup::new();
+    let (pod_spec, agent) = with_socket_lb(pod_spec, agent, cgroup.path(), &mut env);
+    let first = image::run(&cri, &image_name, &pod_spec, &agent, &env, Mode::Detached);
     eventually(
         "the agent container's /readyz answering 200",
         || get(&node, "/readyz") == Some(200),
@@ -261,6 +305,17 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
         || diagnostics(&first),
     );
     let report = started(&first.log()).expect("the start report");
+    assert_eq!(
+        report["socket_lb"]["cgroup"], SOCKET_LB_MOUNT,
+        "the containerised agent attached socket LB at the mount"
+    );
+    let mut want: Vec<&str> = maps_schema::programs::SOCKET_LB.to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        cgroup.attached(),
+        want,
+        "socket LB's programs on the host's cgroup, attached from the container"
+    );
     // Named capabilities only, not privileged.
     let pid = first.pid().expect("the agent's process");
     let mut caps = image::effective_capabilities(pid);
@@ -349,7 +404,7 @@ fn the_daemonset_runs_under_containerd_and_its_pods_keep_traffic_across_a_restar
     assert!(!reach(&other), "with the agent stopped, the policy holds");
 
     // A new agent container reuses the pinned programs.
-    let second = image::run(&cri, &image_name, &pod_spec, agent, &env, Mode::Detached);
+    let second = image::run(&cri, &image_name, &pod_spec, &agent, &env, Mode::Detached);
     eventually(
         "the new agent container's /readyz answering 200",
         || get(&node, "/readyz") == Some(200),

@@ -803,32 +803,6 @@ fn translated_flows(root: &PinRoot, client: &str, frontend: &str, protocol: u8) 
         .count()
 }
 
-/// The socket LB programs attached to `cgroup`, by name (`bpftool cgroup show`, which prints
-/// nothing at all for a cgroup without programs).
-fn attached(cgroup: &std::path::Path) -> Vec<String> {
-    let out = std::process::Command::new("bpftool")
-        .args(["-j", "cgroup", "show", &cgroup.display().to_string()])
-        .output()
-        .expect("run bpftool (install it with `cargo xtask setup`)");
-    assert!(
-        out.status.success(),
-        "bpftool cgroup show failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.stdout.iter().all(u8::is_ascii_whitespace) {
-        return Vec::new();
-    }
-    let shown: Value = serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
-    let mut names: Vec<String> = shown
-        .as_array()
-        .expect("a list of programs")
-        .iter()
-        .filter_map(|p| p["name"].as_str().map(str::to_owned))
-        .collect();
-    names.sort();
-    names
-}
-
 /// `wt-sockclient` in `cgroup` (`None`: the test's own) and network namespace `ns`: its output
 /// lines.
 fn sockclient(
@@ -898,7 +872,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         .collect();
     programs.sort();
     assert_eq!(
-        attached(cgroup.path()),
+        cgroup.attached(),
         programs,
         "the socket LB programs on the cgroup"
     );
@@ -1028,7 +1002,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         &["--socket-lb-cgroup", &cgroup_arg],
     );
     assert_eq!(
-        attached(cgroup.path()),
+        cgroup.attached(),
         programs,
         "each socket LB program attached once after a restart"
     );
@@ -1048,7 +1022,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     drop(agent);
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
     assert!(
-        attached(cgroup.path()).is_empty(),
+        cgroup.attached().is_empty(),
         "socket LB detached without the flag"
     );
     let status: Value = agent
