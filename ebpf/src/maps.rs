@@ -2,7 +2,9 @@
 //! match it; the verifier gate checks). Maps only the agent writes are `BPF_F_RDONLY_PROG`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    btf_maps::{
+        Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf, SkStorage,
+    },
     macros::btf_map,
 };
 use maps_schema::{
@@ -16,7 +18,7 @@ use maps_schema::{
     },
     service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
-    socket_lb::{SOCK_RNAT_MAX, SockRevNat4},
+    socket_lb::SockRevNat4,
 };
 
 /// Agent-written hash maps: read-only to programs, entries allocated on demand.
@@ -173,11 +175,10 @@ pub(crate) static SVC_AFFINITY4: LruHashMap<
     { SVC_AFFINITY_MAX as usize },
 > = LruHashMap::new();
 
-/// Socket LB: socket cookie → the frontend it connected to (`maps_schema::socket_lb`); written by
-/// the programs.
-#[btf_map(name = "sock_rnat4_v1", pin_by_name)]
-pub(crate) static SOCK_RNAT4: LruHashMap<u64, SockRevNat4, { SOCK_RNAT_MAX as usize }> =
-    LruHashMap::new();
+/// Socket LB: each placed socket's frontend, in the socket's own storage
+/// (`maps_schema::socket_lb`); written by the programs.
+#[btf_map(name = "sock_rnat4_v2", pin_by_name)]
+pub(crate) static SOCK_RNAT4: SkStorage<SockRevNat4> = SkStorage::new();
 
 /// BPF host routing: slot `HOST_FWD_SLOT` holds `host_fwd` when the agent runs with
 /// `--host-routing bpf`; agent-written.

@@ -9,11 +9,7 @@
 //! translate per packet as before. Every program returns 1 (go on): socket LB never refuses a
 //! call.
 
-use aya_ebpf::{
-    EbpfContext as _,
-    helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie},
-    programs::SockAddrContext,
-};
+use aya_ebpf::{helpers::bpf_get_prandom_u32, programs::SockAddrContext};
 use maps_schema::{
     SlotKey, Svc4Key,
     service::{SCOPE_ALL, backend_slot},
@@ -35,7 +31,7 @@ const V4_MAPPED: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 pub(crate) const PROCEED: i32 = 1;
 
 /// The backend (address as loaded, `user_port` value) a TCP socket connecting to `addr` (as
-/// loaded) and `user_port` gets, remembered under the socket's cookie; None when it is left to
+/// loaded) and `user_port` gets, remembered in the socket's storage; None when it is left to
 /// `from_endpoint`.
 #[inline(always)]
 fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
@@ -65,9 +61,7 @@ fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)>
     // SAFETY: as for `SVC4`.
     let b = unsafe { SVC_BACKENDS4.get(&v.backend_id) }?;
     let (backend, backend_port) = (b.addr, b.port);
-    // SAFETY: the helper reads the socket of this program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let entry = SockRevNat4 {
+    let mut entry = SockRevNat4 {
         frontend: fk.0.addr,
         backend,
         frontend_port: port,
@@ -75,7 +69,13 @@ fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)>
         service_id,
     };
     // Without the entry the socket would see the backend as its peer: leave it to `from_endpoint`.
-    SOCK_RNAT4.insert(&cookie, &entry, 0).ok()?;
+    let stored = SOCK_RNAT4.get_or_insert_ptr_mut(ctx, Some(&mut entry));
+    if stored.is_null() {
+        return None;
+    }
+    // SAFETY: a valid storage pointer for this program run. A socket that connects again (after
+    // a failed attempt) already has storage, which `get_or_insert` left as it was.
+    unsafe { *stored = entry };
     Some((u32::from_ne_bytes(backend), u32::from(backend_port.to_be())))
 }
 
@@ -83,10 +83,11 @@ fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)>
 /// loaded) and `user_port`, when the socket was given that peer as its backend.
 #[inline(always)]
 fn frontend_of(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
-    // SAFETY: the helper reads the socket of this program's context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let e = SOCK_RNAT4.get_ptr(&cookie)?;
-    // SAFETY: a valid map value pointer for this program run.
+    let e = SOCK_RNAT4.get_ptr_mut(ctx);
+    if e.is_null() {
+        return None;
+    }
+    // SAFETY: a valid storage pointer for this program run.
     let e = unsafe { &*e };
     shows_frontend(e, addr.to_ne_bytes(), u16::from_be(user_port as u16)).then(|| {
         (

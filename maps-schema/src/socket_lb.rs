@@ -1,19 +1,17 @@
 //! Socket load balancing (Cilium's socket LB): a `cgroup/connect4` program gives a TCP socket that
 //! connects to a frontend one of its backends before any packet exists, so the socket's packets
 //! leave already addressed to the backend and `from_endpoint` judges and forwards them as a plain
-//! flow (no per-packet translation, no `svc_ct4` entry). The frontend is remembered per socket
-//! ([`SOCK_RNAT4`], by socket cookie) so `getpeername` shows it instead of the backend. What it
+//! flow (no per-packet translation, no `svc_ct4` entry). The frontend is remembered in the
+//! socket's own storage ([`SOCK_RNAT4`]) so `getpeername` shows it instead of the backend. What it
 //! leaves to `from_endpoint` is in [`places`].
 
 use crate::{assert_size, service::SVC_FLAG_AFFINITY, service::SVC_FLAG_EXTERNAL_LOCAL, user_pod};
 
-/// socket cookie (`u64`) → [`SockRevNat4`], LRU: the frontend a socket connected to, written by
-/// `sock_connect4`/`sock_connect6`, read by `sock_getpeer4`/`sock_getpeer6`. A cookie is never reused while the kernel runs, so an
-/// entry outliving its socket only waits for eviction (an entry evicted while its socket lives
-/// makes `getpeername` show the backend; the connection itself is not affected).
-pub const SOCK_RNAT4: &str = "sock_rnat4_v1";
-/// Default size of [`SOCK_RNAT4`].
-pub const SOCK_RNAT_MAX: u32 = 65_536;
+/// Socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`) → [`SockRevNat4`]: the frontend a socket
+/// connected to, written by `sock_connect4`/`sock_connect6`, read by
+/// `sock_getpeer4`/`sock_getpeer6`. It lives and goes with its socket: nothing to evict or sweep.
+/// (Layout 1 was an LRU hash by socket cookie; the agent removes its pin.)
+pub const SOCK_RNAT4: &str = "sock_rnat4_v2";
 
 /// What a socket connected to a frontend was given.
 #[repr(C)]

@@ -313,7 +313,8 @@ fn map_id(map: &aya::maps::Map) -> Option<u32> {
     | Map::PerCpuArray(data)
     | Map::PerCpuHashMap(data)
     | Map::ProgramArray(data)
-    | Map::RingBuf(data)) = map
+    | Map::RingBuf(data)
+    | Map::SkStorage(data)) = map
     else {
         return None;
     };
