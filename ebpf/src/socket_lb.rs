@@ -5,7 +5,7 @@
 //! for an IPv4 peer) goes through the `connect6`/`getpeername6` hooks and is placed the same way.
 //! The backend is chosen as `from_endpoint` chooses one for a new flow (a slot of the
 //! frontend's, here by a random number: the socket has no source port yet). Anything it does not
-//! place (no frontend, [`places`] false, a full map) is left as it is, for `from_endpoint` to
+//! place (no frontend, [`places`] false, no socket storage to be had) is left as it is, for `from_endpoint` to
 //! translate per packet as before. Every program returns 1 (go on): socket LB never refuses a
 //! call.
 

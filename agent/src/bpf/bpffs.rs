@@ -105,3 +105,20 @@ pub fn ensure_pin_dir(dir: &Path) -> Result<(), BpffsError> {
     }
     Ok(())
 }
+
+/// Pins something at `path` by pinning it at `<path>_new` with `pin` and renaming that over
+/// `path`, so the path never disappears and an older pin there is replaced (dropping what it
+/// held once nothing else does). A staging pin left by an interrupted earlier call is removed
+/// first.
+pub fn pin_by_rename(path: &Path, pin: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
+    let mut staging = path.as_os_str().to_owned();
+    staging.push("_new");
+    let staging = PathBuf::from(staging);
+    match fs::remove_file(&staging) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    pin(&staging)?;
+    fs::rename(&staging, path)
+}

@@ -1,7 +1,7 @@
 //! Loads the embedded eBPF object: maps pinned by their versioned names under `<root>/maps`,
 //! programs loaded and pinned under `<root>/progs` so `weir-cni` and a restarted agent can reuse them.
 
-use std::{fs, io, path::PathBuf};
+use std::{io, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader, VerifierLogLevel,
@@ -197,23 +197,14 @@ fn pin_replacing(
     name: &str,
     path: &std::path::Path,
 ) -> Result<(), LoadError> {
-    let mut staging = path.as_os_str().to_owned();
-    staging.push("_new");
-    let staging = PathBuf::from(staging);
-    let pin_err = |source: io::Error| LoadError::Pin {
+    bpffs::pin_by_rename(path, |staging| {
+        program.pin(staging).map_err(io::Error::other)
+    })
+    .map_err(|source| LoadError::Pin {
         program: name.to_owned(),
         path: path.to_owned(),
         source,
-    };
-    match fs::remove_file(&staging) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(pin_err(e)),
-    }
-    program
-        .pin(&staging)
-        .map_err(|e| pin_err(io::Error::other(e)))?;
-    fs::rename(&staging, path).map_err(pin_err)
+    })
 }
 
 impl Loaded {

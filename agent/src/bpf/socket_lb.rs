@@ -64,7 +64,7 @@ pub enum SocketLbError {
         "cannot {op} the link pin {path}: {source}; check that the pin root is on bpffs and writable"
     )]
     Pin {
-        /// "write", "rename" or "remove".
+        /// "write" or "remove".
         op: &'static str,
         /// The pin.
         path: PathBuf,
@@ -136,42 +136,29 @@ pub fn reconcile(paths: &Paths, cgroup: Option<&Path>) -> Result<SocketLbReport,
     for (program, hook) in HOOKS {
         let prog_pin = paths.prog_pin(program);
         let program_err = |op, what: String| {
-            move |source| SocketLbError::Program {
+            move |source: ProgramError| SocketLbError::Program {
                 op,
                 program,
                 what,
                 source: Box::new(source),
             }
         };
+        let attach_err = || program_err("attach", format!("to {}", cgroup.display()));
         let mut prog = CgroupSockAddr::from_pin(&prog_pin, hook)
             .map_err(program_err("open", prog_pin.display().to_string()))?;
-        let attach = program_err("attach", format!("to {}", cgroup.display()));
         // A bpf link takes no attach flags (the kernel refuses any) and always coexists with the
         // cgroup's other programs, as `BPF_F_ALLOW_MULTI` would; `Single` is the mode that passes none.
         let id = prog
             .attach(&dir, CgroupAttachMode::Single)
-            .map_err(attach)?;
-        let link = prog
-            .take_link(id)
-            .map_err(program_err("attach", format!("to {}", cgroup.display())))?;
-        let link = FdLink::try_from(link).map_err(|e| SocketLbError::Program {
-            op: "attach",
-            program,
-            what: format!("to {}", cgroup.display()),
-            source: Box::new(ProgramError::from(e)),
-        })?;
+            .map_err(attach_err())?;
+        let link = prog.take_link(id).map_err(attach_err())?;
+        let link = FdLink::try_from(link).map_err(|e| attach_err()(ProgramError::from(e)))?;
         let pin = paths.links_dir().join(program);
-        let mut staging = pin.as_os_str().to_owned();
-        staging.push("_new");
-        let staging = PathBuf::from(staging);
-        remove_pin(&staging)?;
-        link.pin(&staging).map_err(|e| SocketLbError::Pin {
+        crate::bpf::bpffs::pin_by_rename(&pin, |staging| {
+            link.pin(staging).map(drop).map_err(io::Error::other)
+        })
+        .map_err(|source| SocketLbError::Pin {
             op: "write",
-            path: staging.clone(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        fs::rename(&staging, &pin).map_err(|source| SocketLbError::Pin {
-            op: "rename",
             path: pin.clone(),
             source,
         })?;
