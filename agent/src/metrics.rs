@@ -162,7 +162,25 @@ impl Collector for ConntrackCollector {
             &mut encoder,
             "conntrack_evicted",
             "Conntrack entries the kernel evicted because the LRU map was full (derived at each sweep; full-map insert failures are the ct-insert-failed drop reason)",
-            &[(v4, ct.evicted4), (v6, ct.evicted6)],
+            &[(v4.clone(), ct.evicted4), (v6, ct.evicted6)],
+        )?;
+        gauge_family(
+            &mut encoder,
+            "service_flow_entries",
+            "Translated flows' entries (svc_ct4) at the last sweep (pressure: divide by capacity)",
+            &[(v4.clone(), ct.service_flows4)],
+        )?;
+        gauge_family(
+            &mut encoder,
+            "service_flow_capacity",
+            "Capacity of the translated flows' map (svc_ct4)",
+            &[(v4.clone(), ct.service_flows_max4)],
+        )?;
+        counter_family(
+            &mut encoder,
+            "service_flows_expired",
+            "Translated flows' entries removed by the sweep because their flow left conntrack",
+            &[(v4, ct.service_flows_expired4)],
         )
     }
 }

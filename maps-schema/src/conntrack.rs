@@ -86,6 +86,29 @@ pub struct Ct4Key {
 assert_size!(Ct4Key, 16);
 user_pod!(Ct4Key);
 
+impl Ct4Key {
+    /// The key of the flow between `(addr, port)` and `(peer, peer_port)`, normalised as the
+    /// programs do (the lower address and port, compared as numbers, is `a`), whichever end
+    /// opened it.
+    #[must_use]
+    pub fn of(proto: u8, (addr, port): ([u8; 4], u16), (peer, peer_port): ([u8; 4], u16)) -> Self {
+        let rank = |a: [u8; 4], p: u16| (u64::from(u32::from_be_bytes(a)) << 16) | u64::from(p);
+        let ((addr_a, port_a), (addr_b, port_b)) = if rank(addr, port) > rank(peer, peer_port) {
+            ((peer, peer_port), (addr, port))
+        } else {
+            ((addr, port), (peer, peer_port))
+        };
+        Self {
+            addr_a,
+            addr_b,
+            port_a,
+            port_b,
+            protocol: proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
 /// IPv6 conntrack key (as [`Ct4Key`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]

@@ -10,7 +10,7 @@
 //! the reverse NAT entry of a NodePort names no address). Written by the programs (LRU; an
 //! entry's flow is in `ct4` too).
 
-use crate::{assert_size, user_pod};
+use crate::{assert_size, conntrack::Ct4Key, user_pod};
 
 /// [`SvcCt4Key`] → [`SvcCt4Entry`], LRU. Written by the programs.
 pub const SVC_CT4: &str = "svc_ct4_v1";
@@ -81,3 +81,73 @@ pub struct SvcCt4Entry {
 assert_size!(SvcCt4Entry, 24);
 
 user_pod!(SvcCt4Key, SvcCt4Entry);
+
+/// The conntrack key of the translated flow (client ↔ backend) an entry belongs to: an original
+/// entry's key holds the client and its value the backend; a reply entry's key is the translated
+/// flow's reply tuple itself. What the agent's sweep keeps an entry for while it is in `ct4` (or,
+/// for a NodePort flow sent to another node's backend, in `nat4`).
+#[must_use]
+pub fn flow_key(key: &SvcCt4Key, entry: &SvcCt4Entry) -> Ct4Key {
+    if key.direction == DIR_ORIGINAL {
+        Ct4Key::of(
+            key.protocol,
+            (key.saddr, key.sport),
+            (entry.addr, entry.port),
+        )
+    } else {
+        Ct4Key::of(key.protocol, (key.saddr, key.sport), (key.daddr, key.dport))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(addr: [u8; 4], port: u16) -> SvcCt4Entry {
+        SvcCt4Entry {
+            addr,
+            port,
+            service_id: 3,
+            ..SvcCt4Entry::default()
+        }
+    }
+
+    #[test]
+    fn both_entries_of_a_flow_name_its_conntrack_key_whichever_end_is_lower() {
+        for (client, backend) in [
+            ([10, 0, 0, 1], [10, 0, 0, 9]),
+            ([10, 0, 0, 9], [10, 0, 0, 1]),
+        ] {
+            let original = SvcCt4Key {
+                saddr: client,
+                daddr: [10, 96, 0, 10],
+                sport: 40_000,
+                dport: 80,
+                protocol: 6,
+                direction: DIR_ORIGINAL,
+                _pad: [0; 2],
+            };
+            let reply = SvcCt4Key {
+                saddr: backend,
+                daddr: client,
+                sport: 8080,
+                dport: 40_000,
+                protocol: 6,
+                direction: DIR_REPLY,
+                _pad: [0; 2],
+            };
+            let want = Ct4Key::of(6, (client, 40_000), (backend, 8080));
+            assert_eq!(flow_key(&original, &entry(backend, 8080)), want);
+            // A reply entry's value holds the client (or a node address): the key decides.
+            assert_eq!(flow_key(&reply, &entry([192, 0, 2, 1], 31_000)), want);
+            let lower = client.min(backend);
+            assert_eq!(want.addr_a, lower, "the lower address is a");
+        }
+    }
+
+    #[test]
+    fn equal_addresses_are_ordered_by_port() {
+        let k = Ct4Key::of(17, ([10, 0, 0, 5], 9000), ([10, 0, 0, 5], 53));
+        assert_eq!((k.port_a, k.port_b), (53, 9000));
+    }
+}

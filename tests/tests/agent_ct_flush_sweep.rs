@@ -2,6 +2,8 @@
 //! is in the middle of its run (forced: the sweep pauses right after it has read `ct4`) waits for
 //! the sweep, and the entries it removes are not counted as LRU evictions by the next sweep;
 //! positive control: an entry removed behind the agent's back (as LRU eviction does) is counted.
+//! The sweep also takes the translated flows' `svc_ct4` entries whose flow is in neither `ct4` nor
+//! `nat4`, and keeps those that one of them carries.
 
 use std::{
     sync::{
@@ -14,13 +16,15 @@ use std::{
 
 use agent::dataplane::{
     conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
-    kernel::{CtIo, KernelError},
+    kernel::{CtIo, KernelError, ServiceFlows4},
 };
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues};
 use maps_schema::{
-    CtEntry,
+    CtEntry, Nat4Entry, Nat4Key, SvcCt4Entry, SvcCt4Key,
     conntrack::{Ct4Key, Ct6Key, EVENT_CREATED4, FLAG_TCP_SYN_ACK, LAYOUT},
-    maps::CT_EVENTS,
+    maps::{CT_EVENTS, NAT4},
+    nat::DIR_EGRESS,
+    service_ct::{DIR_ORIGINAL, SVC_CT4},
 };
 use tests::{
     bpf::{PinRoot, load_weir},
@@ -57,6 +61,15 @@ impl CtIo for Paused {
     }
     fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         self.inner.created()
+    }
+    fn service_flows4(&self) -> Result<Option<ServiceFlows4>, KernelError> {
+        self.inner.service_flows4()
+    }
+    fn delete_service_flows4(&mut self, keys: &[SvcCt4Key]) -> Result<u64, KernelError> {
+        self.inner.delete_service_flows4(keys)
+    }
+    fn nat_flows4(&self) -> Result<Vec<Nat4Key>, KernelError> {
+        self.inner.nat_flows4()
     }
 }
 
@@ -170,4 +183,83 @@ fn a_flush_during_a_sweep_is_not_counted_as_evictions_on_real_maps() {
     upkeep.sweep(&mut real(), &timeouts).expect("sweep");
     assert_eq!(stats(&upkeep).evicted4, 1, "an evicted entry is counted");
     assert_eq!(stats(&upkeep).entries4, 1);
+}
+
+/// A translated flow's original entry (10.0.0.1:`port` → 10.96.0.10:8080, given backend
+/// 10.0.0.2:80, `flow(port)`'s other end), written a minute ago.
+fn translated(port: u16) -> (SvcCt4Key, SvcCt4Entry) {
+    (
+        SvcCt4Key {
+            saddr: [10, 0, 0, 1],
+            daddr: [10, 96, 0, 10],
+            sport: port,
+            dport: 8080,
+            protocol: 6,
+            direction: DIR_ORIGINAL,
+            _pad: [0; 2],
+        },
+        SvcCt4Entry {
+            addr: [10, 0, 0, 2],
+            port: 80,
+            service_id: 1,
+            last_seen_ns: now_ns().saturating_sub(60_000_000_000),
+            ..SvcCt4Entry::default()
+        },
+    )
+}
+
+#[test]
+fn the_sweep_takes_translated_flows_entries_whose_flow_is_gone_from_the_real_maps() {
+    if !require_root(
+        "the_sweep_takes_translated_flows_entries_whose_flow_is_gone_from_the_real_maps",
+    ) {
+        return;
+    }
+    let root = PinRoot::new();
+    let _ebpf = load_weir(&root);
+    let paths = root.paths();
+    let data = MapData::from_pin(paths.map_pin(SVC_CT4)).expect("svc_ct4 pin");
+    let mut svc: HashMap<_, SvcCt4Key, SvcCt4Entry> =
+        HashMap::try_from(Map::LruHashMap(data)).expect("svc_ct4 is an LRU hash");
+    // 1: in conntrack; 2: in nat4 only (a NodePort flow sent to another node); 3: in neither.
+    create(&root, 1);
+    let data = MapData::from_pin(paths.map_pin(NAT4)).expect("nat4 pin");
+    let mut nat: HashMap<_, Nat4Key, Nat4Entry> =
+        HashMap::try_from(Map::LruHashMap(data)).expect("nat4 is an LRU hash");
+    let egress = Nat4Key {
+        saddr: [10, 0, 0, 1],
+        daddr: [10, 0, 0, 2],
+        sport: 2,
+        dport: 80,
+        protocol: 6,
+        direction: DIR_EGRESS,
+        _pad: [0; 2],
+    };
+    let pair = Nat4Entry {
+        addr: [192, 0, 2, 1],
+        port: 40_000,
+        created_ns: now_ns(),
+        last_seen_ns: now_ns(),
+        flags: 0,
+    };
+    nat.insert(&egress, &pair, 0).expect("nat4 insert");
+    for port in 1..=3 {
+        let (k, v) = translated(port);
+        svc.insert(&k, &v, 0).expect("svc_ct4 insert");
+    }
+    let upkeep = CtUpkeep::new(Arc::default(), Arc::new(Mutex::new(CtStats::default())));
+    upkeep
+        .sweep(&mut PinnedCt::new(&paths, LAYOUT), &CtTimeouts::default())
+        .expect("sweep");
+    let mut left: Vec<u16> = svc.keys().map(|k| k.expect("read svc_ct4").sport).collect();
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        vec![1, 2],
+        "the entry of the flow in neither map goes"
+    );
+    let stats = *upkeep.stats.lock().expect("lock");
+    assert_eq!(stats.service_flows_expired4, 1);
+    assert_eq!(stats.service_flows4, 2);
+    assert!(stats.service_flows_max4 > 0, "the capacity is read");
 }

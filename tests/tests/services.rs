@@ -12,6 +12,7 @@
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
 //! control) — every expectation computed by `tests::netpol`'s model from the policies — and
 //! `weir policy trace` names the backend and the same verdict, in user space and in the kernel.
+//! The conntrack sweep takes a translated flow's `svc_ct4_v1` entry with its conntrack entry.
 
 use std::{
     collections::BTreeMap,
@@ -803,6 +804,78 @@ fn translated_flows(root: &PinRoot, client: &str, frontend: &str, protocol: u8) 
         .count()
 }
 
+/// The conntrack sweep takes a translated flow's `svc_ct4_v1` entry with the flow: five closed
+/// TCP connections through a ClusterIP leave entries (the positive control: read from the pin
+/// right after), which are gone once their closed conntrack entries expire (1 s here), while the
+/// entry of a connection still open stays and the connection keeps carrying data; the agent
+/// counts what it swept.
+#[test]
+fn a_translated_flow_s_entry_leaves_with_its_conntrack_entry() {
+    if !require_root("a_translated_flow_s_entry_leaves_with_its_conntrack_entry") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    std::fs::create_dir_all(dirs.path("policies")).expect("policy dir");
+    let node = NetNs::new();
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let agent = AgentProcess::start(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--ct-sweep-interval", "1", "--ct-timeout-tcp-closed", "1"],
+    );
+    let backend = pod(&node, &agent, "swept", "web");
+    serve(&backend, "swept");
+    let client = pod(&node, &agent, "client", "client");
+    let cluster_ip = "10.96.0.40";
+    write_atomically(
+        &dirs.path("policies").join("web.yaml"),
+        &service_docs("web", cluster_ip, &[(backend.ip.as_str(), READY)]),
+    );
+    wait_listed(&agent, "web", cluster_ip, &[(backend.ip.clone(), "ready")]);
+    let frontend: SocketAddr = format!("{cluster_ip}:80").parse().expect("frontend");
+    const TCP: u8 = 6;
+
+    let mut open = connect(&client, frontend, Duration::from_secs(5)).expect("an open connection");
+    for i in 0..5 {
+        let mut closed = connect(&client, frontend, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("connection {i} through the ClusterIP"));
+        assert_eq!(closed.echo("bye").expect("echo"), "bye");
+    }
+    assert!(
+        translated_flows(&root, &client.ip, cluster_ip, TCP) >= 6,
+        "every connection has its entry"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while translated_flows(&root, &client.ip, cluster_ip, TCP) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connections' entries are swept within 60 s ({} left)",
+            translated_flows(&root, &client.ip, cluster_ip, TCP)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        translated_flows(&root, &client.ip, cluster_ip, TCP),
+        1,
+        "the open connection keeps its entry"
+    );
+    assert_eq!(
+        open.echo("still here")
+            .expect("the open connection carries data"),
+        "still here"
+    );
+    let status: Value = agent
+        .api(hyper::Method::GET, "/v1/status", None)
+        .expect("GET /v1/status");
+    assert!(
+        status["conntrack"]["service_flows_expired4"].as_u64() >= Some(5),
+        "the agent counts the swept entries: {}",
+        status["conntrack"]
+    );
+}
+
 /// `wt-sockclient` in `cgroup` (`None`: the test's own) and network namespace `ns`: its output
 /// lines.
 fn sockclient(
@@ -860,12 +933,15 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     let node = NetNs::new();
     node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
     let cgroup_arg = cgroup.path().display().to_string();
-    let agent = AgentProcess::start(
-        &root,
-        &dirs,
-        Some(&node),
-        &["--socket-lb-cgroup", &cgroup_arg],
-    );
+    // The closed connections' `svc_ct4_v1` entries are counted across restarts: their conntrack
+    // entries (and so their entries, which the sweep takes with them) must outlive the test.
+    let keep_closed = ["--ct-timeout-tcp-closed", "3600"];
+    let socket_lb_flags = [
+        &["--socket-lb-cgroup", cgroup_arg.as_str()][..],
+        &keep_closed,
+    ]
+    .concat();
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &socket_lb_flags);
     let mut programs: Vec<String> = maps_schema::programs::SOCKET_LB
         .iter()
         .map(|p| (*p).to_owned())
@@ -995,12 +1071,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     // Restarted with the flag: the new links replace the old ones (each program attached once)
     // and the cgroup's connections are still placed at connect.
     drop(agent);
-    let agent = AgentProcess::start(
-        &root,
-        &dirs,
-        Some(&node),
-        &["--socket-lb-cgroup", &cgroup_arg],
-    );
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &socket_lb_flags);
     assert_eq!(
         cgroup.attached(),
         programs,
@@ -1020,7 +1091,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
 
     // Restarted without the flag: detached, and the cgroup's connections translated per packet.
     drop(agent);
-    let agent = AgentProcess::start(&root, &dirs, Some(&node), &[]);
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &keep_closed);
     assert!(
         cgroup.attached().is_empty(),
         "socket LB detached without the flag"

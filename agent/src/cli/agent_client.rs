@@ -125,6 +125,10 @@ pub fn status(args: StatusArgs) -> Result<()> {
                 ct.created6,
                 ct.evicted6
             );
+            println!(
+                "services:   {}/{} translated flows' entries, {} swept",
+                ct.service_flows4, ct.service_flows_max4, ct.service_flows_expired4
+            );
             for pool in &status.pools {
                 println!(
                     "pool:       {} {} free {}{}",

@@ -12,16 +12,19 @@ use std::{
 use aya::maps::MapData;
 use bytemuck::Pod;
 use maps_schema::{
-    CtEntry,
+    CtEntry, Nat4Entry, Nat4Key, SvcCt4Entry, SvcCt4Key,
     conntrack::{
         Ct4Key, Ct6Key, FLAG_TCP_FIN_DST, FLAG_TCP_FIN_SRC, FLAG_TCP_RST, FLAG_TCP_SYN_ACK,
     },
+    nat::DIR_EGRESS,
+    service_ct::SVC_CT4,
 };
 use serde::{Deserialize, Serialize};
 
 use super::{
     batch,
-    kernel::{CtIo, KernelError},
+    kernel::{CtIo, KernelError, ServiceFlows4},
+    service_flows,
 };
 use crate::paths::Paths;
 
@@ -109,6 +112,15 @@ pub struct CtStats {
     /// Entries flushed (IPv4, IPv6) since the last sweep: removed by the agent, not evicted.
     #[serde(skip)]
     pub flushed_since_sweep: [u64; 2],
+    /// Translated flows' entries (`svc_ct4`) at the last sweep.
+    #[serde(default)]
+    pub service_flows4: u64,
+    /// Capacity of `svc_ct4`.
+    #[serde(default)]
+    pub service_flows_max4: u64,
+    /// `svc_ct4` entries removed because their flow left conntrack (and `nat4`).
+    #[serde(default)]
+    pub service_flows_expired4: u64,
 }
 
 /// One conntrack entry as operators read it.
@@ -239,6 +251,47 @@ impl CtIo for PinnedCt {
     fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         read_created(&self.paths)
     }
+
+    fn service_flows4(&self) -> Result<Option<ServiceFlows4>, KernelError> {
+        let name = SVC_CT4;
+        let Some(map) = open_if_pinned(name, &self.paths.map_pin(name))? else {
+            return Ok(None);
+        };
+        let entries = batch::lookup_all::<SvcCt4Key, SvcCt4Entry>(map.fd().as_fd())
+            .map_err(|e| io_err(name, "read", e))?;
+        let max = batch::max_entries(map.fd().as_fd()).map_err(|e| io_err(name, "read", e))?;
+        Ok(Some((entries, u64::from(max))))
+    }
+
+    fn delete_service_flows4(&mut self, keys: &[SvcCt4Key]) -> Result<u64, KernelError> {
+        self.delete(SVC_CT4, keys)
+    }
+
+    fn nat_flows4(&self) -> Result<Vec<Nat4Key>, KernelError> {
+        let name = maps_schema::maps::NAT4;
+        let Some(map) = open_if_pinned(name, &self.paths.map_pin(name))? else {
+            return Ok(Vec::new());
+        };
+        let entries = batch::lookup_all::<Nat4Key, Nat4Entry>(map.fd().as_fd())
+            .map_err(|e| io_err(name, "read", e))?;
+        Ok(entries
+            .into_iter()
+            .filter(|(k, _)| k.direction == DIR_EGRESS)
+            .map(|(k, _)| k)
+            .collect())
+    }
+}
+
+/// The map pinned at `path`; `None` when there is no such pin.
+fn open_if_pinned(name: &str, path: &Path) -> Result<Option<MapData>, KernelError> {
+    match MapData::from_pin(path) {
+        Ok(map) => Ok(Some(map)),
+        Err(e) if is_missing_pin(&e) => Ok(None),
+        Err(e) => Err(KernelError::OpenMap {
+            path: format!("{name} at {}", path.display()),
+            source: Box::new(e),
+        }),
+    }
 }
 
 /// Entries the programs created (IPv4, IPv6), summed over CPUs; `None` without the pin.
@@ -250,10 +303,8 @@ fn read_created(paths: &Paths) -> Result<Option<[u64; 2]>, KernelError> {
         path: format!("{name} at {}", pin.display()),
         source: Box::new(source),
     };
-    let data = match MapData::from_pin(&pin) {
-        Ok(data) => data,
-        Err(e) if is_missing_pin(&e) => return Ok(None),
-        Err(e) => return Err(open_err(e)),
+    let Some(data) = open_if_pinned(name, &pin)? else {
+        return Ok(None);
     };
     let array = aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data))
         .map_err(open_err)?;
@@ -300,7 +351,9 @@ pub fn sweep_with(
     let created = io.created()?;
     let now = now_ns();
     let all4 = io.entries4()?;
-    let e4 = io.delete4(&expired(&all4, now, timeouts, |k| k.protocol))?;
+    let gone4 = expired(&all4, now, timeouts, |k| k.protocol);
+    let e4 = io.delete4(&gone4)?;
+    sweep_service_flows(io, &all4, &gone4, now, stats)?;
     let all6 = io.entries6()?;
     let e6 = io.delete6(&expired(&all6, now, timeouts, |k| k.protocol))?;
     let len = |n: usize| u64::try_from(n).unwrap_or(0);
@@ -327,6 +380,30 @@ pub fn sweep_with(
     stats.expired4 += e4;
     stats.expired6 += e6;
     (stats.entries4, stats.entries6, stats.max4, stats.max6) = (n4, n6, m4, m6);
+    Ok(())
+}
+
+/// Removes the translated flows' entries whose flow left conntrack (`all4` as read, less
+/// `gone4`, which this sweep removed) and `nat4` ([`service_flows`]).
+fn sweep_service_flows(
+    io: &mut dyn CtIo,
+    all4: &[(Ct4Key, CtEntry)],
+    gone4: &[Ct4Key],
+    now: u64,
+    stats: &mut CtStats,
+) -> Result<(), KernelError> {
+    let Some((entries, max)) = io.service_flows4()? else {
+        return Ok(());
+    };
+    let gone: std::collections::HashSet<&Ct4Key> = gone4.iter().collect();
+    let kept = all4.iter().map(|(k, _)| *k).filter(|k| !gone.contains(k));
+    let live = service_flows::live(kept, &io.nat_flows4()?);
+    let removed = io.delete_service_flows4(&service_flows::stale(&entries, &live, now))?;
+    stats.service_flows4 = u64::try_from(entries.len())
+        .unwrap_or(u64::MAX)
+        .saturating_sub(removed);
+    stats.service_flows_max4 = max;
+    stats.service_flows_expired4 += removed;
     Ok(())
 }
 
@@ -550,6 +627,60 @@ mod tests {
         assert_eq!(stats.entries4, 1);
         assert!(kernel.ct().ct4.contains_key(&flow(2)));
         assert_eq!(list_with(&kernel).expect("list").len(), 1);
+    }
+
+    #[test]
+    fn a_translated_flow_s_entry_goes_in_the_sweep_that_expires_its_flow() {
+        use maps_schema::{SvcCt4Entry, SvcCt4Key, service_ct::DIR_ORIGINAL};
+        let kernel = FakeKernel::default();
+        kernel.ct().capacity = 100;
+        let timeouts = CtTimeouts::default();
+        let now = now_ns();
+        let old = now.saturating_sub(
+            u64::try_from(timeouts.tcp_syn.as_nanos()).unwrap_or(u64::MAX) + 1_000_000_000,
+        );
+        // Two flows of 10.0.0.1 to a frontend, given backend 10.0.0.2:80 (`flow`'s other end).
+        let original = |port: u16| {
+            (
+                SvcCt4Key {
+                    saddr: [10, 0, 0, 1],
+                    daddr: [10, 96, 0, 10],
+                    sport: port,
+                    dport: 8080,
+                    protocol: 6,
+                    direction: DIR_ORIGINAL,
+                    _pad: [0; 2],
+                },
+                SvcCt4Entry {
+                    addr: [10, 0, 0, 2],
+                    port: 80,
+                    service_id: 1,
+                    last_seen_ns: old,
+                    ..SvcCt4Entry::default()
+                },
+            )
+        };
+        kernel.ct().create4(flow(1), CtEntry::new(old, 0)); // expires now
+        kernel
+            .ct()
+            .create4(flow(2), CtEntry::new(now, FLAG_TCP_SYN_ACK));
+        for port in [1, 2] {
+            let (k, v) = original(port);
+            kernel.ct().services4.insert(k, v);
+        }
+        let mut stats = CtStats::default();
+        sweep_with(&mut kernel.clone(), &timeouts, &mut stats).expect("sweep");
+        assert_eq!(stats.expired4, 1);
+        let left: Vec<SvcCt4Key> = kernel.ct().services4.keys().copied().collect();
+        assert_eq!(left, vec![original(2).0], "the live flow keeps its entry");
+        assert_eq!(
+            (
+                stats.service_flows4,
+                stats.service_flows_max4,
+                stats.service_flows_expired4
+            ),
+            (1, 100, 1)
+        );
     }
 
     #[test]

@@ -229,6 +229,8 @@ pub(crate) struct CtState {
     /// When set, the next IPv4 read, once it has read, reports on the first channel and waits on
     /// the second.
     pub(crate) pause: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
+    /// The translated flows' entries (`svc_ct4`).
+    pub(crate) services4: HashMap<maps_schema::SvcCt4Key, maps_schema::SvcCt4Entry>,
 }
 
 impl CtState {
@@ -744,6 +746,33 @@ impl CtIo for FakeKernel {
     }
     fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         Ok(Some(self.ct().created))
+    }
+    fn service_flows4(&self) -> Result<Option<super::kernel::ServiceFlows4>, KernelError> {
+        let s = self.ct();
+        let entries = s.services4.iter().map(|(k, v)| (*k, *v)).collect();
+        Ok(Some((entries, s.capacity)))
+    }
+    fn delete_service_flows4(
+        &mut self,
+        keys: &[maps_schema::SvcCt4Key],
+    ) -> Result<u64, KernelError> {
+        if self.dropping() {
+            return Err(injected(maps_schema::service_ct::SVC_CT4));
+        }
+        let mut s = self.ct();
+        Ok(keys
+            .iter()
+            .filter(|k| s.services4.remove(k).is_some())
+            .count() as u64)
+    }
+    fn nat_flows4(&self) -> Result<Vec<maps_schema::Nat4Key>, KernelError> {
+        Ok(self
+            .nat_map()
+            .read_all()?
+            .into_iter()
+            .filter(|(k, _)| k.direction == maps_schema::nat::DIR_EGRESS)
+            .map(|(k, _)| k)
+            .collect())
     }
 }
 

@@ -31,7 +31,7 @@ use serde::Serialize;
 use futures_util::{future::BoxFuture, stream::BoxStream};
 
 use maps_schema::{
-    CtEntry,
+    CtEntry, Nat4Key, SvcCt4Entry, SvcCt4Key,
     conntrack::{Ct4Key, Ct6Key},
 };
 
@@ -210,7 +210,18 @@ pub trait CtIo: Send {
     /// Entries the programs created (IPv4, IPv6) since the counter's pin was made; `None` when
     /// the pin does not exist (programs older than the counter).
     fn created(&self) -> Result<Option<[u64; 2]>, KernelError>;
+    /// Every entry of the translated flows' map (`svc_ct4`) and its capacity; `None` without
+    /// the pin (programs older than Services).
+    fn service_flows4(&self) -> Result<Option<ServiceFlows4>, KernelError>;
+    /// Deletes `svc_ct4` entries (missing ones are skipped); returns how many went.
+    fn delete_service_flows4(&mut self, keys: &[SvcCt4Key]) -> Result<u64, KernelError>;
+    /// The egress keys of `nat4` (each a flow the masquerade or a NodePort sent on from this
+    /// node's address); empty without the pin.
+    fn nat_flows4(&self) -> Result<Vec<Nat4Key>, KernelError>;
 }
+
+/// What [`CtIo::service_flows4`] reads: the entries and the map's capacity.
+pub type ServiceFlows4 = (Vec<(SvcCt4Key, SvcCt4Entry)>, u64);
 
 /// The verdict counters: one slot per (reason, direction), summed over CPUs.
 pub trait CountersIo: Send {

@@ -24,6 +24,7 @@ pub mod plane;
 pub mod prefilter;
 pub mod retry;
 pub mod routes;
+pub mod service_flows;
 pub mod services;
 pub mod tc_links;
 pub mod vxlan;
