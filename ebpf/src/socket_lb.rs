@@ -6,13 +6,15 @@
 //! The backend is chosen as `from_endpoint` chooses one for a new flow (a slot of the
 //! frontend's, here by a random number: the socket has no source port yet). Anything it does not
 //! place (no frontend, [`places`] false, no socket storage to be had) is left as it is, for `from_endpoint` to
-//! translate per packet as before. Every program returns 1 (go on): socket LB never refuses a
+//! translate per packet as before. A `Local` external frontend (an external or load-balancer
+//! address with `externalTrafficPolicy: Local`) is placed over its pods' scope, every ready
+//! backend, as `from_endpoint` places a pod's flow. Every program returns 1 (go on): socket LB never refuses a
 //! call.
 
 use aya_ebpf::{helpers::bpf_get_prandom_u32, programs::SockAddrContext};
 use maps_schema::{
     SlotKey, Svc4Key,
-    service::{SCOPE_ALL, backend_slot},
+    service::{SCOPE_ALL, SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, backend_slot},
     socket_lb::{IPPROTO_TCP, SockRevNat4, places, shows_frontend},
 };
 
@@ -37,14 +39,21 @@ pub(crate) const PROCEED: i32 = 1;
 fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
     // `user_port` holds the port in network byte order in its low 16 bits.
     let port = u16::from_be(user_port as u16);
-    let fk = Aligned(Svc4Key {
+    let mut fk = Aligned(Svc4Key {
         addr: addr.to_ne_bytes(),
         port,
         protocol: IPPROTO_TCP as u8,
         scope: SCOPE_ALL,
     });
     // SAFETY: read-only to programs; the agent replaces entries whole.
-    let svc = unsafe { SVC4.get(&fk.0) }?;
+    let mut svc = unsafe { SVC4.get(&fk.0) }?;
+    // A `Local` external frontend: a socket of the node (a pod's or its own) gets every backend,
+    // its pods' scope, as `from_endpoint` gives a pod and kube-proxy gives pods and the node.
+    if svc.flags & SVC_FLAG_EXTERNAL_LOCAL != 0 {
+        fk.0.scope = SCOPE_PODS;
+        // SAFETY: as above.
+        svc = unsafe { SVC4.get(&fk.0) }?;
+    }
     let (service_id, count) = (svc.service_id, svc.backend_count);
     if !places(IPPROTO_TCP, svc.flags, count) {
         return None;

@@ -39,8 +39,9 @@ user_pod!(SockRevNat4);
 /// packet. Not: a frontend without a ready backend (`from_endpoint` rejects the first packet, as
 /// kube-proxy does, with a TCP RST the socket reports as refused), one with `ClientIP` affinity
 /// (its memory is per client address, which a socket does not have before it connects;
-/// `from_endpoint` keeps it), and an external frontend with `externalTrafficPolicy: Local` (a pod
-/// gets its pods' scope, which `from_endpoint` looks up).
+/// `from_endpoint` keeps it), and the entry of an external frontend with
+/// `externalTrafficPolicy: Local` that the host interfaces use (`sock_connect4` places over the
+/// frontend's pods' scope instead, whose entry carries no such flag).
 #[inline(always)]
 #[must_use]
 pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {

@@ -977,6 +977,30 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     wait_listed(&agent, "web", cluster_ip, &want);
     let tcp_frontend: SocketAddr = format!("{cluster_ip}:80").parse().expect("frontend");
     let udp_frontend: SocketAddr = format!("{cluster_ip}:53").parse().expect("frontend");
+    // A load balancer's address with `externalTrafficPolicy: Local` onto the same pods.
+    let lb_ip = "10.200.0.60";
+    let mut lb_endpoints = String::new();
+    for p in &backends {
+        lb_endpoints.push_str(&format!(
+            "- {{addresses: [{}], conditions: {READY}, nodeName: wt-node}}\n",
+            p.ip
+        ));
+    }
+    write_atomically(
+        &dirs.path("policies").join("web-lb.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web-lb, namespace: default}}\n\
+             spec:\n  type: LoadBalancer\n  externalTrafficPolicy: Local\n  clusterIP: 10.96.0.31\n\
+             \x20 ports: [{{name: tcp, port: 80, protocol: TCP, targetPort: {TCP_PORT}, nodePort: 30480}}]\n\
+             status: {{loadBalancer: {{ingress: [{{ip: {lb_ip}}}]}}}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: web-lb-1, namespace: default, labels: {{kubernetes.io/service-name: web-lb}}}}\n\
+             addressType: IPv4\nports: [{{name: tcp, port: {TCP_PORT}, protocol: TCP}}]\n\
+             endpoints:\n{lb_endpoints}"
+        ),
+    );
+    wait_listed(&agent, "web-lb", "10.96.0.31", &want);
+    let lb_frontend: SocketAddr = format!("{lb_ip}:80").parse().expect("frontend");
 
     // In the cgroup: placed at connect.
     let lines = sockclient(Some(cgroup.path()), &client.ns, "tcp", 40, tcp_frontend);
@@ -1042,6 +1066,24 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         "the cgroup's UDP is translated per packet"
     );
 
+    // The `Local` load balancer's address: placed at connect over every ready backend (the
+    // frontend's pods' scope), from a pod and from the node.
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client.ns, "tcp", 10, lb_frontend),
+        lb_frontend,
+        "a pod to a Local load balancer's address",
+    );
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &node, "tcp", 3, lb_frontend),
+        lb_frontend,
+        "the node to a Local load balancer's address",
+    );
+    assert_eq!(
+        translated_flows(&root, &client.ip, lb_ip, TCP),
+        0,
+        "no TCP flow to the Local address from the cgroup is translated per packet"
+    );
+
     // The node's own processes (host networking) in the cgroup reach the Service as well, which
     // the per-packet path never served (no program translates what the node itself sends); from
     // outside the cgroup the node's connection finds no route to the ClusterIP (the control).
@@ -1066,6 +1108,15 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     assert!(
         outside >= 5,
         "the client's flows outside the cgroup are translated per packet ({outside})"
+    );
+    reaches_a_backend_through(
+        sockclient(None, &client.ns, "tcp", 2, lb_frontend),
+        lb_frontend,
+        "to the Local address outside the cgroup",
+    );
+    assert!(
+        translated_flows(&root, &client.ip, lb_ip, TCP) >= 2,
+        "the client's flows to the Local address outside the cgroup are translated per packet"
     );
 
     // Restarted with the flag: the new links replace the old ones (each program attached once)
