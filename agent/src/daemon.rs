@@ -417,6 +417,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(io_err("start the prefilter thread"))?;
     let inspect: Arc<dyn crate::dataplane::kernel::InspectIo> =
         Arc::new(crate::dataplane::inspect::PinnedInspect::new(&paths));
+    // The NAT map's pressure, kept by the masquerade thread's sweep.
+    let nat_stats = Arc::new(std::sync::Mutex::new(
+        crate::dataplane::nat_stats::NatStats::default(),
+    ));
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
@@ -431,6 +435,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
             .then_some(server::POD_WAIT),
         socket_lb: socket_lb.cgroup.clone(),
+        nat: Arc::clone(&nat_stats),
     });
     let socket = paths.api_socket.clone();
     let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
@@ -440,6 +445,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let metrics_state = metrics::MetricsState::new(
         dataplane_loop.subscribe(),
         Arc::clone(&ct_stats),
+        Arc::clone(&nat_stats),
         program_report.clone(),
         Arc::clone(&inspect),
     );
@@ -455,7 +461,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             crate::dataplane::masquerade::Masquerade::start(&paths, &host_interfaces, &v4(&pools))?;
         let (tx, rx) = std::sync::mpsc::channel();
         let _masq_thread = masq
-            .spawn(rx, Arc::clone(&stop))
+            .spawn(
+                rx,
+                Arc::clone(&stop),
+                crate::dataplane::nat_stats::NatPressure {
+                    stats: Arc::clone(&nat_stats),
+                    kernel: Arc::clone(&inspect),
+                },
+            )
             .map_err(io_err("start the masquerade thread"))?;
         let ipam = Arc::clone(&ipam);
         let mut last = v4(&pools);

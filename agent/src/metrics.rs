@@ -13,7 +13,10 @@ use prometheus_client::{
 };
 use tokio::sync::watch;
 
-use crate::{dataplane::conntrack::CtStats, snapshot::Snapshot};
+use crate::{
+    dataplane::{conntrack::CtStats, nat_stats::NatStats},
+    snapshot::Snapshot,
+};
 
 type Label = [(&'static str, String); 1];
 
@@ -185,6 +188,47 @@ impl Collector for ConntrackCollector {
     }
 }
 
+/// The NAT map's pressure, as of the masquerade thread's last sweep.
+#[derive(Debug)]
+struct NatCollector(Arc<Mutex<NatStats>>);
+
+impl Collector for NatCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let nat = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let family = [("family", "ipv4".to_owned())];
+        gauge_family(
+            &mut encoder,
+            "nat_entries",
+            "NAT entries (two per masqueraded flow) after the last sweep (pressure: divide by capacity)",
+            &[(family.clone(), nat.entries)],
+        )?;
+        gauge_family(
+            &mut encoder,
+            "nat_capacity",
+            "NAT map capacity",
+            &[(family.clone(), nat.capacity)],
+        )?;
+        counter_family(
+            &mut encoder,
+            "nat_swept",
+            "Idle NAT entries removed by the sweep",
+            &[(family, nat.swept)],
+        )?;
+        let event = |e: &str| [("event", e.to_owned())];
+        counter_family(
+            &mut encoder,
+            "nat_events",
+            "What the programs counted, as of the last sweep: pairs created, port collisions (the next port was tried), flows refused for want of a port, entries the map refused (pressure)",
+            &[
+                (event("created"), nat.created),
+                (event("collision"), nat.collisions),
+                (event("exhausted"), nat.exhausted),
+                (event("insert-failed"), nat.insert_failed),
+            ],
+        )
+    }
+}
+
 /// The programs loaded at start (fixed for the process's life).
 #[derive(Debug)]
 struct ProgramsCollector(Vec<(String, u32, bool)>);
@@ -218,6 +262,7 @@ impl MetricsState {
     pub fn new(
         snapshot: watch::Receiver<Arc<Snapshot>>,
         ct: Arc<Mutex<CtStats>>,
+        nat: Arc<Mutex<NatStats>>,
         programs: Vec<(String, u32, bool)>,
         kernel: Arc<dyn crate::dataplane::kernel::InspectIo>,
     ) -> Self {
@@ -228,6 +273,7 @@ impl MetricsState {
             kernel,
         }));
         registry.register_collector(Box::new(ConntrackCollector(ct)));
+        registry.register_collector(Box::new(NatCollector(nat)));
         registry.register_collector(Box::new(ProgramsCollector(programs)));
         Self { registry, snapshot }
     }
@@ -311,9 +357,11 @@ mod tests {
         let kernel = FakeKernel::new();
         let (handle, thread) = applier::spawn(harness::open_node(&paths, &kernel)).expect("loop");
         let ct = Arc::new(Mutex::new(CtStats::default()));
+        let nat = Arc::new(Mutex::new(NatStats::default()));
         let state = MetricsState::new(
             handle.subscribe(),
             Arc::clone(&ct),
+            Arc::clone(&nat),
             vec![("from_endpoint".into(), 7, true)],
             Arc::new(kernel.fake.clone()),
         );
@@ -341,6 +389,11 @@ mod tests {
         let mut rx = handle.subscribe();
         wait(&mut rx, |s| s.applied.ready).await;
         ct.lock().expect("ct").entries4 = 42;
+        {
+            let mut nat = nat.lock().expect("nat");
+            nat.entries = 20;
+            nat.exhausted = 3;
+        }
         let after = state.render().expect("render");
         let endpoints = kernel.endpoints.contents().len();
         assert_eq!(endpoints, sizes.endpoints);
@@ -349,6 +402,8 @@ mod tests {
             format!(r#"weir_driver_writes_total{{driver="endpoints_v1"}} {endpoints}"#),
             r#"weir_driver_writes_total{driver="tc-attachments"} 6"#.to_owned(),
             r#"weir_conntrack_entries{family="ipv4"} 42"#.to_owned(),
+            r#"weir_nat_entries{family="ipv4"} 20"#.to_owned(),
+            r#"weir_nat_events_total{event="exhausted"} 3"#.to_owned(),
             r#"weir_program_loads_total{program="from_endpoint",reused="true"} 1"#.to_owned(),
             "weir_endpoints 3".to_owned(),
             "weir_policy_documents_refused 0".to_owned(),

@@ -355,6 +355,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
         monitor: agent::monitor::Monitor::default(),
         pod_wait: None,
         socket_lb: None,
+        nat: std::sync::Arc::default(),
     });
     let socket = paths.api_socket.clone();
     let server = tokio::spawn(async move { server::serve(&socket, api).await });

@@ -4,7 +4,8 @@
 //! outside can route to the pools, so an untranslated flow would work too and show the pod's
 //! address. Pod-to-pod traffic is not masqueraded (the server pod sees the client pod's address:
 //! the positive control). 1,000 concurrent flows from 10 pods get distinct NAT ports in `weir
-//! bpf nat list -o json` and all complete. A restart without the flag removes the programs.
+//! bpf nat list -o json` and all complete; `weir status` counts their pairs and entries against
+//! the map's capacity. A restart without the flag removes the programs.
 
 use std::{
     collections::BTreeSet,
@@ -220,6 +221,25 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     assert_eq!(flows, total + 1, "the 1,000 flows and the one before them");
     assert_eq!(ports.len(), flows, "every flow has its own NAT port");
     round_trip(&mut streams);
+    // The NAT map's pressure as the agent reports it after its next sweep (every 10 s): the
+    // pairs the programs created and the entries left, out of the map's capacity.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    loop {
+        let nat = weir(&node, &["status"])["nat"].clone();
+        let at_least = |field: &str, n: u64| nat[field].as_u64().is_some_and(|v| v >= n);
+        let flows = u64::try_from(total + 1).expect("flows");
+        if at_least("created", flows)
+            && at_least("entries", 2 * flows)
+            && at_least("capacity", 2 * flows)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "weir status counts the flows' NAT pairs within 40 s: {nat}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     drop((streams, one, p2p));
 
     // A restart that does not name the interface: weir's programs leave it.

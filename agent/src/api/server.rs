@@ -56,6 +56,8 @@ pub struct Api {
     pub paths: crate::paths::Paths,
     /// Conntrack sweep counters.
     pub ct: Arc<std::sync::Mutex<CtStats>>,
+    /// The NAT map's pressure, kept by the masquerade thread.
+    pub nat: Arc<std::sync::Mutex<crate::dataplane::nat_stats::NatStats>>,
     /// Held by each conntrack sweep and flush for its whole run: a flush in the middle of a sweep
     /// would be overwritten by the sweep's stats and its entries counted as evictions.
     pub ct_ops: Arc<std::sync::Mutex<()>>,
@@ -190,6 +192,10 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
             nodes: (*snapshot.nodes).clone(),
             socket_lb: api.socket_lb.clone(),
+            nat: *api
+                .nat
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
         },
     }))
 }

@@ -29,6 +29,10 @@ pub struct StatusDetail {
     /// The cgroup v2 directory socket LB is attached to (`--socket-lb-cgroup`); absent: off.
     #[serde(default)]
     pub socket_lb: Option<std::path::PathBuf>,
+    /// The masquerade's NAT map (`nat4_v1`) as of its last sweep: entries, capacity, what the
+    /// sweeps removed and what the programs counted.
+    #[serde(default)]
+    pub nat: crate::dataplane::nat_stats::NatStats,
 }
 
 /// `POST /v1/ipam/ops` body: a `weir ipam` operation for the agent to run on its datastore.

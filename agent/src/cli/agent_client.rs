@@ -129,6 +129,17 @@ pub fn status(args: StatusArgs) -> Result<()> {
                 "services:   {}/{} translated flows' entries, {} swept",
                 ct.service_flows4, ct.service_flows_max4, ct.service_flows_expired4
             );
+            let nat = &detail.nat;
+            println!(
+                "nat:        {}/{} entries, {} pairs created, {} swept, {} port collisions, {} refused for want of a port, {} insert failures",
+                nat.entries,
+                nat.capacity,
+                nat.created,
+                nat.swept,
+                nat.collisions,
+                nat.exhausted,
+                nat.insert_failed
+            );
             for pool in &status.pools {
                 println!(
                     "pool:       {} {} free {}{}",

@@ -297,7 +297,21 @@ fn open_if_pinned(name: &str, path: &Path) -> Result<Option<MapData>, KernelErro
 /// Entries the programs created (IPv4, IPv6), summed over CPUs; `None` without the pin.
 fn read_created(paths: &Paths) -> Result<Option<[u64; 2]>, KernelError> {
     use maps_schema::conntrack::{EVENT_CREATED4, EVENT_CREATED6};
-    let name = maps_schema::maps::CT_EVENTS;
+    let sums = read_event_sums(
+        paths,
+        maps_schema::maps::CT_EVENTS,
+        &[EVENT_CREATED4, EVENT_CREATED6],
+    )?;
+    Ok(sums.map(|s| [s[0], s[1]]))
+}
+
+/// Slots `slots` of the per-CPU `u64` array pinned as `name` (an events counter the programs
+/// bump), each summed over CPUs, in order; `None` without the pin.
+pub fn read_event_sums(
+    paths: &Paths,
+    name: &str,
+    slots: &[u32],
+) -> Result<Option<Vec<u64>>, KernelError> {
     let pin = paths.map_pin(name);
     let open_err = |source| KernelError::OpenMap {
         path: format!("{name} at {}", pin.display()),
@@ -318,7 +332,11 @@ fn read_created(paths: &Paths) -> Result<Option<[u64; 2]>, KernelError> {
                 source: Box::new(source),
             })
     };
-    Ok(Some([sum(EVENT_CREATED4)?, sum(EVENT_CREATED6)?]))
+    slots
+        .iter()
+        .map(|&i| sum(i))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// True when `e` says the pin does not exist.

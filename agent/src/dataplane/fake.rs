@@ -297,6 +297,8 @@ pub(crate) struct FakeKernel {
     pub(crate) vxlan: Arc<Mutex<super::fake_vxlan::VxlanTable>>,
     /// The NAT map `InspectIo::nat` reads (created on first use).
     nat: Arc<Mutex<Option<FakeMap<maps_schema::Nat4Key, maps_schema::Nat4Entry>>>>,
+    /// The masquerade's events (`nat_events_v1`), as the programs would have counted them.
+    pub(crate) nat_events: Arc<Mutex<[u64; super::kernel::NAT_EVENTS]>>,
     /// The masquerade side (`fake_masq`).
     #[cfg(test)]
     pub(crate) masq: Arc<Mutex<super::fake_masq::MasqTable>>,
@@ -820,6 +822,9 @@ impl InspectIo for FakeKernel {
         &self,
     ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError> {
         Ok(Box::new(self.nat_map()))
+    }
+    fn nat_events(&self) -> Result<Option<[u64; super::kernel::NAT_EVENTS]>, KernelError> {
+        Ok(Some(*lock(&self.nat_events)))
     }
     fn drop_events(&self) -> Result<RecordStream, KernelError> {
         if self.dropping() {

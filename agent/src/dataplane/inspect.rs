@@ -89,6 +89,21 @@ impl InspectIo for PinnedInspect {
         )?))
     }
 
+    fn nat_events(&self) -> Result<Option<[u64; super::kernel::NAT_EVENTS]>, KernelError> {
+        use maps_schema::nat::{
+            EVENT_COLLISION, EVENT_CREATED, EVENT_EXHAUSTED, EVENT_INSERT_FAILED,
+        };
+        let slots = [
+            EVENT_CREATED,
+            EVENT_COLLISION,
+            EVENT_EXHAUSTED,
+            EVENT_INSERT_FAILED,
+        ];
+        let sums =
+            super::conntrack::read_event_sums(&self.paths, maps_schema::maps::NAT_EVENTS, &slots)?;
+        Ok(sums.map(|s| [s[0], s[1], s[2], s[3]]))
+    }
+
     fn drop_events(&self) -> Result<RecordStream, KernelError> {
         let name = maps_schema::maps::DROP_EVENTS;
         let pin = self.paths.map_pin(name);

@@ -268,7 +268,13 @@ pub trait InspectIo: TraceIo + Send + Sync {
     /// The drop events ring buffer's records from now on (call inside the runtime). The ring has
     /// one consumer position, so one reader per agent (`monitor::Monitor`).
     fn drop_events(&self) -> Result<RecordStream, KernelError>;
+    /// The masquerade's events (`nat_events_v1`, summed over CPUs, indexed by
+    /// `maps_schema::nat::EVENT_*`); `None` without the pin.
+    fn nat_events(&self) -> Result<Option<[u64; NAT_EVENTS]>, KernelError>;
 }
+
+/// How many `nat_events_v1` slots there are (`maps_schema::nat::EVENT_*`).
+pub const NAT_EVENTS: usize = 4;
 
 /// Errors of the kernel half of a trace.
 #[derive(Debug, thiserror::Error)]

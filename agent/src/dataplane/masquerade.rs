@@ -534,6 +534,7 @@ impl Masquerade {
         mut self,
         pools: std::sync::mpsc::Receiver<Vec<Ipv4Network>>,
         stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        pressure: super::nat_stats::NatPressure,
     ) -> io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new()
             .name("weir-masquerade".into())
@@ -551,8 +552,14 @@ impl Masquerade {
                     if now >= sweep_at {
                         sweep_at = now + SWEEP;
                         match sweep_nat(&mut *self.nat, super::conntrack::now_ns()) {
-                            Ok(s) if s.deleted > 0 => tracing::debug!(entries = s.entries, deleted = s.deleted, "nat sweep"),
-                            Ok(_) => {}
+                            Ok(s) => {
+                                if s.deleted > 0 {
+                                    tracing::debug!(entries = s.entries, deleted = s.deleted, "nat sweep");
+                                }
+                                if let Err(e) = pressure.record(&s) {
+                                    tracing::warn!(error = %e, "cannot read the nat map's capacity and events; retrying next interval");
+                                }
+                            }
                             Err(e) => tracing::warn!(error = %e, "nat sweep failed; retrying next interval"),
                         }
                     }

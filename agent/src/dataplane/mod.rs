@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod kernel;
 pub mod map_driver;
 pub mod masquerade;
+pub mod nat_stats;
 pub mod netlink_routes;
 pub mod netlink_vxlan;
 pub mod node_routes;

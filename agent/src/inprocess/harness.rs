@@ -218,5 +218,6 @@ pub(crate) async fn api(
         monitor: crate::monitor::Monitor::default(),
         pod_wait,
         socket_lb: None,
+        nat: std::sync::Arc::default(),
     }
 }

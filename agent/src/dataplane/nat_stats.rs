@@ -1,0 +1,118 @@
+//! The NAT map's upkeep and pressure (`nat4_v1`): what each NAT sweep found and what the programs
+//! counted (`nat_events_v1`), kept by the masquerade thread for `weir status` and `/metrics`.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use maps_schema::{maps::NAT4, nat};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    kernel::{InspectIo, KernelError},
+    masquerade::NatSweep,
+};
+
+/// The NAT map as of the last sweep.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NatStats {
+    /// Sweeps done.
+    pub sweeps: u64,
+    /// Entries left after the last sweep (two per masqueraded flow).
+    pub entries: u64,
+    /// Capacity of `nat4_v1`.
+    pub capacity: u64,
+    /// Entries the sweeps removed (idle pairs).
+    pub swept: u64,
+    /// Entry pairs the programs created.
+    pub created: u64,
+    /// Port candidates the programs found taken (each tried the next one).
+    pub collisions: u64,
+    /// New flows refused for want of a free port (`nat-port-exhausted`).
+    pub exhausted: u64,
+    /// Entries the map refused (full or busy: `nat-insert-failed`).
+    pub insert_failed: u64,
+}
+
+/// Where the masquerade thread keeps [`NatStats`]: shared with the API and the metrics.
+#[derive(Clone)]
+pub struct NatPressure {
+    /// The counters.
+    pub stats: Arc<Mutex<NatStats>>,
+    /// Where the map's capacity and the programs' events are read.
+    pub kernel: Arc<dyn InspectIo>,
+}
+
+impl NatPressure {
+    /// Records one sweep, with the map's capacity and the programs' events read now. The sweep's
+    /// own figures are kept even when the reads fail (the error says which).
+    pub fn record(&self, sweep: &NatSweep) -> Result<(), KernelError> {
+        let mut stats = *self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.sweeps += 1;
+        stats.entries = sweep.entries.saturating_sub(sweep.deleted);
+        stats.swept += sweep.deleted;
+        let read = self.read(&mut stats);
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats;
+        read
+    }
+
+    fn read(&self, stats: &mut NatStats) -> Result<(), KernelError> {
+        stats.capacity = u64::from(self.kernel.map_meta(NAT4)?.max_entries);
+        if let Some(events) = self.kernel.nat_events()? {
+            let at = |slot: u32| {
+                usize::try_from(slot).map_or(0, |i| events.get(i).copied().unwrap_or(0))
+            };
+            stats.created = at(nat::EVENT_CREATED);
+            stats.collisions = at(nat::EVENT_COLLISION);
+            stats.exhausted = at(nat::EVENT_EXHAUSTED);
+            stats.insert_failed = at(nat::EVENT_INSERT_FAILED);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::{fake::FakeKernel, kernel::MapMeta};
+
+    #[test]
+    fn a_sweep_records_what_is_left_what_went_and_the_programs_events() {
+        let kernel = FakeKernel::default();
+        kernel.map_metas().insert(
+            NAT4.to_owned(),
+            MapMeta {
+                max_entries: 131_072,
+                ..MapMeta::default()
+            },
+        );
+        *kernel.nat_events.lock().expect("lock") = [1_000, 7, 2, 1];
+        let pressure = NatPressure {
+            stats: Arc::default(),
+            kernel: Arc::new(kernel.clone()),
+        };
+        let sweep = |entries, deleted| NatSweep { entries, deleted };
+        pressure.record(&sweep(2_000, 500)).expect("record");
+        pressure.record(&sweep(1_500, 100)).expect("record");
+        let stats = *pressure.stats.lock().expect("lock");
+        assert_eq!(
+            stats,
+            NatStats {
+                sweeps: 2,
+                entries: 1_400,
+                capacity: 131_072,
+                swept: 600,
+                created: 1_000,
+                collisions: 7,
+                exhausted: 2,
+                insert_failed: 1,
+            }
+        );
+        // Without the map's pin the sweep's own figures are still kept, and the error says so.
+        kernel.map_metas().clear();
+        assert!(pressure.record(&sweep(1_400, 400)).is_err());
+        let stats = *pressure.stats.lock().expect("lock");
+        assert_eq!(
+            (stats.sweeps, stats.entries, stats.swept),
+            (3, 1_000, 1_000)
+        );
+    }
+}
