@@ -12,7 +12,8 @@
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
 //! control) — every expectation computed by `tests::netpol`'s model from the policies — and
 //! `weir policy trace` names the backend and the same verdict, in user space and in the kernel.
-//! The conntrack sweep takes a translated flow's `svc_ct4_v1` entry with its conntrack entry.
+//! The conntrack sweep takes a translated flow's `svc_ct4_v1` entry with its conntrack entry, and
+//! `weir service flows` lists the flow left with its backend and Service.
 
 use std::{
     collections::BTreeMap,
@@ -865,6 +866,46 @@ fn a_translated_flow_s_entry_leaves_with_its_conntrack_entry() {
         open.echo("still here")
             .expect("the open connection carries data"),
         "still here"
+    );
+    // `weir service flows` (`GET /v1/services/flows`) shows it: client, frontend, backend,
+    // Service, and its conntrack entry.
+    let weir_flows = |args: &[&str]| {
+        let out = std::process::Command::new(tests::bin::weir())
+            .args(["service", "flows", "--api-socket"])
+            .arg(&agent.socket)
+            .args(args)
+            .output()
+            .expect("run weir service flows");
+        assert!(
+            out.status.success(),
+            "weir service flows failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let flows: Value = serde_json::from_str(&weir_flows(&["-o", "json"])).expect("JSON");
+    let prefix = format!("{}:", client.ip);
+    let mine: Vec<&Value> = flows
+        .as_array()
+        .expect("a list of flows")
+        .iter()
+        .filter(|f| f["client"].as_str().is_some_and(|c| c.starts_with(&prefix)))
+        .collect();
+    assert_eq!(mine.len(), 1, "one translated flow listed: {flows}");
+    let f = mine[0];
+    assert_eq!(f["frontend"], frontend.to_string().as_str(), "{f}");
+    assert_eq!(
+        f["backend"],
+        format!("{}:{TCP_PORT}", backend.ip).as_str(),
+        "{f}"
+    );
+    assert_eq!(f["service"], "default/web", "{f}");
+    assert!(f["idle_secs"].is_u64(), "its conntrack entry is found: {f}");
+    let table = weir_flows(&[]);
+    assert!(
+        table.lines().any(|l| l.contains(&format!("{}:{TCP_PORT}", backend.ip))
+            && l.contains("default/web")),
+        "the table lists the flow:\n{table}"
     );
     let status: Value = agent
         .api(hyper::Method::GET, "/v1/status", None)

@@ -66,7 +66,7 @@ enum Task {
         #[arg(long)]
         smoke: bool,
         /// Only one part of a benchmark (datapath: `testrun` or `traffic`; services: `testrun`,
-        /// `traffic`, `update` or `socket`).
+        /// `traffic`, `update`, `socket` or `sweep`).
         #[arg(long)]
         only: Option<String>,
     },

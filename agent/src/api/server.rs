@@ -119,6 +119,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/addresses", get(list_addresses))
         .route("/v1/services", get(super::services::list))
+        .route("/v1/services/flows", get(super::services::flows))
         .route(
             "/v1/endpoints/{key}",
             get(get_endpoint).put(put_endpoint).delete(delete_endpoint),
@@ -227,7 +228,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 
 /// Runs a kernel read off the runtime's threads (each is a few syscalls, a conntrack listing
 /// many).
-async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)

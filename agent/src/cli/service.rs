@@ -1,7 +1,9 @@
 //! `weir service list [-o json]`: the Services the agent's source describes, each frontend
 //! (cluster IP, port, protocol) with its endpoints and their state (`GET /v1/services`).
+//! `weir service flows [-o json]`: the flows translated per packet, each client's flow to a
+//! frontend with the backend it was given (`GET /v1/services/flows`).
 
-use agent::services::view::ServiceView;
+use agent::{dataplane::service_flows::FlowView, services::view::ServiceView};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
@@ -21,12 +23,17 @@ enum ServiceCommand {
     /// Every Service: frontends → backends, each `ready` (takes new flows), `terminating` (no new
     /// flows; its established ones finish) or `not-ready`.
     List,
+    /// Every flow translated per packet (`svc_ct4_v1`): the client, the frontend it sent to, the
+    /// backend it was given, the Service, and its conntrack entry's idle time (`-`: not in
+    /// conntrack, swept soon).
+    Flows,
 }
 
 /// Runs `weir service …`.
 pub fn run(args: &ServiceArgs) -> Result<()> {
     match args.command {
         ServiceCommand::List => list(&args.common),
+        ServiceCommand::Flows => flows(&args.common),
     }
 }
 
@@ -37,6 +44,34 @@ fn list(common: &Common) -> Result<()> {
         Output::Json => print_json(&services),
         Output::Table => {
             print!("{}", table(&services));
+            Ok(())
+        }
+    }
+}
+
+fn flows(common: &Common) -> Result<()> {
+    let flows: Vec<FlowView> =
+        runtime()?.block_on(client(common).get("/v1/services/flows", "the translated flows"))?;
+    match common.output {
+        Output::Json => print_json(&flows),
+        Output::Table => {
+            println!(
+                "{:<6} {:<22} {:<22} {:<22} {:<32} {:<8} AGE",
+                "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "IDLE"
+            );
+            for f in &flows {
+                println!(
+                    "{:<6} {:<22} {:<22} {:<22} {:<32} {:<8} {}s",
+                    f.protocol,
+                    f.client,
+                    f.frontend,
+                    f.backend,
+                    f.service.as_deref().unwrap_or("-"),
+                    f.idle_secs
+                        .map_or_else(|| "-".to_owned(), |s| format!("{s}s")),
+                    f.age_secs
+                );
+            }
             Ok(())
         }
     }

@@ -9,9 +9,15 @@
 //! entry just before the `nat4` pair, and a sweep reading between the two would otherwise take
 //! the new flow's entry.
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashSet, net::Ipv4Addr, time::Duration};
 
-use maps_schema::{Ct4Key, Nat4Key, SvcCt4Entry, SvcCt4Key, service_ct::flow_key};
+use maps_schema::{
+    Ct4Key, Nat4Key, SvcCt4Entry, SvcCt4Key,
+    service_ct::{DIR_ORIGINAL, flow_key},
+};
+use serde::{Deserialize, Serialize};
+
+use super::kernel::{CtIo, KernelError};
 
 /// How old an entry must be (since the programs wrote it) before the sweep may take it.
 pub const GRACE: Duration = Duration::from_secs(5);
@@ -43,6 +49,62 @@ pub fn stale(
         })
         .map(|(k, _)| *k)
         .collect()
+}
+
+/// One translated flow as operators read it (`weir service flows`): a client's flow to a
+/// frontend and the backend it was given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowView {
+    /// IP protocol number.
+    pub protocol: u8,
+    /// The client's end (`address:port`).
+    pub client: String,
+    /// The frontend it sent to (`address:port`).
+    pub frontend: String,
+    /// The backend its packets go to (`address:port`).
+    pub backend: String,
+    /// The Service of that frontend (`namespace/name`), when the agent's source names it.
+    pub service: Option<String>,
+    /// Its conntrack entry's idle time in seconds; `None` when the flow is not in conntrack (the
+    /// sweep takes such an entry once it is over [`GRACE`] old, unless `nat4` carries the flow).
+    pub idle_secs: Option<u64>,
+    /// Seconds since the backend was chosen.
+    pub age_secs: u64,
+}
+
+/// Every translated flow (`svc_ct4`'s original entries) over `io` at `now_ns`, joined with its
+/// conntrack entry, ordered by client; empty without the map.
+pub fn list(io: &dyn CtIo, now_ns: u64) -> Result<Vec<FlowView>, KernelError> {
+    let Some((entries, _)) = io.service_flows4()? else {
+        return Ok(Vec::new());
+    };
+    let conntrack: std::collections::HashMap<Ct4Key, u64> = io
+        .entries4()?
+        .into_iter()
+        .map(|(k, v)| (k, v.last_seen_ns))
+        .collect();
+    let secs = |ns: u64| now_ns.saturating_sub(ns) / 1_000_000_000;
+    let end = |a: [u8; 4], p: u16| format!("{}:{p}", Ipv4Addr::from(a));
+    let mut out: Vec<(SvcCt4Key, FlowView)> = entries
+        .iter()
+        .filter(|(k, _)| k.direction == DIR_ORIGINAL)
+        .map(|(k, v)| {
+            (
+                *k,
+                FlowView {
+                    protocol: k.protocol,
+                    client: end(k.saddr, k.sport),
+                    frontend: end(k.daddr, k.dport),
+                    backend: end(v.addr, v.port),
+                    service: None,
+                    idle_secs: conntrack.get(&flow_key(k, v)).map(|&last| secs(last)),
+                    age_secs: secs(v.last_seen_ns),
+                },
+            )
+        })
+        .collect();
+    out.sort_by_key(|(k, _)| (k.saddr, k.sport, k.daddr, k.dport, k.protocol));
+    Ok(out.into_iter().map(|(_, v)| v).collect())
 }
 
 #[cfg(test)]
@@ -134,6 +196,49 @@ mod tests {
         let mut want = vec![original(2000, old).0, reply(2000, old).0];
         want.sort_unstable();
         assert_eq!(doomed, want);
+    }
+
+    #[test]
+    fn the_list_shows_original_entries_with_their_conntrack_idle_time() {
+        use crate::dataplane::fake::FakeKernel;
+        let kernel = FakeKernel::default();
+        let now = 100 * SECOND;
+        for (k, v) in [
+            original(1000, now - 30 * SECOND),
+            reply(1000, now - 30 * SECOND),
+            original(2000, now - 50 * SECOND),
+        ] {
+            kernel.ct().services4.insert(k, v);
+        }
+        kernel
+            .ct()
+            .create4(flow(1000), maps_schema::CtEntry::new(now - 4 * SECOND, 0));
+        let flows = list(&kernel, now).expect("list");
+        let shown: Vec<_> = flows
+            .iter()
+            .map(|f| {
+                (
+                    f.client.as_str(),
+                    f.frontend.as_str(),
+                    f.backend.as_str(),
+                    f.idle_secs,
+                    f.age_secs,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (
+                    "10.0.0.1:1000",
+                    "10.96.0.10:80",
+                    "10.0.1.7:8080",
+                    Some(4),
+                    30
+                ),
+                ("10.0.0.1:2000", "10.96.0.10:80", "10.0.1.7:8080", None, 50),
+            ]
+        );
     }
 
     #[test]

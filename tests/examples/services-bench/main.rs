@@ -14,14 +14,17 @@
 //!   `iptables-restore` of kube-proxy's full table at 10,000 Services;
 //! - `socket`: socket LB (`--socket-lb-cgroup`) on real TCP connections to a ClusterIP against
 //!   the same connections translated per packet and made straight to the backend: ns per
-//!   connection, and the programs' own run time per run from the kernel's statistics.
+//!   connection, and the programs' own run time per run from the kernel's statistics;
+//! - `sweep`: the agent's conntrack sweep over 100,000 translated flows on the real pinned maps,
+//!   without and with their `svc_ct4_v1` entries, and removing 100,000 stale ones.
 //!
 //! Usage (root): `services-bench --object PATH --out PATH [--smoke]
-//! [--only testrun|traffic|update|socket]`
+//! [--only testrun|traffic|update|socket|sweep]`
 //! (`WEIR_BIN` names the `weir` binary for `update`). Writes one flat JSON object.
 
 mod rules;
 mod socket;
+mod sweep;
 mod testrun;
 mod traffic;
 mod update;
@@ -47,6 +50,9 @@ pub struct Sizes {
     /// Services in the agent's directory for the update part.
     pub update_services: u32,
     pub update_rounds: usize,
+    /// Translated flows in the sweep part, and sweeps per figure.
+    pub sweep_flows: usize,
+    pub sweep_rounds: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -58,6 +64,8 @@ const FULL: Sizes = Sizes {
     traffic_runs: 5,
     update_services: 10_000,
     update_rounds: 5,
+    sweep_flows: 100_000,
+    sweep_rounds: 5,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -69,6 +77,8 @@ const SMOKE: Sizes = Sizes {
     traffic_runs: 2,
     update_services: 100,
     update_rounds: 2,
+    sweep_flows: 2_000,
+    sweep_rounds: 2,
 };
 
 /// The ClusterIP of filler Service `i` (10.96.0.0/16 and up).
@@ -101,7 +111,7 @@ fn main() -> Result<()> {
             "--only" => only = args.next(),
             other => bail!(
                 "unknown argument {other:?}; usage: --object PATH --out PATH [--smoke] \
-                 [--only testrun|traffic|update|socket]"
+                 [--only testrun|traffic|update|socket|sweep]"
             ),
         }
     }
@@ -119,10 +129,10 @@ fn main() -> Result<()> {
         unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len()) };
     buf.copy_from_slice(&bytes);
     let parts: Vec<&str> = match only.as_deref() {
-        None => vec!["testrun", "traffic", "update", "socket"],
-        Some(p @ ("testrun" | "traffic" | "update" | "socket")) => vec![p],
+        None => vec!["testrun", "traffic", "update", "socket", "sweep"],
+        Some(p @ ("testrun" | "traffic" | "update" | "socket" | "sweep")) => vec![p],
         Some(other) => {
-            bail!("--only {other:?}: choose `testrun`, `traffic`, `update` or `socket`")
+            bail!("--only {other:?}: choose `testrun`, `traffic`, `update`, `socket` or `sweep`")
         }
     };
     let mut figures = BTreeMap::new();
@@ -131,7 +141,8 @@ fn main() -> Result<()> {
             "testrun" => testrun::run(buf, sizes, &mut figures)?,
             "traffic" => traffic::run(buf, sizes, &mut figures)?,
             "update" => update::run(sizes, &mut figures)?,
-            _ => socket::run(sizes, &mut figures)?,
+            "socket" => socket::run(sizes, &mut figures)?,
+            _ => sweep::run(sizes, &mut figures)?,
         }
     }
     figures.insert("smoke".to_owned(), serde_json::json!(smoke));

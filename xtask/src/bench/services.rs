@@ -1,4 +1,4 @@
-//! `cargo xtask bench services [--smoke] [--only testrun|traffic|update|socket]`: builds the
+//! `cargo xtask bench services [--smoke] [--only testrun|traffic|update|socket|sweep]`: builds the
 //! `bench` variant of the eBPF object, `weir` and the tests' `wt-sockclient`, runs the `services-bench` example of the tests crate
 //! with them (root: it loads programs, builds namespaces and runs an agent), prints a table and
 //! writes `target/weir-bench/services.json`. Release build; `--smoke` uses the dev build and tiny
@@ -122,6 +122,16 @@ const ROWS: &[(&str, &str)] = &[
     (
         "run_sock_connect4_socket_ns",
         "  sock_connect4 ns/run (one per connect)",
+    ),
+    ("sweep_flows", "sweep: translated flows in ct4"),
+    ("sweep_ct_only_ms", "  conntrack sweep, svc_ct4 empty, ms"),
+    (
+        "sweep_with_service_flows_ms",
+        "  the same with their svc_ct4 entries, ms",
+    ),
+    (
+        "sweep_removing_stale_ms",
+        "  the sweep that removes as many stale svc_ct4 entries, ms",
     ),
 ];
 
