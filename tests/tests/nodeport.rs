@@ -89,6 +89,21 @@ fn service(
     service_doc(name, 80, Some(node_port), &spec, "{}", backends)
 }
 
+/// `weir service SUBCOMMAND -o json` against the agent behind `socket`.
+fn service_json(socket: &std::path::Path, subcommand: &str) -> Value {
+    let out = Command::new(bin::weir())
+        .args(["service", subcommand, "-o", "json", "--api-socket"])
+        .arg(socket)
+        .output()
+        .expect("run weir");
+    assert!(
+        out.status.success(),
+        "weir service {subcommand}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 /// A Service `name` with `spec` lines (type, externalIPs, …) and `status`, port `port` (with its
 /// `node_port`), and its EndpointSlice (backends: address and node).
 fn service_doc(
@@ -466,17 +481,7 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
     );
 
     // The CLI lists the NodePort frontends.
-    let out = Command::new(bin::weir())
-        .args(["service", "list", "-o", "json", "--api-socket"])
-        .arg(cluster.node(0).cni.socket())
-        .output()
-        .expect("run weir");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let list: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let list = service_json(&cluster.node(0).cni.socket(), "list");
     let frontends: Vec<(String, Option<String>)> = list
         .as_array()
         .expect("a list")
@@ -505,4 +510,35 @@ fn node_ports_reach_backends_on_this_and_the_other_node_and_local_keeps_the_clie
         ],
         "{list}"
     );
+
+    // `weir service flows` names the NodePort flows from outside (besides the pod's earlier
+    // ones): a fresh round onto node 1's backend, each flow from the client to node 0's address
+    // and NodePort, given web-1.
+    visits(&outside, at(NP_REMOTE));
+    let flows = service_json(&cluster.node(0).cni.socket(), "flows");
+    let frontend = format!("{NODE0_OUTSIDE}:{NP_REMOTE}");
+    let remote: Vec<&Value> = flows
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|f| {
+            f["frontend"] == frontend.as_str()
+                && f["client"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with(&format!("{CLIENT}:")))
+        })
+        .collect();
+    assert!(
+        !remote.is_empty(),
+        "the outside client's NodePort flows are listed: {flows}"
+    );
+    for f in remote {
+        assert!(
+            f["backend"]
+                .as_str()
+                .is_some_and(|b| b.starts_with(&format!("{web1}:"))),
+            "{f}"
+        );
+        assert_eq!(f["service"], "default/np-remote", "{f}");
+    }
 }

@@ -65,8 +65,9 @@ pub struct FlowView {
     pub backend: String,
     /// The Service of that frontend (`namespace/name`), when the agent's source names it.
     pub service: Option<String>,
-    /// Its conntrack entry's idle time in seconds; `None` when the flow is not in conntrack (the
-    /// sweep takes such an entry once it is over [`GRACE`] old, unless `nat4` carries the flow).
+    /// Its conntrack entry's idle time in seconds; `None` when the flow is not in this node's
+    /// conntrack: a NodePort flow sent on to another node's backend (`nat4` carries it), or one
+    /// whose entry the sweep takes once it is over [`GRACE`] old.
     pub idle_secs: Option<u64>,
     /// Seconds since the backend was chosen.
     pub age_secs: u64,
