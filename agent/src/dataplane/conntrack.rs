@@ -215,6 +215,20 @@ impl PinnedCt {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// Every entry of the map pinned as `name` and its capacity; `None` without the pin.
+    fn read_if_pinned<K: Pod, V: Pod>(
+        &self,
+        name: &str,
+    ) -> Result<Option<Pinned<K, V>>, KernelError> {
+        let Some(map) = open_if_pinned(name, &self.paths.map_pin(name))? else {
+            return Ok(None);
+        };
+        let fd = map.fd().as_fd();
+        let entries = batch::lookup_all::<K, V>(fd).map_err(|e| io_err(name, "read", e))?;
+        let max = batch::max_entries(fd).map_err(|e| io_err(name, "read", e))?;
+        Ok(Some((entries, max)))
+    }
+
     fn max(&self, name: &str) -> Result<u64, KernelError> {
         let map = open(name, &self.paths.map_pin(name))?;
         let info = map.info().map_err(|source| KernelError::MapOp {
@@ -253,14 +267,9 @@ impl CtIo for PinnedCt {
     }
 
     fn service_flows4(&self) -> Result<Option<ServiceFlows4>, KernelError> {
-        let name = SVC_CT4;
-        let Some(map) = open_if_pinned(name, &self.paths.map_pin(name))? else {
-            return Ok(None);
-        };
-        let entries = batch::lookup_all::<SvcCt4Key, SvcCt4Entry>(map.fd().as_fd())
-            .map_err(|e| io_err(name, "read", e))?;
-        let max = batch::max_entries(map.fd().as_fd()).map_err(|e| io_err(name, "read", e))?;
-        Ok(Some((entries, u64::from(max))))
+        Ok(self
+            .read_if_pinned::<SvcCt4Key, SvcCt4Entry>(SVC_CT4)?
+            .map(|(entries, max)| (entries, u64::from(max))))
     }
 
     fn delete_service_flows4(&mut self, keys: &[SvcCt4Key]) -> Result<u64, KernelError> {
@@ -268,12 +277,9 @@ impl CtIo for PinnedCt {
     }
 
     fn nat_flows4(&self) -> Result<Vec<Nat4Key>, KernelError> {
-        let name = maps_schema::maps::NAT4;
-        let Some(map) = open_if_pinned(name, &self.paths.map_pin(name))? else {
-            return Ok(Vec::new());
-        };
-        let entries = batch::lookup_all::<Nat4Key, Nat4Entry>(map.fd().as_fd())
-            .map_err(|e| io_err(name, "read", e))?;
+        let entries = self
+            .read_if_pinned::<Nat4Key, Nat4Entry>(maps_schema::maps::NAT4)?
+            .map_or_else(Vec::new, |(entries, _)| entries);
         Ok(entries
             .into_iter()
             .filter(|(k, _)| k.direction == DIR_EGRESS)
@@ -281,6 +287,9 @@ impl CtIo for PinnedCt {
             .collect())
     }
 }
+
+/// A pinned map's entries and capacity.
+type Pinned<K, V> = (Vec<(K, V)>, u32);
 
 /// The map pinned at `path`; `None` when there is no such pin.
 fn open_if_pinned(name: &str, path: &Path) -> Result<Option<MapData>, KernelError> {
