@@ -115,6 +115,32 @@ pub fn sock_getpeer6(ctx: SockAddrContext) -> i32 {
     socket_lb::try_show_frontend6(&ctx)
 }
 
+/// `cgroup/sendmsg4` there: a datagram an unconnected UDP socket sends to a frontend goes to a
+/// backend.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_sendmsg4(&ctx)
+}
+
+/// `cgroup/recvmsg4` there: a datagram from that backend reads as from the frontend.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_recvmsg4(&ctx)
+}
+
+/// `cgroup/sendmsg6` there: as `sock_sendmsg4`, for an IPv6 socket sending to an IPv4-mapped
+/// frontend.
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sock_sendmsg6(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_sendmsg6(&ctx)
+}
+
+/// `cgroup/recvmsg6` there: as `sock_recvmsg4`, for such a socket.
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sock_recvmsg6(ctx: SockAddrContext) -> i32 {
+    socket_lb::try_recvmsg6(&ctx)
+}
+
 #[inline(always)]
 fn tc_action(verdict: Verdict) -> i32 {
     match verdict {

@@ -18,7 +18,7 @@ use maps_schema::{
     },
     service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
-    socket_lb::SockRevNat4,
+    socket_lb::{SOCK_DGRAM_MAX, SockDgram4Key, SockRevNat4},
 };
 
 /// Agent-written hash maps: read-only to programs, entries allocated on demand.
@@ -179,6 +179,12 @@ pub(crate) static SVC_AFFINITY4: LruHashMap<
 /// (`maps_schema::socket_lb`); written by the programs.
 #[btf_map(name = "sock_rnat4_v2", pin_by_name)]
 pub(crate) static SOCK_RNAT4: SkStorage<SockRevNat4> = SkStorage::new();
+
+/// Socket LB: the frontend each unconnected UDP socket sent to, by socket and backend
+/// (`maps_schema::socket_lb`); written by the programs.
+#[btf_map(name = "sock_dgram4_v1", pin_by_name)]
+pub(crate) static SOCK_DGRAM4: LruHashMap<SockDgram4Key, SockRevNat4, { SOCK_DGRAM_MAX as usize }> =
+    LruHashMap::new();
 
 /// BPF host routing: slot `HOST_FWD_SLOT` holds `host_fwd` when the agent runs with
 /// `--host-routing bpf`; agent-written.

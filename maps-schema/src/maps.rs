@@ -156,6 +156,7 @@ pub const ALL: &[&str] = &[
     crate::service_ct::SVC_CT4,
     crate::service::SVC_AFFINITY4,
     crate::socket_lb::SOCK_RNAT4,
+    crate::socket_lb::SOCK_DGRAM4,
     HOST_FWD,
 ];
 

@@ -32,8 +32,28 @@ pub const SOCK_CONNECT6: &str = "sock_connect6";
 /// `cgroup/getpeername6` there: such a socket's peer reads as the frontend.
 pub const SOCK_GETPEER6: &str = "sock_getpeer6";
 
+/// `cgroup/sendmsg4` there: a datagram an unconnected UDP socket sends to a frontend goes to a
+/// backend (`maps_schema::socket_lb::SOCK_DGRAM4`).
+pub const SOCK_SENDMSG4: &str = "sock_sendmsg4";
+/// `cgroup/recvmsg4` there: a datagram from such a backend reads as from the frontend.
+pub const SOCK_RECVMSG4: &str = "sock_recvmsg4";
+/// `cgroup/sendmsg6` there: as `sock_sendmsg4`, for an IPv6 socket sending to an IPv4-mapped
+/// frontend.
+pub const SOCK_SENDMSG6: &str = "sock_sendmsg6";
+/// `cgroup/recvmsg6` there: as `sock_recvmsg4`, for such a socket.
+pub const SOCK_RECVMSG6: &str = "sock_recvmsg6";
+
 /// The socket LB programs, attached to one cgroup together (links pinned as `links/<program>`).
-pub const SOCKET_LB: &[&str] = &[SOCK_CONNECT4, SOCK_GETPEER4, SOCK_CONNECT6, SOCK_GETPEER6];
+pub const SOCKET_LB: &[&str] = &[
+    SOCK_CONNECT4,
+    SOCK_GETPEER4,
+    SOCK_CONNECT6,
+    SOCK_GETPEER6,
+    SOCK_SENDMSG4,
+    SOCK_RECVMSG4,
+    SOCK_SENDMSG6,
+    SOCK_RECVMSG6,
+];
 
 /// Every program in the object.
 pub const ALL: &[&str] = &[
@@ -48,6 +68,10 @@ pub const ALL: &[&str] = &[
     SOCK_GETPEER4,
     SOCK_CONNECT6,
     SOCK_GETPEER6,
+    SOCK_SENDMSG4,
+    SOCK_RECVMSG4,
+    SOCK_SENDMSG6,
+    SOCK_RECVMSG6,
 ];
 
 /// Host-side workload veths start with this prefix; any such link is a workload interface.

@@ -41,7 +41,8 @@ user_pod!(SockRevNat4);
 /// (its memory is per client address, which a socket does not have before it connects;
 /// `from_endpoint` keeps it), and the entry of an external frontend with
 /// `externalTrafficPolicy: Local` that the host interfaces use (`sock_connect4` places over the
-/// frontend's pods' scope instead, whose entry carries no such flag).
+/// frontend's pods' scope instead, whose entry carries no such flag; so it does for a `Local`
+/// NodePort dialled on one of the node's own or loopback addresses).
 #[inline(always)]
 #[must_use]
 pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {
@@ -52,6 +53,62 @@ pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {
 
 /// IP protocol number of TCP (as `bpf_sock_addr::protocol` holds it).
 pub const IPPROTO_TCP: u32 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u32 = 17;
+
+/// LRU hash [`SockDgram4Key`] → [`SockRevNat4`]: for each unconnected UDP socket (by its cookie)
+/// and each backend `sock_sendmsg4`/`sock_sendmsg6` sent one of its datagrams to, the frontend
+/// the application addressed; `sock_recvmsg4`/`sock_recvmsg6` show a datagram from that backend
+/// as from the frontend. A closed socket's entries stay until the LRU evicts them (a cookie is
+/// never reused while the kernel runs).
+pub const SOCK_DGRAM4: &str = "sock_dgram4_v1";
+/// Entries of [`SOCK_DGRAM4`].
+pub const SOCK_DGRAM_MAX: u32 = 65_536;
+
+/// Key of [`SOCK_DGRAM4`]: a socket and a backend it sent to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SockDgram4Key {
+    /// The socket's cookie (`bpf_get_socket_cookie`).
+    pub cookie: u64,
+    /// The backend's address (network byte order).
+    pub backend: [u8; 4],
+    /// The backend's port (host byte order).
+    pub backend_port: u16,
+    /// Explicit padding (zero).
+    pub _pad: u16,
+}
+assert_size!(SockDgram4Key, 16);
+
+user_pod!(SockDgram4Key);
+
+/// Whether `sock_sendmsg4`/`sock_sendmsg6` place a datagram of an unconnected UDP socket sent to a
+/// frontend with these `flags` and `backend_count`: as [`places`] for TCP (not a frontend without
+/// a ready backend, not one with `ClientIP` affinity, not the host interfaces' entry of a `Local`
+/// external frontend). A connected UDP socket is never placed (it would keep a removed backend;
+/// its datagrams are translated per packet, which moves them); an unconnected one is placed
+/// again for every datagram, so it moves with the frontend's slots.
+#[inline(always)]
+#[must_use]
+pub const fn places_datagram(flags: u16, backend_count: u16) -> bool {
+    backend_count > 0 && flags & (SVC_FLAG_AFFINITY | SVC_FLAG_EXTERNAL_LOCAL) == 0
+}
+
+/// The hash an unconnected UDP socket's datagram to a frontend is placed by: the socket's
+/// `cookie` and the frontend (address in network byte order, port), so all of one socket's
+/// datagrams to one frontend go to one backend while the frontend's slots stay (as the datagrams
+/// of one source port make one flow for kube-proxy's conntrack), and different sockets spread.
+#[inline(always)]
+#[must_use]
+pub const fn datagram_hash(cookie: u64, frontend: [u8; 4], frontend_port: u16) -> u32 {
+    let mut h =
+        cookie ^ ((u32::from_be_bytes(frontend) as u64) << 16) ^ ((frontend_port as u64) << 48);
+    // splitmix64's finaliser.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h ^ (h >> 32)) as u32
+}
 
 /// Whether `sock_getpeer4`/`sock_getpeer6` show `entry`'s frontend for a peer address
 /// `(addr, port)` (port in host byte order): only when the peer is the backend the socket was
@@ -77,6 +134,33 @@ mod tests {
         assert!(!places(tcp, 0, 0));
         assert!(!places(tcp, SVC_FLAG_AFFINITY, 3));
         assert!(!places(tcp, SVC_FLAG_EXTERNAL_LOCAL, 3));
+    }
+
+    #[test]
+    fn datagrams_are_placed_like_connections_but_for_udp() {
+        assert!(places_datagram(0, 3));
+        assert!(!places_datagram(0, 0));
+        assert!(!places_datagram(SVC_FLAG_AFFINITY, 3));
+        assert!(!places_datagram(SVC_FLAG_EXTERNAL_LOCAL, 3));
+    }
+
+    #[test]
+    fn a_socket_s_datagrams_to_a_frontend_share_a_hash_and_sockets_spread() {
+        use crate::service::backend_slot;
+        let fe = [10, 96, 0, 10];
+        assert_eq!(datagram_hash(42, fe, 53), datagram_hash(42, fe, 53));
+        assert_ne!(datagram_hash(42, fe, 53), datagram_hash(42, fe, 54));
+        assert_ne!(
+            datagram_hash(42, fe, 53),
+            datagram_hash(42, [10, 96, 0, 11], 53)
+        );
+        // Consecutive cookies (as the kernel hands them out) spread over three slots.
+        let mut counts = [0u32; 3];
+        for cookie in 1..=3_000u64 {
+            let slot = backend_slot(datagram_hash(cookie, fe, 53), 3).expect("a slot");
+            counts[usize::from(slot)] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
     }
 
     #[test]

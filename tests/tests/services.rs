@@ -16,7 +16,7 @@
 //! `weir service flows` lists the flow left with its backend and Service.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader, Write},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     time::{Duration, Instant},
@@ -943,6 +943,42 @@ fn sockclient(
         .collect()
 }
 
+/// IPv4 address `ip`, IPv4-mapped (`::ffff:a.b.c.d`), with `port`.
+fn v4_mapped(ip: &str, port: u16) -> SocketAddr {
+    let v4: std::net::Ipv4Addr = ip.parse().expect("an IPv4 address");
+    SocketAddr::new(std::net::IpAddr::V6(v4.to_ipv6_mapped()), port)
+}
+
+/// A `wt-sockclient` `udp-sendto` line's answers and sources.
+fn datagram_answers(line: &str) -> (Vec<String>, Vec<String>) {
+    let fields: Vec<&str> = line.split(' ').collect();
+    assert!(
+        fields.len() == 3 && fields[0] == "udp",
+        "an unconnected socket got no answers: {line}"
+    );
+    let split = |f: &str| f.split(',').map(str::to_owned).collect::<Vec<_>>();
+    let (answers, sources) = (split(fields[1]), split(fields[2]));
+    assert_eq!(answers.len(), 3, "{line}");
+    (answers, sources)
+}
+
+/// How many of `sock_dgram4_v1`'s entries (read from the pin) remember `frontend` as a socket's
+/// frontend.
+fn remembered_datagrams(root: &PinRoot, frontend: &str) -> usize {
+    use maps_schema::socket_lb::{SOCK_DGRAM4, SockDgram4Key, SockRevNat4};
+    let pin = root.paths().map_pin(SOCK_DGRAM4);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, SockDgram4Key, SockRevNat4> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data))
+            .expect("sock_dgram4 is a hash");
+    let frontend: std::net::Ipv4Addr = frontend.parse().expect("frontend address");
+    map.iter()
+        .filter_map(Result::ok)
+        .filter(|(_, v)| v.frontend == frontend.octets())
+        .count()
+}
+
 /// Every `wt-sockclient` TCP line is a backend's answer (`sock-…`) with the frontend as the peer.
 fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &str) {
     assert!(!lines.is_empty(), "{when}: no connection made");
@@ -958,10 +994,16 @@ fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &st
 /// placed too — and none of its TCP flows is translated per packet (no `svc_ct4_v1` entry), while the same client outside the cgroup (the positive control
 /// of that check) is translated per packet. Its UDP stays translated per packet (a connected
 /// socket would keep a removed backend), answered from the ClusterIP. The node's own processes in
-/// the cgroup reach the Service too; outside it they do not. Attachment is checked from outside
+/// the cgroup reach the Service too; outside it they do not. So do they, and a pod in the
+/// cgroup, a NodePort on the node's own address and on loopback (controls: outside the cgroup
+/// the node's stack refuses it, and a pod's flows there are translated per packet; a port in the
+/// range that no Service has stays refused). Attachment is checked from outside
 /// (`bpftool cgroup show`): a restart with the flag replaces the links (each program attached
 /// once, connections still placed at connect); one without it detaches them, and the cgroup's
 /// connections are then translated per packet.
+/// An address of the socket LB test's node (on its loopback link: the `host` identity).
+const NODE_ADDR: &str = "192.0.2.77";
+
 #[test]
 fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     if !require_root("socket_lb_gives_a_backend_at_connect_and_shows_the_frontend") {
@@ -1064,15 +1106,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     assert_eq!(counts.len(), 2, "both backends get connections: {counts:?}");
     // A dual-stack socket to the ClusterIP's IPv4-mapped address is placed the same way (the
     // IPv6 hooks), and its peer reads as the mapped ClusterIP.
-    let mapped = SocketAddr::new(
-        std::net::IpAddr::V6(
-            cluster_ip
-                .parse::<std::net::Ipv4Addr>()
-                .expect("cluster IP")
-                .to_ipv6_mapped(),
-        ),
-        80,
-    );
+    let mapped = v4_mapped(cluster_ip, 80);
     reaches_a_backend_through(
         sockclient(Some(cgroup.path()), &client.ns, "tcp6", 10, tcp_frontend),
         mapped,
@@ -1102,9 +1136,82 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
             "getpeername shows the ClusterIP: {line}"
         );
     }
+    let connected_udp = translated_flows(&root, &client.ip, cluster_ip, UDP);
     assert!(
-        translated_flows(&root, &client.ip, cluster_ip, UDP) >= 10,
-        "the cgroup's UDP is translated per packet"
+        connected_udp >= 10,
+        "the cgroup's connected UDP is translated per packet"
+    );
+    // Unconnected UDP sockets in the cgroup (`sendto`/`recvfrom`, as musl's resolver asks DNS):
+    // each datagram placed at `sendmsg`, one backend for all of a socket's datagrams, the answers
+    // read as from the ClusterIP, both backends used over the sockets, nothing translated per
+    // packet; each socket's backend is remembered in `sock_dgram4_v1` (read from the pin).
+    let mut used = BTreeSet::new();
+    for line in sockclient(
+        Some(cgroup.path()),
+        &client.ns,
+        "udp-sendto",
+        20,
+        udp_frontend,
+    ) {
+        let (answers, sources) = datagram_answers(&line);
+        assert!(
+            names.contains(&answers[0].as_str()) && answers.iter().all(|a| *a == answers[0]),
+            "one backend answers all of a socket's datagrams: {line}"
+        );
+        assert!(
+            sources.iter().all(|s| *s == udp_frontend.to_string()),
+            "recvfrom shows the ClusterIP: {line}"
+        );
+        used.insert(answers[0].clone());
+    }
+    assert_eq!(used.len(), 2, "both backends answer the sockets: {used:?}");
+    let mapped_udp = v4_mapped(cluster_ip, 53);
+    for line in sockclient(
+        Some(cgroup.path()),
+        &client.ns,
+        "udp6-sendto",
+        5,
+        udp_frontend,
+    ) {
+        let (answers, sources) = datagram_answers(&line);
+        assert!(names.contains(&answers[0].as_str()), "{line}");
+        assert!(
+            sources.iter().all(|s| *s == mapped_udp.to_string()),
+            "an IPv6 socket's recvfrom shows the mapped ClusterIP: {line}"
+        );
+    }
+    assert_eq!(
+        translated_flows(&root, &client.ip, cluster_ip, UDP),
+        connected_udp,
+        "no datagram of the cgroup's unconnected sockets is translated per packet"
+    );
+    assert!(
+        remembered_datagrams(&root, cluster_ip) >= 25,
+        "each unconnected socket's backend is in sock_dgram4_v1"
+    );
+    // The node's own unconnected socket in the cgroup reaches the UDP Service; outside the cgroup
+    // nothing answers it (the control), and the pod's datagrams outside the cgroup are translated
+    // per packet (the control of the count above), answered from the ClusterIP too.
+    let from_node = sockclient(Some(cgroup.path()), &node, "udp-sendto", 2, udp_frontend);
+    assert!(
+        from_node.iter().all(|l| l.starts_with("udp sock-")) && from_node.len() == 2,
+        "the node's unconnected socket in the cgroup: {from_node:?}"
+    );
+    let outside = sockclient(None, &node, "udp-sendto", 1, udp_frontend);
+    assert!(
+        outside.len() == 1 && outside[0].starts_with("udp-error"),
+        "outside the cgroup nothing answers the node's datagram: {outside:?}"
+    );
+    for line in sockclient(None, &client.ns, "udp-sendto", 2, udp_frontend) {
+        let (_, sources) = datagram_answers(&line);
+        assert!(
+            sources.iter().all(|s| *s == udp_frontend.to_string()),
+            "{line}"
+        );
+    }
+    assert!(
+        translated_flows(&root, &client.ip, cluster_ip, UDP) >= connected_udp + 2,
+        "the pod's unconnected sockets outside the cgroup are translated per packet"
     );
 
     // The `Local` load balancer's address: placed at connect over every ready backend (the
@@ -1123,6 +1230,69 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         translated_flows(&root, &client.ip, lb_ip, TCP),
         0,
         "no TCP flow to the Local address from the cgroup is translated per packet"
+    );
+
+    // The web-lb NodePort on one of the node's own addresses and on loopback, from the node's
+    // processes in the cgroup (host networking: kube-proxy serves them, and no program sees what
+    // the node sends itself) and from a pod in it: placed at connect over every ready backend
+    // (the NodePort is `Local`; local processes get the pods' scope, as kube-proxy gives them),
+    // the peer shown as the address and NodePort dialled.
+    node.exec(&["ip", "addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"]);
+    let node_port: SocketAddr = format!("{NODE_ADDR}:30480").parse().expect("NodePort");
+    let loopback_port: SocketAddr = "127.0.0.1:30480".parse().expect("NodePort");
+    // Control first (and the wait for the address to be the node's): outside the cgroup the
+    // node's connection reaches its own stack, where nothing listens.
+    let lines = sockclient(None, &node, "tcp", 1, node_port);
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("tcp-error"),
+        "from the node outside the cgroup nothing answers its NodePort: {lines:?}"
+    );
+    wait_for("the node's new address to be served as a NodePort", || {
+        sockclient(Some(cgroup.path()), &node, "tcp", 1, node_port)
+            .first()
+            .is_some_and(|l| l.starts_with("tcp sock-"))
+    });
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &node, "tcp", 5, node_port),
+        node_port,
+        "the node to a NodePort on its own address",
+    );
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &node, "tcp", 5, loopback_port),
+        loopback_port,
+        "the node to a NodePort on loopback",
+    );
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client.ns, "tcp", 5, node_port),
+        node_port,
+        "a pod to a NodePort on its node's address",
+    );
+    assert_eq!(
+        translated_flows(&root, &client.ip, NODE_ADDR, TCP),
+        0,
+        "no TCP flow of the cgroup's sockets to the NodePort is translated per packet"
+    );
+    // A port in the NodePort range that no Service has stays the node's own (refused).
+    let lines = sockclient(
+        Some(cgroup.path()),
+        &node,
+        "tcp",
+        1,
+        format!("{NODE_ADDR}:30481").parse().expect("address"),
+    );
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("tcp-error"),
+        "a port no NodePort has is not placed: {lines:?}"
+    );
+    // Positive control of the count: the pod outside the cgroup is translated per packet.
+    reaches_a_backend_through(
+        sockclient(None, &client.ns, "tcp", 2, node_port),
+        node_port,
+        "a pod to a NodePort on its node's address outside the cgroup",
+    );
+    assert!(
+        translated_flows(&root, &client.ip, NODE_ADDR, TCP) >= 2,
+        "the pod's flows to the NodePort outside the cgroup are translated per packet"
     );
 
     // The node's own processes (host networking) in the cgroup reach the Service as well, which

@@ -16,7 +16,8 @@ use aya::programs::{
     links::FdLink,
 };
 use maps_schema::programs::{
-    SOCK_CONNECT4, SOCK_CONNECT6, SOCK_GETPEER4, SOCK_GETPEER6, SOCKET_LB,
+    SOCK_CONNECT4, SOCK_CONNECT6, SOCK_GETPEER4, SOCK_GETPEER6, SOCK_RECVMSG4, SOCK_RECVMSG6,
+    SOCK_SENDMSG4, SOCK_SENDMSG6, SOCKET_LB,
 };
 use serde::Serialize;
 
@@ -84,11 +85,15 @@ pub struct SocketLbReport {
 }
 
 /// Each socket LB program with its hook (the same programs as `SOCKET_LB`, checked by a test).
-const HOOKS: [(&str, CgroupSockAddrAttachType); 4] = [
+const HOOKS: [(&str, CgroupSockAddrAttachType); 8] = [
     (SOCK_CONNECT4, CgroupSockAddrAttachType::Connect4),
     (SOCK_GETPEER4, CgroupSockAddrAttachType::GetPeerName4),
     (SOCK_CONNECT6, CgroupSockAddrAttachType::Connect6),
     (SOCK_GETPEER6, CgroupSockAddrAttachType::GetPeerName6),
+    (SOCK_SENDMSG4, CgroupSockAddrAttachType::UDPSendMsg4),
+    (SOCK_RECVMSG4, CgroupSockAddrAttachType::UDPRecvMsg4),
+    (SOCK_SENDMSG6, CgroupSockAddrAttachType::UDPSendMsg6),
+    (SOCK_RECVMSG6, CgroupSockAddrAttachType::UDPRecvMsg6),
 ];
 
 /// Removes a link pin (detaching its link unless something else holds it); false when there was

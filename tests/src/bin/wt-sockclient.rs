@@ -7,10 +7,14 @@
 //!   (`::ffff:a.b.c.d`), as a dual-stack application connects to an IPv4 peer.
 //! - `udp COUNT ADDR`: COUNT connected UDP sockets, one datagram each; each prints
 //!   `udp <answer> <recvfrom's source> <getpeername>` or `udp-error <error>`.
+//! - `udp-sendto COUNT ADDR`: COUNT unconnected UDP sockets, each sending three datagrams to ADDR
+//!   with `sendto` and reading each answer with `recvfrom`; each prints
+//!   `udp <answer>,<answer>,<answer> <source>,<source>,<source>` or `udp-error <error>`.
+//! - `udp6-sendto COUNT ADDR`: as `udp-sendto`, from an IPv6 socket to ADDR's IPv4-mapped address.
 //! - `tcp-time COUNT ADDR` (the services benchmark): COUNT connections one after the other, each
 //!   closed once the server has closed it; prints `elapsed_ns <N> failed <M>` for all of them.
 //!
-//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|tcp-time COUNT ADDR`. The cgroup is joined first,
+//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time COUNT ADDR`. The cgroup is joined first,
 //! from the host's mount namespace (`ip netns exec` would remount `/sys`).
 
 use std::{
@@ -25,7 +29,9 @@ use nix::sched::{CloneFlags, setns};
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cgroup, netns, kind, count, addr] = args.as_slice() else {
-        bail!("usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|tcp-time COUNT ADDR");
+        bail!(
+            "usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time COUNT ADDR"
+        );
     };
     let count: u32 = count.parse().context("COUNT")?;
     let addr: SocketAddr = addr.parse().context("ADDR")?;
@@ -55,7 +61,20 @@ fn main() -> anyhow::Result<()> {
                 Ok((answer, from, peer)) => println!("udp {answer} {from} {peer}"),
                 Err(e) => println!("udp-error {e:#}"),
             },
-            other => bail!("unknown kind {other:?}: use tcp or udp"),
+            "udp-sendto" | "udp6-sendto" => {
+                let (bind, to) = if kind == "udp6-sendto" {
+                    ("[::]:0", mapped(addr))
+                } else {
+                    ("0.0.0.0:0", addr)
+                };
+                match udp_sendto(bind, to, timeout) {
+                    Ok((answers, sources)) => {
+                        println!("udp {} {}", answers.join(","), sources.join(","));
+                    }
+                    Err(e) => println!("udp-error {e:#}"),
+                }
+            }
+            other => bail!("unknown kind {other:?}: use tcp, tcp6, udp, udp-sendto or udp6-sendto"),
         }
     }
     Ok(())
@@ -113,4 +132,24 @@ fn udp(addr: SocketAddr, timeout: Duration) -> anyhow::Result<(String, SocketAdd
     let mut buf = [0u8; 512];
     let (n, from) = socket.recv_from(&mut buf).context("recvfrom")?;
     Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from, peer))
+}
+
+/// Three datagrams from one unconnected socket bound to `bind`, each sent to `to` and answered:
+/// the answers and the sources `recvfrom` gave them.
+fn udp_sendto(
+    bind: &str,
+    to: SocketAddr,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let socket = UdpSocket::bind(bind).context("bind")?;
+    socket.set_read_timeout(Some(timeout))?;
+    let (mut answers, mut sources) = (Vec::new(), Vec::new());
+    let mut buf = [0u8; 512];
+    for _ in 0..3 {
+        socket.send_to(b"ask", to).context("sendto")?;
+        let (n, from) = socket.recv_from(&mut buf).context("recvfrom")?;
+        answers.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        sources.push(from.to_string());
+    }
+    Ok((answers, sources))
 }
