@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every test tier, then a check that nothing was left behind.
 //!
-//! Unit tests run in parallel; the `tests` crate (packet, privileged and black-box tests, which
-//! share kernel state) runs one test at a time.
+//! Unit tests run in parallel; the `tests` crate's binaries (packet, privileged and black-box
+//! tests) each run one test at a time, two binaries side by side (`lanes`).
 
 use std::path::Path;
 
@@ -31,12 +31,7 @@ pub(crate) fn run(ws: &Path) -> Result<()> {
     // The container image, once, before the tests that run it (`deploy_container.rs`).
     let image = crate::image::run(ws, false)?;
     let spec = format!("{}={}", crate::image::IMAGE, image.display());
-    let integration = util::run_env(
-        ws,
-        "cargo",
-        &["test", "-p", "tests", "--", "--test-threads=1"],
-        &[("WEIR_IMAGE_ARCHIVE", spec.as_str())],
-    );
+    let integration = crate::lanes::run(ws, &[("WEIR_IMAGE_ARCHIVE", spec.as_str())]);
     let leftovers = leftovers();
     unit?;
     integration?;

@@ -30,25 +30,6 @@ pub(crate) fn run(dir: &Path, program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// [`run`] with extra environment variables.
-pub(crate) fn run_env(
-    dir: &Path,
-    program: &str,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> Result<()> {
-    let status = Command::new(program)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .status()
-        .with_context(|| format!("cannot run {program}"))?;
-    if !status.success() {
-        bail!("`{program} {}` failed ({status})", args.join(" "));
-    }
-    Ok(())
-}
-
 /// Runs a command and returns its stdout, or `None` when it cannot run or fails.
 pub(crate) fn output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;

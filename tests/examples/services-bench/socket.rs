@@ -8,10 +8,15 @@
 //! - `packet`: to the ClusterIP from a process outside it (translated per packet by
 //!   `from_endpoint`, reversed by `to_endpoint`).
 //!
+//! - `udp_direct`, `udp_socket`, `udp_packet`: the same three ways for UDP, each exchange a new
+//!   unconnected socket sending one datagram with `sendto` and reading the answer with
+//!   `recvfrom` (as musl's resolver asks DNS); `udp_socket` is placed at `sendmsg`.
+//!
 //! Figures per variant (medians over runs): ns per connection (wall clock, the whole exchange)
 //! and, from the kernel's own run-time statistics (`BPF_ENABLE_STATS`, held only while this
 //! part runs), the average ns per run of `from_endpoint` and `to_endpoint` over every packet of
-//! the run (both directions of each connection) and of `sock_connect4` per `connect`.
+//! the run (both directions of each connection) and of `sock_connect4` per `connect`,
+//! `sock_sendmsg4` per `sendto` and `sock_recvmsg4` per `recvfrom`.
 
 use std::{
     collections::BTreeMap,
@@ -23,7 +28,7 @@ use anyhow::{Context as _, Result, bail};
 use aya::programs::ProgramInfo;
 use maps_schema::{
     Svc4Key,
-    programs::{FROM_ENDPOINT, SOCK_CONNECT4, TO_ENDPOINT},
+    programs::{FROM_ENDPOINT, SOCK_CONNECT4, SOCK_RECVMSG4, SOCK_SENDMSG4, TO_ENDPOINT},
     service::SVC4,
 };
 use serde_json::{Value, json};
@@ -48,7 +53,14 @@ fn counts(s: Sizes) -> (u32, usize) {
     }
 }
 
-const VARIANTS: [&str; 3] = ["direct", "socket", "packet"];
+const VARIANTS: [&str; 6] = [
+    "direct",
+    "socket",
+    "packet",
+    "udp_direct",
+    "udp_socket",
+    "udp_packet",
+];
 
 /// The client namespace's count of retransmitted SYNs (`TcpExt: TCPSynRetrans`).
 fn syn_retrans(ns: &NetNs) -> Result<u64> {
@@ -115,13 +127,25 @@ pub fn run(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
             drop(conn);
         }
     });
+    let udp = backend
+        .ns
+        .run(|| std::net::UdpSocket::bind(("0.0.0.0", TARGET)))
+        .context("binding UDP in the backend pod")?;
+    std::thread::spawn(move || {
+        // Each datagram answered at once.
+        let mut buf = [0u8; 64];
+        while let Ok((len, from)) = udp.recv_from(&mut buf) {
+            let _ = udp.send_to(&buf[..len], from);
+        }
+    });
     let vip = Ipv4Addr::from(u32::from(crate::vip(n)) + 1);
     let doc = format!(
         "---\nkind: Service\nmetadata: {{name: measured, namespace: bench}}\n\
-         spec: {{clusterIP: {vip}, ports: [{{name: p, port: {PORT}, targetPort: {TARGET}}}]}}\n\
+         spec: {{clusterIP: {vip}, ports: [{{name: p, port: {PORT}, targetPort: {TARGET}}}, \
+         {{name: u, port: {PORT}, protocol: UDP, targetPort: {TARGET}}}]}}\n\
          ---\nkind: EndpointSlice\napiVersion: discovery.k8s.io/v1\n\
          metadata: {{name: measured-1, namespace: bench, labels: {{kubernetes.io/service-name: measured}}}}\n\
-         addressType: IPv4\nports: [{{name: p, port: {TARGET}}}]\n\
+         addressType: IPv4\nports: [{{name: p, port: {TARGET}}}, {{name: u, port: {TARGET}, protocol: UDP}}]\n\
          endpoints:\n- {{addresses: [{}], conditions: {{ready: true}}}}\n",
         backend.ip
     );
@@ -150,18 +174,29 @@ pub fn run(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
         for (variant, client) in VARIANTS.into_iter().zip(&clients) {
             let netns = format!("/var/run/netns/{}", client.ns.name());
             let (cg_arg, to) = match variant {
-                "direct" => ("-".to_owned(), format!("{}:{TARGET}", backend.ip)),
-                "socket" => (cg.clone(), format!("{vip}:{PORT}")),
+                "direct" | "udp_direct" => ("-".to_owned(), format!("{}:{TARGET}", backend.ip)),
+                "socket" | "udp_socket" => (cg.clone(), format!("{vip}:{PORT}")),
                 _ => ("-".to_owned(), format!("{vip}:{PORT}")),
             };
-            let programs = [FROM_ENDPOINT, TO_ENDPOINT, SOCK_CONNECT4];
+            let kind = if variant.starts_with("udp") {
+                "udp-time"
+            } else {
+                "tcp-time"
+            };
+            let programs = [
+                FROM_ENDPOINT,
+                TO_ENDPOINT,
+                SOCK_CONNECT4,
+                SOCK_SENDMSG4,
+                SOCK_RECVMSG4,
+            ];
             let before: Vec<(u128, u64)> = programs
                 .iter()
                 .map(|p| stats(&root, p))
                 .collect::<Result<_>>()?;
             let retrans = syn_retrans(&client.ns)?;
             let out = std::process::Command::new(&client_bin)
-                .args([&cg_arg, &netns, "tcp-time", &per_run.to_string(), &to])
+                .args([&cg_arg, &netns, kind, &per_run.to_string(), &to])
                 .output()
                 .context("running wt-sockclient")?;
             let after: Vec<(u128, u64)> = programs
@@ -181,12 +216,12 @@ pub fn run(s: Sizes, figures: &mut BTreeMap<String, Value>) -> Result<()> {
                 );
             };
             if failed > 0 {
-                bail!("{failed} of {per_run} connections failed in variant {variant}");
+                bail!("{failed} of {per_run} exchanges failed in variant {variant}");
             }
             let ns = elapsed / f64::from(per_run);
             let retrans = syn_retrans(&client.ns)? - retrans;
             eprintln!(
-                "services-bench: socket LB run {run} {variant}: {ns:.0} ns/connection, {retrans} SYNs retransmitted"
+                "services-bench: socket LB run {run} {variant}: {ns:.0} ns/exchange, {retrans} SYNs retransmitted"
             );
             *syn_retransmits.entry(variant).or_default() += retrans;
             per_conn.entry(variant).or_default().push(ns);

@@ -13,8 +13,11 @@
 //! - `udp6-sendto COUNT ADDR`: as `udp-sendto`, from an IPv6 socket to ADDR's IPv4-mapped address.
 //! - `tcp-time COUNT ADDR` (the services benchmark): COUNT connections one after the other, each
 //!   closed once the server has closed it; prints `elapsed_ns <N> failed <M>` for all of them.
+//! - `udp-time COUNT ADDR` (the services benchmark): COUNT exchanges one after the other, each a
+//!   new unconnected UDP socket sending one datagram with `sendto` and reading the answer with
+//!   `recvfrom`; prints as `tcp-time`.
 //!
-//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time COUNT ADDR`. The cgroup is joined first,
+//! Usage: `wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time|udp-time COUNT ADDR`. The cgroup is joined first,
 //! from the host's mount namespace (`ip netns exec` would remount `/sys`).
 
 use std::{
@@ -30,7 +33,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cgroup, netns, kind, count, addr] = args.as_slice() else {
         bail!(
-            "usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time COUNT ADDR"
+            "usage: wt-sockclient CGROUP_DIR|- NETNS_PATH tcp|tcp6|udp|udp-sendto|udp6-sendto|tcp-time|udp-time COUNT ADDR"
         );
     };
     let count: u32 = count.parse().context("COUNT")?;
@@ -42,8 +45,12 @@ fn main() -> anyhow::Result<()> {
     let ns = std::fs::File::open(netns).with_context(|| format!("open {netns}"))?;
     setns(ns, CloneFlags::CLONE_NEWNET).context("enter the network namespace")?;
     let timeout = Duration::from_secs(3);
-    if kind == "tcp-time" {
-        let (elapsed, failed) = tcp_time(addr, count, timeout);
+    if kind == "tcp-time" || kind == "udp-time" {
+        let (elapsed, failed) = if kind == "tcp-time" {
+            tcp_time(addr, count, timeout)
+        } else {
+            udp_time(addr, count, timeout)
+        };
         println!("elapsed_ns {} failed {failed}", elapsed.as_nanos());
         return Ok(());
     }
@@ -152,4 +159,23 @@ fn udp_sendto(
         sources.push(from.to_string());
     }
     Ok((answers, sources))
+}
+
+/// `count` exchanges with `addr`, each from a new unconnected UDP socket: the time they took,
+/// and how many failed.
+fn udp_time(addr: SocketAddr, count: u32, timeout: Duration) -> (std::time::Duration, u32) {
+    let mut failed = 0;
+    let mut buf = [0u8; 64];
+    let start = std::time::Instant::now();
+    for _ in 0..count {
+        let ok = UdpSocket::bind("0.0.0.0:0").is_ok_and(|s| {
+            s.set_read_timeout(Some(timeout)).is_ok()
+                && s.send_to(b"ask", addr).is_ok()
+                && s.recv_from(&mut buf).is_ok()
+        });
+        if !ok {
+            failed += 1;
+        }
+    }
+    (start.elapsed(), failed)
 }

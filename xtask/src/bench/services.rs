@@ -123,6 +123,50 @@ const ROWS: &[(&str, &str)] = &[
         "run_sock_connect4_socket_ns",
         "  sock_connect4 ns/run (one per connect)",
     ),
+    (
+        "conn_udp_direct_ns",
+        "  UDP exchange (new socket) with the backend, ns (wall)",
+    ),
+    (
+        "conn_udp_socket_ns",
+        "  with the ClusterIP, socket LB, ns (wall)",
+    ),
+    (
+        "conn_udp_packet_ns",
+        "  with the ClusterIP, per packet, ns (wall)",
+    ),
+    (
+        "run_from_endpoint_udp_direct_ns",
+        "  from_endpoint ns/run, UDP: to the backend",
+    ),
+    (
+        "run_from_endpoint_udp_socket_ns",
+        "  from_endpoint ns/run, UDP: socket LB",
+    ),
+    (
+        "run_from_endpoint_udp_packet_ns",
+        "  from_endpoint ns/run, UDP: per packet",
+    ),
+    (
+        "run_to_endpoint_udp_direct_ns",
+        "  to_endpoint ns/run, UDP: to the backend",
+    ),
+    (
+        "run_to_endpoint_udp_socket_ns",
+        "  to_endpoint ns/run, UDP: socket LB",
+    ),
+    (
+        "run_to_endpoint_udp_packet_ns",
+        "  to_endpoint ns/run, UDP: per packet",
+    ),
+    (
+        "run_sock_sendmsg4_udp_socket_ns",
+        "  sock_sendmsg4 ns/run (one per sendto)",
+    ),
+    (
+        "run_sock_recvmsg4_udp_socket_ns",
+        "  sock_recvmsg4 ns/run (one per recvfrom)",
+    ),
     ("sweep_flows", "sweep: translated flows in ct4"),
     ("sweep_ct_only_ms", "  conntrack sweep, svc_ct4 empty, ms"),
     (
