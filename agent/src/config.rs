@@ -173,6 +173,12 @@ pub struct AgentArgs {
     /// translated per packet by `from_endpoint`, as they are for sockets outside the cgroup.
     #[arg(long, env = "WEIR_SOCKET_LB_CGROUP")]
     pub socket_lb_cgroup: Option<PathBuf>,
+    /// Which sockets in the socket LB cgroup are placed: `all`, or `host` — only those of the
+    /// node's own network namespace (the node's processes and `hostNetwork` pods), so pods' flows
+    /// to Services are translated per packet and a service mesh's sidecar in a pod still sees the
+    /// ClusterIP (Cilium's `socketLB.hostNamespaceOnly`).
+    #[arg(long, env = "WEIR_SOCKET_LB_SCOPE", default_value_t = SocketLbScope::All)]
+    pub socket_lb_scope: SocketLbScope,
     /// This node's addresses in its node record (the next hop other nodes route its blocks
     /// through), comma-separated. Default: the source address of this node's route to the first
     /// etcd endpoint.
@@ -253,6 +259,25 @@ impl std::fmt::Display for HostRouting {
     }
 }
 
+/// Which sockets socket LB places (`--socket-lb-scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketLbScope {
+    /// Every socket of a process in the cgroup.
+    All,
+    /// Only sockets of the node's own network namespace (the agent's).
+    Host,
+}
+
+impl std::fmt::Display for SocketLbScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::All => "all",
+            Self::Host => "host",
+        })
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -314,6 +339,8 @@ pub struct Config {
     pub host_routing: HostRouting,
     /// The cgroup v2 directory socket LB is attached to (None: off).
     pub socket_lb_cgroup: Option<PathBuf>,
+    /// Which sockets socket LB places.
+    pub socket_lb_scope: SocketLbScope,
     /// This node's addresses for its node record (empty: found from the route to etcd).
     pub node_addresses: Vec<std::net::IpAddr>,
     /// How long a node record stays live without a heartbeat (dumped in seconds).
@@ -650,6 +677,13 @@ impl AgentArgs {
             }
             other => other.clone(),
         };
+        if socket_lb_cgroup.is_none() && self.socket_lb_scope != SocketLbScope::All {
+            return Err(invalid(
+                "--socket-lb-scope (WEIR_SOCKET_LB_SCOPE)",
+                &self.socket_lb_scope.to_string(),
+                "it applies to socket LB: give --socket-lb-cgroup too, or leave the scope out",
+            ));
+        }
         let metrics = self.metrics.parse().map_err(|_| {
             invalid(
                 "--metrics (WEIR_METRICS)",
@@ -691,6 +725,7 @@ impl AgentArgs {
             routing: self.routing,
             host_routing: self.host_routing,
             socket_lb_cgroup,
+            socket_lb_scope: self.socket_lb_scope,
             node_addresses: self.node_addresses.clone(),
             node_expiry: std::time::Duration::from_secs(self.node_expiry),
             vxlan: self.vxlan.clone(),
@@ -888,6 +923,10 @@ mod tests {
             (
                 vec!["--node", "n1", "--socket-lb-cgroup", "sys/fs/cgroup"],
                 "--socket-lb-cgroup",
+            ),
+            (
+                vec!["--node", "n1", "--socket-lb-scope", "host"],
+                "--socket-lb-scope",
             ),
             (
                 vec!["--node", "n1", "--prefilter-interfaces", "a/b"],

@@ -170,7 +170,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config.host_routing == crate::config::HostRouting::Bpf,
     )?;
     let program_report = programs.report.programs.clone();
-    let socket_lb = crate::bpf::socket_lb::reconcile(&paths, config.socket_lb_cgroup.as_deref())?;
+    let socket_lb = crate::bpf::socket_lb::reconcile(
+        &paths,
+        config.socket_lb_cgroup.as_deref(),
+        config.socket_lb_scope,
+    )?;
     crate::observe::ebpf_log::start(&paths);
     // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
     let (prefilter_driver, prefilter) = Prefilter::start(
@@ -435,6 +439,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
             .then_some(server::POD_WAIT),
         socket_lb: socket_lb.cgroup.clone(),
+        socket_lb_scope: socket_lb.scope,
         nat: Arc::clone(&nat_stats),
     });
     let socket = paths.api_socket.clone();

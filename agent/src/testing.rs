@@ -121,6 +121,7 @@ impl TestAgent {
             monitor: crate::monitor::Monitor::default(),
             pod_wait: None,
             socket_lb: None,
+            socket_lb_scope: None,
             nat: std::sync::Arc::default(),
         });
         let socket = paths.api_socket.clone();

@@ -18,7 +18,7 @@ use maps_schema::{
     },
     service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
-    socket_lb::{SOCK_DGRAM_MAX, SockDgram4Key, SockRevNat4},
+    socket_lb::{SOCK_DGRAM_MAX, SockDgram4Key, SockLbConfig, SockRevNat4},
 };
 
 /// Agent-written hash maps: read-only to programs, entries allocated on demand.
@@ -185,6 +185,10 @@ pub(crate) static SOCK_RNAT4: SkStorage<SockRevNat4> = SkStorage::new();
 #[btf_map(name = "sock_dgram4_v1", pin_by_name)]
 pub(crate) static SOCK_DGRAM4: LruHashMap<SockDgram4Key, SockRevNat4, { SOCK_DGRAM_MAX as usize }> =
     LruHashMap::new();
+
+/// Socket LB's settings (`maps_schema::socket_lb::SockLbConfig`, slot 0); agent-written.
+#[btf_map(name = "sock_cfg_v1", pin_by_name)]
+pub(crate) static SOCK_CFG: Array<SockLbConfig, 1, { BPF_F_RDONLY_PROG }> = Array::new();
 
 /// BPF host routing: slot `HOST_FWD_SLOT` holds `host_fwd` when the agent runs with
 /// `--host-routing bpf`; agent-written.

@@ -15,7 +15,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie},
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie},
     programs::SockAddrContext,
 };
 use maps_schema::{
@@ -25,13 +25,13 @@ use maps_schema::{
         NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, backend_slot, pod_nodeport,
     },
     socket_lb::{
-        IPPROTO_TCP, IPPROTO_UDP, SockDgram4Key, SockRevNat4, datagram_hash, places,
+        IPPROTO_TCP, IPPROTO_UDP, SockDgram4Key, SockRevNat4, datagram_hash, in_scope, places,
         places_datagram, shows_frontend,
     },
 };
 
 use crate::{
-    maps::{IDENT4, SOCK_DGRAM4, SOCK_RNAT4, SVC_BACKENDS4, SVC_SLOTS, SVC4},
+    maps::{IDENT4, SOCK_CFG, SOCK_DGRAM4, SOCK_RNAT4, SVC_BACKENDS4, SVC_SLOTS, SVC4},
     parse::Aligned,
 };
 
@@ -240,7 +240,7 @@ fn rewrite4(ctx: &SockAddrContext, protocol: u32, to: Hook) -> i32 {
             (*sa).user_port,
         )
     };
-    if family != AF_INET || (protocol != ANY && proto != protocol) {
+    if family != AF_INET || (protocol != ANY && proto != protocol) || !to.in_scope(ctx) {
         return PROCEED;
     }
     if let Some((addr, port)) = to.apply(ctx, addr, port) {
@@ -272,7 +272,8 @@ fn rewrite6(ctx: &SockAddrContext, protocol: u32, to: Hook) -> i32 {
         )
     };
     let mapped = w0 == 0 && w1 == 0 && w2 == V4_MAPPED;
-    if family != AF_INET6 || !mapped || (protocol != ANY && proto != protocol) {
+    if family != AF_INET6 || !mapped || (protocol != ANY && proto != protocol) || !to.in_scope(ctx)
+    {
         return PROCEED;
     }
     if let Some((addr, port)) = to.apply(ctx, addr, port) {
@@ -303,6 +304,24 @@ enum Hook {
 }
 
 impl Hook {
+    /// Whether this hook acts for the socket of `ctx`: `connect` and `sendmsg` place only the
+    /// sockets `sock_cfg_v1` names (all, or the node's own network namespace's); `getpeername`
+    /// and `recvmsg` act on every socket, since only a placed one has an entry.
+    #[inline(always)]
+    fn in_scope(self, ctx: &SockAddrContext) -> bool {
+        match self {
+            Self::ShowPeer | Self::Receive => true,
+            Self::Connect | Self::Send => match SOCK_CFG.get(0) {
+                Some(cfg) if cfg.netns_cookie != 0 => {
+                    // SAFETY: a helper reading the context's socket's namespace.
+                    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+                    in_scope(cfg, netns)
+                }
+                _ => true,
+            },
+        }
+    }
+
     #[inline(always)]
     fn apply(self, ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
         match self {

@@ -157,6 +157,7 @@ pub const ALL: &[&str] = &[
     crate::service::SVC_AFFINITY4,
     crate::socket_lb::SOCK_RNAT4,
     crate::socket_lb::SOCK_DGRAM4,
+    crate::socket_lb::SOCK_CFG,
     HOST_FWD,
 ];
 

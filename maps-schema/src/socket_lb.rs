@@ -51,6 +51,31 @@ pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {
         && flags & (SVC_FLAG_AFFINITY | SVC_FLAG_EXTERNAL_LOCAL) == 0
 }
 
+/// Array of one [`SockLbConfig`] (slot 0), written by the agent whenever it attaches socket LB:
+/// which sockets the `connect` and `sendmsg` programs place.
+pub const SOCK_CFG: &str = "sock_cfg_v1";
+
+/// Socket LB's settings for the programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SockLbConfig {
+    /// The network namespace cookie whose sockets alone are placed: the node's own
+    /// (`--socket-lb-host-only`, as Cilium's `socketLB.hostNamespaceOnly`: pods' flows are then
+    /// translated per packet, so a service mesh's sidecar still sees the ClusterIP). 0: every
+    /// socket in the cgroup.
+    pub netns_cookie: u64,
+}
+assert_size!(SockLbConfig, 8);
+
+user_pod!(SockLbConfig);
+
+/// Whether a socket of network namespace `netns_cookie` is placed under `config`.
+#[inline(always)]
+#[must_use]
+pub const fn in_scope(config: &SockLbConfig, netns_cookie: u64) -> bool {
+    config.netns_cookie == 0 || config.netns_cookie == netns_cookie
+}
+
 /// IP protocol number of TCP (as `bpf_sock_addr::protocol` holds it).
 pub const IPPROTO_TCP: u32 = 6;
 /// IP protocol number of UDP.
@@ -134,6 +159,16 @@ mod tests {
         assert!(!places(tcp, 0, 0));
         assert!(!places(tcp, SVC_FLAG_AFFINITY, 3));
         assert!(!places(tcp, SVC_FLAG_EXTERNAL_LOCAL, 3));
+    }
+
+    #[test]
+    fn host_only_places_the_node_s_own_namespace_alone() {
+        let all = SockLbConfig::default();
+        assert!(in_scope(&all, 4096));
+        assert!(in_scope(&all, 1));
+        let host_only = SockLbConfig { netns_cookie: 1 };
+        assert!(in_scope(&host_only, 1));
+        assert!(!in_scope(&host_only, 4096));
     }
 
     #[test]

@@ -355,6 +355,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
         monitor: agent::monitor::Monitor::default(),
         pod_wait: None,
         socket_lb: None,
+        socket_lb_scope: None,
         nat: std::sync::Arc::default(),
     });
     let socket = paths.api_socket.clone();

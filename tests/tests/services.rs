@@ -979,6 +979,18 @@ fn remembered_datagrams(root: &PinRoot, frontend: &str) -> usize {
         .count()
 }
 
+/// The network namespace cookie `sock_cfg_v1` (read from the pin) restricts socket LB to; 0:
+/// every socket.
+fn socket_lb_netns_cookie(root: &PinRoot) -> u64 {
+    use maps_schema::socket_lb::{SOCK_CFG, SockLbConfig};
+    let pin = root.paths().map_pin(SOCK_CFG);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let array: aya::maps::Array<_, SockLbConfig> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(data)).expect("sock_cfg is an array");
+    array.get(&0, 0).expect("slot 0").netns_cookie
+}
+
 /// Every `wt-sockclient` TCP line is a backend's answer (`sock-…`) with the frontend as the peer.
 fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &str) {
     assert!(!lines.is_empty(), "{when}: no connection made");
@@ -999,8 +1011,9 @@ fn reaches_a_backend_through(lines: Vec<String>, frontend: SocketAddr, when: &st
 /// the node's stack refuses it, and a pod's flows there are translated per packet; a port in the
 /// range that no Service has stays refused). Attachment is checked from outside
 /// (`bpftool cgroup show`): a restart with the flag replaces the links (each program attached
-/// once, connections still placed at connect); one without it detaches them, and the cgroup's
-/// connections are then translated per packet.
+/// once, connections still placed at connect); one with `--socket-lb-scope host` places the
+/// node's connections and leaves a pod's to the per-packet path; one without the flag detaches
+/// them, and the cgroup's connections are then translated per packet.
 /// An address of the socket LB test's node (on its loopback link: the `host` identity).
 const NODE_ADDR: &str = "192.0.2.77";
 
@@ -1351,6 +1364,42 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
         "after a restart the cgroup's TCP flows are still placed at connect"
     );
 
+    // Restarted with `--socket-lb-scope host`: only the node's own namespace's sockets are
+    // placed (read from outside: `sock_cfg_v1` holds a namespace cookie); a pod's connections in
+    // the cgroup are translated per packet, as for a service mesh's sidecar; the node's own in
+    // the cgroup still reach the Service (the per-packet path never serves them).
+    drop(agent);
+    let host_only = [&socket_lb_flags[..], &["--socket-lb-scope", "host"]].concat();
+    let agent = AgentProcess::start(&root, &dirs, Some(&node), &host_only);
+    let status: Value = agent
+        .api(hyper::Method::GET, "/v1/status", None)
+        .expect("GET /v1/status");
+    assert_eq!(
+        status["socket_lb_scope"], "host",
+        "the status names the scope"
+    );
+    assert_ne!(
+        socket_lb_netns_cookie(&root),
+        0,
+        "sock_cfg_v1 names the node's network namespace"
+    );
+    wait_listed(&agent, "web", cluster_ip, &want);
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &client.ns, "tcp", 5, tcp_frontend),
+        tcp_frontend,
+        "a pod in the cgroup, host scope",
+    );
+    let pods_per_packet = translated_flows(&root, &client.ip, cluster_ip, TCP);
+    assert!(
+        pods_per_packet >= outside + 5,
+        "with the host scope a pod's flows are translated per packet ({outside} → {pods_per_packet})"
+    );
+    reaches_a_backend_through(
+        sockclient(Some(cgroup.path()), &node, "tcp", 3, tcp_frontend),
+        tcp_frontend,
+        "the node in the cgroup, host scope",
+    );
+
     // Restarted without the flag: detached, and the cgroup's connections translated per packet.
     drop(agent);
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &keep_closed);
@@ -1373,7 +1422,7 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     );
     let after = translated_flows(&root, &client.ip, cluster_ip, TCP);
     assert!(
-        after >= outside + 5,
-        "without socket LB the cgroup's flows are translated per packet ({outside} → {after})"
+        after >= pods_per_packet + 5,
+        "without socket LB the cgroup's flows are translated per packet ({pods_per_packet} → {after})"
     );
 }

@@ -77,6 +77,8 @@ pub struct Api {
     pub pod_wait: Option<Duration>,
     /// The cgroup socket LB is attached to (`--socket-lb-cgroup`; None: off).
     pub socket_lb: Option<std::path::PathBuf>,
+    /// Which sockets socket LB places (None: off).
+    pub socket_lb_scope: Option<crate::config::SocketLbScope>,
 }
 
 /// Waits (bounded by `api.pod_wait`) until the source has the Pod `namespace/pod` the request
@@ -193,6 +195,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
             nodes: (*snapshot.nodes).clone(),
             socket_lb: api.socket_lb.clone(),
+            socket_lb_scope: api.socket_lb_scope,
             nat: *api
                 .nat
                 .lock()

@@ -29,6 +29,9 @@ pub struct StatusDetail {
     /// The cgroup v2 directory socket LB is attached to (`--socket-lb-cgroup`); absent: off.
     #[serde(default)]
     pub socket_lb: Option<std::path::PathBuf>,
+    /// Which sockets socket LB places (`--socket-lb-scope`); absent: off.
+    #[serde(default)]
+    pub socket_lb_scope: Option<crate::config::SocketLbScope>,
     /// The masquerade's NAT map (`nat4_v1`) as of its last sweep: entries, capacity, what the
     /// sweeps removed and what the programs counted.
     #[serde(default)]

@@ -11,6 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use aya::maps::{Array, Map, MapData};
 use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, ProgramError, cgroup_sock_addr::CgroupSockAddrAttachType,
     links::FdLink,
@@ -19,9 +20,10 @@ use maps_schema::programs::{
     SOCK_CONNECT4, SOCK_CONNECT6, SOCK_GETPEER4, SOCK_GETPEER6, SOCK_RECVMSG4, SOCK_RECVMSG6,
     SOCK_SENDMSG4, SOCK_SENDMSG6, SOCKET_LB,
 };
+use maps_schema::socket_lb::{SOCK_CFG, SockLbConfig};
 use serde::Serialize;
 
-use crate::paths::Paths;
+use crate::{config::SocketLbScope, paths::Paths};
 
 /// Errors attaching or detaching socket LB.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +62,9 @@ pub enum SocketLbError {
         #[source]
         source: Box<ProgramError>,
     },
+    /// Which sockets to place cannot be told to the programs.
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
     /// A link pin cannot be written or removed.
     #[error(
         "cannot {op} the link pin {path}: {source}; check that the pin root is on bpffs and writable"
@@ -75,11 +80,36 @@ pub enum SocketLbError {
     },
 }
 
+/// `sock_cfg_v1` cannot be written, or this node's network namespace cookie read.
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeError {
+    /// The node's network namespace cookie cannot be read.
+    #[error(
+        "cannot read this node's network namespace cookie (SO_NETNS_COOKIE, kernel 5.14 or later) for --socket-lb-scope host: {0}; use --socket-lb-scope all on this kernel"
+    )]
+    NetnsCookie(#[source] io::Error),
+    /// The settings map cannot be opened or written.
+    #[error(
+        "cannot {op} socket LB's settings map {path}: {source}; restart the agent, or run it without --socket-lb-cgroup"
+    )]
+    Map {
+        /// "open" or "write".
+        op: &'static str,
+        /// Its pin.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+}
+
 /// What [`reconcile`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SocketLbReport {
     /// The cgroup the programs are attached to (None: socket LB off).
     pub cgroup: Option<PathBuf>,
+    /// Which sockets in it are placed (None: socket LB off).
+    pub scope: Option<SocketLbScope>,
     /// Link pins removed (socket LB turned off).
     pub removed: Vec<String>,
 }
@@ -110,9 +140,66 @@ fn remove_pin(pin: &Path) -> Result<bool, SocketLbError> {
     }
 }
 
-/// Attaches the pinned socket LB programs to `cgroup` (replacing the links pinned before), or
-/// with `None` detaches them.
-pub fn reconcile(paths: &Paths, cgroup: Option<&Path>) -> Result<SocketLbReport, SocketLbError> {
+/// The network namespace cookie of the calling thread's namespace (`SO_NETNS_COOKIE` of a
+/// socket made there).
+fn own_netns_cookie() -> Result<u64, ScopeError> {
+    use std::os::fd::AsRawFd as _;
+    let socket = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| ScopeError::NetnsCookie(io::Error::from(e)))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket descriptor, and a buffer of `len` bytes the call writes at most.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            std::ptr::from_mut(&mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(ScopeError::NetnsCookie(io::Error::last_os_error()));
+    }
+    Ok(cookie)
+}
+
+/// Writes which sockets the programs place into `sock_cfg_v1`: every one (`all`), or only the
+/// node's own network namespace's (`host`: the agent's, whose cookie it reads).
+fn write_scope(paths: &Paths, scope: SocketLbScope) -> Result<(), ScopeError> {
+    let netns_cookie = match scope {
+        SocketLbScope::All => 0,
+        SocketLbScope::Host => own_netns_cookie()?,
+    };
+    let pin = paths.map_pin(SOCK_CFG);
+    let err = |op| {
+        let path = pin.clone();
+        move |source| ScopeError::Map {
+            op,
+            path,
+            source: Box::new(source),
+        }
+    };
+    let data = MapData::from_pin(&pin).map_err(err("open"))?;
+    let mut array: Array<MapData, SockLbConfig> =
+        Array::try_from(Map::Array(data)).map_err(err("open"))?;
+    array
+        .set(0, &SockLbConfig { netns_cookie }, 0)
+        .map_err(err("write"))
+}
+
+/// Attaches the pinned socket LB programs to `cgroup` (replacing the links pinned before), placing
+/// the sockets `scope` names, or with `None` detaches them.
+pub fn reconcile(
+    paths: &Paths,
+    cgroup: Option<&Path>,
+    scope: SocketLbScope,
+) -> Result<SocketLbReport, SocketLbError> {
     let Some(cgroup) = cgroup else {
         let mut report = SocketLbReport::default();
         for program in SOCKET_LB {
@@ -138,6 +225,8 @@ pub fn reconcile(paths: &Paths, cgroup: Option<&Path>) -> Result<SocketLbReport,
         });
     }
     let dir = fs::File::open(cgroup).map_err(cgroup_err)?;
+    // The scope first: a link attached before it would place every socket for a moment.
+    write_scope(paths, scope)?;
     for (program, hook) in HOOKS {
         let prog_pin = paths.prog_pin(program);
         let program_err = |op, what: String| {
@@ -168,9 +257,10 @@ pub fn reconcile(paths: &Paths, cgroup: Option<&Path>) -> Result<SocketLbReport,
             source,
         })?;
     }
-    tracing::info!(cgroup = %cgroup.display(), programs = ?SOCKET_LB, "socket LB attached");
+    tracing::info!(cgroup = %cgroup.display(), %scope, programs = ?SOCKET_LB, "socket LB attached");
     Ok(SocketLbReport {
         cgroup: Some(cgroup.to_owned()),
+        scope: Some(scope),
         removed: Vec::new(),
     })
 }

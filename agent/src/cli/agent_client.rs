@@ -110,7 +110,13 @@ pub fn status(args: StatusArgs) -> Result<()> {
                 println!("routes:     {error}");
             }
             match &detail.socket_lb {
-                Some(cgroup) => println!("socket LB:  on, cgroup {}", cgroup.display()),
+                Some(cgroup) => match detail.socket_lb_scope {
+                    Some(agent::config::SocketLbScope::Host) => println!(
+                        "socket LB:  on, cgroup {}, the node's own network namespace only (pods translated per packet)",
+                        cgroup.display()
+                    ),
+                    _ => println!("socket LB:  on, cgroup {}", cgroup.display()),
+                },
                 None => println!("socket LB:  off (Services translated per packet)"),
             }
             let ct = &detail.conntrack;

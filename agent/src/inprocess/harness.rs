@@ -218,6 +218,7 @@ pub(crate) async fn api(
         monitor: crate::monitor::Monitor::default(),
         pod_wait,
         socket_lb: None,
+        socket_lb_scope: None,
         nat: std::sync::Arc::default(),
     }
 }
