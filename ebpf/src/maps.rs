@@ -18,7 +18,7 @@ use maps_schema::{
     },
     service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
     service_ct::SVC_CT_MAX,
-    socket_lb::{SOCK_DGRAM_MAX, SockDgram4Key, SockLbConfig, SockRevNat4},
+    socket_lb::{SOCK_DGRAM_MAX, SockAffinity4Key, SockDgram4Key, SockLbConfig, SockRevNat4},
 };
 
 /// Agent-written hash maps: read-only to programs, entries allocated on demand.
@@ -185,6 +185,15 @@ pub(crate) static SOCK_RNAT4: SkStorage<SockRevNat4> = SkStorage::new();
 #[btf_map(name = "sock_dgram4_v1", pin_by_name)]
 pub(crate) static SOCK_DGRAM4: LruHashMap<SockDgram4Key, SockRevNat4, { SOCK_DGRAM_MAX as usize }> =
     LruHashMap::new();
+
+/// Socket LB's `ClientIP` affinity by network namespace (`maps_schema::socket_lb`); written by
+/// the programs.
+#[btf_map(name = "sock_affin4_v1", pin_by_name)]
+pub(crate) static SOCK_AFFIN4: LruHashMap<
+    SockAffinity4Key,
+    Affinity4,
+    { SVC_AFFINITY_MAX as usize },
+> = LruHashMap::new();
 
 /// Socket LB's settings (`maps_schema::socket_lb::SockLbConfig`, slot 0); agent-written.
 #[btf_map(name = "sock_cfg_v1", pin_by_name)]

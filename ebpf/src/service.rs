@@ -21,14 +21,14 @@ use maps_schema::conntrack::FLAG_OPENER_IS_B;
 use maps_schema::service::tuple_taken;
 // Affinity's memory and the pods' scope lookup (left out of the `debug-log` test build).
 #[cfg(not(feature = "debug-log"))]
-use maps_schema::service::{SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, affinity_holds};
+use maps_schema::service::{SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL};
 use maps_schema::{
     EndpointInfo, SlotKey, Svc4Key, SvcCt4Entry, SvcCt4Key,
     identity::HOST,
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{Affinity4, Affinity4Key},
+    service::{Affinity4, Affinity4Key, affinity_holds},
     service::{
         BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SCOPE_ALL, SVC_FLAG_AFFINITY,
         backend_slot, flow_hash, pod_nodeport,
@@ -449,7 +449,25 @@ fn remembered(service_id: u32, client: u32, count: u16, timeout_secs: u32) -> Op
         service_id,
         client: client.to_ne_bytes(),
     });
-    let a = SVC_AFFINITY4.get_ptr(&key.0)?;
+    still_held(
+        service_id,
+        SVC_AFFINITY4.get_ptr(&key.0)?,
+        count,
+        timeout_secs,
+    )
+}
+
+/// The backend (id, slot) affinity entry `a` of frontend `service_id` remembers, while it was used
+/// at most `timeout_secs` ago and the backend still holds that slot of the frontend's `count` (so
+/// it still serves it: nothing clears these entries). Shared with socket LB's memory by network
+/// namespace.
+#[inline(always)]
+pub(crate) fn still_held(
+    service_id: u32,
+    a: *const Affinity4,
+    count: u16,
+    timeout_secs: u32,
+) -> Option<(u32, u16)> {
     // SAFETY: a valid map value pointer for this program run.
     let (backend_id, slot, last) = unsafe { ((*a).backend_id, (*a).slot, (*a).last_used_ns) };
     if slot >= count || !affinity_holds(last, now_ns(), timeout_secs) {

@@ -22,17 +22,22 @@ use maps_schema::{
     SlotKey, Svc4Key,
     identity::HOST,
     service::{
-        NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_EXTERNAL_LOCAL, backend_slot, pod_nodeport,
+        Affinity4, NODEPORT_ANY, SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL,
+        backend_slot, pod_nodeport,
     },
     socket_lb::{
-        IPPROTO_TCP, IPPROTO_UDP, SockDgram4Key, SockRevNat4, datagram_hash, in_scope, places,
-        places_datagram, shows_frontend,
+        IPPROTO_TCP, IPPROTO_UDP, SockAffinity4Key, SockDgram4Key, SockRevNat4, datagram_hash,
+        in_scope, places, places_datagram, shows_frontend,
     },
 };
 
 use crate::{
-    maps::{IDENT4, SOCK_CFG, SOCK_DGRAM4, SOCK_RNAT4, SVC_BACKENDS4, SVC_SLOTS, SVC4},
+    flow::now_ns,
+    maps::{
+        IDENT4, SOCK_AFFIN4, SOCK_CFG, SOCK_DGRAM4, SOCK_RNAT4, SVC_BACKENDS4, SVC_SLOTS, SVC4,
+    },
     parse::Aligned,
+    service::still_held,
 };
 
 /// `AF_INET`.
@@ -49,8 +54,18 @@ pub(crate) const PROCEED: i32 = 1;
 /// `from_endpoint`. A TCP connection's slot is chosen at random (the socket has no source port
 /// yet); an unconnected UDP socket's datagram by `datagram_hash` of the socket's `cookie` and the
 /// frontend, so the socket keeps its backend while the slots stay.
+///
+/// A TCP frontend with `ClientIP` affinity is placed on the backend the socket's network
+/// namespace's last connection to it went to, while that holds (`sock_affin4_v1`), and the choice
+/// is remembered; without room for the memory the socket is left to `from_endpoint`.
 #[inline(always)]
-fn choose(addr: u32, user_port: u32, protocol: u32, cookie: u64) -> Option<SockRevNat4> {
+fn choose(
+    ctx: &SockAddrContext,
+    addr: u32,
+    user_port: u32,
+    protocol: u32,
+    cookie: u64,
+) -> Option<SockRevNat4> {
     // `user_port` holds the port in network byte order in its low 16 bits.
     let port = u16::from_be(user_port as u16);
     // A NodePort on one of this node's own addresses (or loopback) is looked up as a NodePort
@@ -95,16 +110,50 @@ fn choose(addr: u32, user_port: u32, protocol: u32, cookie: u64) -> Option<SockR
         }
         datagram_hash(cookie, addr.to_ne_bytes(), port)
     };
-    let slot = backend_slot(hash, count)?;
-    let sk = Aligned(SlotKey {
+    // Only TCP gets here with affinity (`places_datagram` leaves such frontends alone).
+    let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;
+    let ak = Aligned(SockAffinity4Key {
+        netns_cookie: if affinity {
+            // SAFETY: a helper reading the context's socket's namespace.
+            unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
+        } else {
+            0
+        },
         service_id,
-        slot,
-        pad: 0,
+        _pad: 0,
     });
+    let remembered = if affinity {
+        SOCK_AFFIN4
+            .get_ptr(&ak.0)
+            .and_then(|a| still_held(service_id, a, count, svc.affinity_timeout_secs))
+    } else {
+        None
+    };
+    let (backend_id, slot) = match remembered {
+        Some(chosen) => chosen,
+        None => {
+            let slot = backend_slot(hash, count)?;
+            let sk = Aligned(SlotKey {
+                service_id,
+                slot,
+                pad: 0,
+            });
+            // SAFETY: as for `SVC4`.
+            (unsafe { SVC_SLOTS.get(&sk.0) }?.backend_id, slot)
+        }
+    };
     // SAFETY: as for `SVC4`.
-    let v = unsafe { SVC_SLOTS.get(&sk.0) }?;
-    // SAFETY: as for `SVC4`.
-    let b = unsafe { SVC_BACKENDS4.get(&v.backend_id) }?;
+    let b = unsafe { SVC_BACKENDS4.get(&backend_id) }?;
+    if affinity {
+        // kube-proxy's `recent --set`: every new connection renews the client's memory.
+        let used = Affinity4 {
+            backend_id,
+            slot,
+            _pad: 0,
+            last_used_ns: now_ns(),
+        };
+        SOCK_AFFIN4.insert(&ak.0, &used, 0).ok()?;
+    }
     Some(SockRevNat4 {
         // The address dialled (a NodePort's key names none).
         frontend: addr.to_ne_bytes(),
@@ -129,7 +178,7 @@ fn backend_of(entry: &SockRevNat4) -> (u32, u32) {
 /// `from_endpoint`.
 #[inline(always)]
 fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
-    let mut entry = choose(addr, user_port, IPPROTO_TCP, 0)?;
+    let mut entry = choose(ctx, addr, user_port, IPPROTO_TCP, 0)?;
     // Without the entry the socket would see the backend as its peer: leave it to `from_endpoint`.
     let stored = SOCK_RNAT4.get_or_insert_ptr_mut(ctx, Some(&mut entry));
     if stored.is_null() {
@@ -149,7 +198,7 @@ fn place(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)>
 fn place_datagram(ctx: &SockAddrContext, addr: u32, user_port: u32) -> Option<(u32, u32)> {
     // SAFETY: a helper reading the context's socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let entry = choose(addr, user_port, IPPROTO_UDP, cookie)?;
+    let entry = choose(ctx, addr, user_port, IPPROTO_UDP, cookie)?;
     let key = Aligned(SockDgram4Key {
         cookie,
         backend: entry.backend,

@@ -158,6 +158,7 @@ pub const ALL: &[&str] = &[
     crate::socket_lb::SOCK_RNAT4,
     crate::socket_lb::SOCK_DGRAM4,
     crate::socket_lb::SOCK_CFG,
+    crate::socket_lb::SOCK_AFFIN4,
     HOST_FWD,
 ];
 

@@ -36,19 +36,17 @@ user_pod!(SockRevNat4);
 /// `flags` and `backend_count`. Only TCP: a connected UDP socket would keep its backend after the
 /// backend is removed (kube-proxy and `from_endpoint` move a UDP flow's next datagram to another
 /// backend; Cilium destroys such sockets, which weir does not), so UDP stays translated per
-/// packet. Not: a frontend without a ready backend (`from_endpoint` rejects the first packet, as
-/// kube-proxy does, with a TCP RST the socket reports as refused), one with `ClientIP` affinity
-/// (its memory is per client address, which a socket does not have before it connects;
-/// `from_endpoint` keeps it), and the entry of an external frontend with
+/// packet. A frontend with `ClientIP` affinity is placed by the client's network namespace
+/// ([`SOCK_AFFIN4`]). Not: a frontend without a ready backend (`from_endpoint` rejects the first
+/// packet, as kube-proxy does, with a TCP RST the socket reports as refused), and the entry of an
+/// external frontend with
 /// `externalTrafficPolicy: Local` that the host interfaces use (`sock_connect4` places over the
 /// frontend's pods' scope instead, whose entry carries no such flag; so it does for a `Local`
 /// NodePort dialled on one of the node's own or loopback addresses).
 #[inline(always)]
 #[must_use]
 pub const fn places(protocol: u32, flags: u16, backend_count: u16) -> bool {
-    protocol == IPPROTO_TCP
-        && backend_count > 0
-        && flags & (SVC_FLAG_AFFINITY | SVC_FLAG_EXTERNAL_LOCAL) == 0
+    protocol == IPPROTO_TCP && backend_count > 0 && flags & SVC_FLAG_EXTERNAL_LOCAL == 0
 }
 
 /// Array of one [`SockLbConfig`] (slot 0), written by the agent whenever it attaches socket LB:
@@ -75,6 +73,27 @@ user_pod!(SockLbConfig);
 pub const fn in_scope(config: &SockLbConfig, netns_cookie: u64) -> bool {
     config.netns_cookie == 0 || config.netns_cookie == netns_cookie
 }
+
+/// LRU hash [`SockAffinity4Key`] → [`crate::service::Affinity4`]: `sessionAffinity: ClientIP` for
+/// the connections socket LB places, written by `sock_connect4`/`sock_connect6`: each network
+/// namespace's last backend per frontend. A socket has no address before it connects; a pod's
+/// network namespace stands for its address (kube-proxy's client IP), the node's own for the node.
+pub const SOCK_AFFIN4: &str = "sock_affin4_v1";
+
+/// Key of [`SOCK_AFFIN4`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SockAffinity4Key {
+    /// The client's network namespace cookie (`bpf_get_netns_cookie`).
+    pub netns_cookie: u64,
+    /// The frontend's service id.
+    pub service_id: u32,
+    /// Explicit padding (zero).
+    pub _pad: u32,
+}
+assert_size!(SockAffinity4Key, 16);
+
+user_pod!(SockAffinity4Key);
 
 /// IP protocol number of TCP (as `bpf_sock_addr::protocol` holds it).
 pub const IPPROTO_TCP: u32 = 6;
@@ -108,9 +127,10 @@ assert_size!(SockDgram4Key, 16);
 user_pod!(SockDgram4Key);
 
 /// Whether `sock_sendmsg4`/`sock_sendmsg6` place a datagram of an unconnected UDP socket sent to a
-/// frontend with these `flags` and `backend_count`: as [`places`] for TCP (not a frontend without
-/// a ready backend, not one with `ClientIP` affinity, not the host interfaces' entry of a `Local`
-/// external frontend). A connected UDP socket is never placed (it would keep a removed backend;
+/// frontend with these `flags` and `backend_count`: not a frontend without a ready backend, not
+/// one with `ClientIP` affinity (a pod's connected UDP sockets to it go per packet, whose memory
+/// is by address: the two would not agree), not the host interfaces' entry of a `Local` external
+/// frontend. A connected UDP socket is never placed (it would keep a removed backend;
 /// its datagrams are translated per packet, which moves them); an unconnected one is placed
 /// again for every datagram, so it moves with the frontend's slots.
 #[inline(always)]
@@ -150,14 +170,15 @@ mod tests {
     use crate::service::SVC_FLAG_INTERNAL_LOCAL;
 
     #[test]
-    fn only_plain_tcp_frontends_with_backends_are_placed_at_connect() {
+    fn only_tcp_frontends_with_backends_are_placed_at_connect() {
         let (tcp, udp, sctp) = (IPPROTO_TCP, 17, 132);
         assert!(places(tcp, 0, 3));
         assert!(places(tcp, SVC_FLAG_INTERNAL_LOCAL, 1));
         assert!(!places(udp, 0, 3));
         assert!(!places(sctp, 0, 3));
         assert!(!places(tcp, 0, 0));
-        assert!(!places(tcp, SVC_FLAG_AFFINITY, 3));
+        assert!(places(tcp, SVC_FLAG_AFFINITY, 3));
+        assert!(!places(udp, SVC_FLAG_AFFINITY, 3));
         assert!(!places(tcp, SVC_FLAG_EXTERNAL_LOCAL, 3));
     }
 

@@ -979,6 +979,21 @@ fn remembered_datagrams(root: &PinRoot, frontend: &str) -> usize {
         .count()
 }
 
+/// How many entries `sock_affin4_v1` (read from the pin) holds.
+fn remembered_affinities(root: &PinRoot) -> usize {
+    use maps_schema::{
+        service::Affinity4,
+        socket_lb::{SOCK_AFFIN4, SockAffinity4Key},
+    };
+    let pin = root.paths().map_pin(SOCK_AFFIN4);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, SockAffinity4Key, Affinity4> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data))
+            .expect("sock_affin4 is a hash");
+    map.keys().filter_map(Result::ok).count()
+}
+
 /// The network namespace cookie `sock_cfg_v1` (read from the pin) restricts socket LB to; 0:
 /// every socket.
 fn socket_lb_netns_cookie(root: &PinRoot) -> u64 {
@@ -1225,6 +1240,45 @@ fn socket_lb_gives_a_backend_at_connect_and_shows_the_frontend() {
     assert!(
         translated_flows(&root, &client.ip, cluster_ip, UDP) >= connected_udp + 2,
         "the pod's unconnected sockets outside the cgroup are translated per packet"
+    );
+
+    // `sessionAffinity: ClientIP`: placed at connect by the client's network namespace — all of
+    // a pod's connections on one backend (the plain frontend above spread over both: the
+    // control), none translated per packet, the memory in `sock_affin4_v1` (read from the pin).
+    let sticky_ip = "10.96.0.32";
+    write_atomically(
+        &dirs.path("policies").join("web-sticky.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web-sticky, namespace: default}}\n\
+             spec:\n  clusterIP: {sticky_ip}\n  sessionAffinity: ClientIP\n\
+             \x20 ports: [{{name: tcp, port: 80, protocol: TCP, targetPort: {TCP_PORT}}}]\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: web-sticky-1, namespace: default, labels: {{kubernetes.io/service-name: web-sticky}}}}\n\
+             addressType: IPv4\nports: [{{name: tcp, port: {TCP_PORT}, protocol: TCP}}]\n\
+             endpoints:\n{lb_endpoints}"
+        ),
+    );
+    wait_listed(&agent, "web-sticky", sticky_ip, &want);
+    let sticky: SocketAddr = format!("{sticky_ip}:80").parse().expect("frontend");
+    let lines = sockclient(Some(cgroup.path()), &client.ns, "tcp", 20, sticky);
+    let answered: BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap_or("none"))
+        .collect();
+    assert!(
+        answered.len() == 1 && names.iter().any(|n| answered.contains(n)),
+        "a pod's connections to a ClientIP frontend all reach one backend: {lines:?}"
+    );
+    reaches_a_backend_through(lines, sticky, "a ClientIP frontend from the cgroup");
+    assert_eq!(
+        translated_flows(&root, &client.ip, sticky_ip, TCP),
+        0,
+        "no connection to the ClientIP frontend from the cgroup is translated per packet"
+    );
+    assert_eq!(
+        remembered_affinities(&root),
+        1,
+        "the pod's namespace's choice is in sock_affin4_v1"
     );
 
     // The `Local` load balancer's address: placed at connect over every ready backend (the
