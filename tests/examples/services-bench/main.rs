@@ -7,7 +7,8 @@
 //! - `traffic`: the added per-packet cost of weir, kube-proxy's iptables-mode layout and its
 //!   nftables-mode layout on real UDP traffic between namespaces to a middle Service's ClusterIP,
 //!   each packet a new flow, over the same traffic sent straight to the backend with no
-//!   translation, at 1,000 and 10,000 Services;
+//!   translation, at 1,000 and 10,000 Services; weir's Service alone as well (the ClusterIP over
+//!   the same flows straight to the backend through weir's programs);
 //! - `update`: one Service added to a real `weir agent` whose source holds 10,000 Services and
 //!   EndpointSlices — the Kubernetes source (from the watch event) and the policy directory
 //!   (from the file's rename) —, until its frontend is in the pinned `svc4_v1`; and

@@ -10,6 +10,14 @@
 //!   after its run; conntrack's UDP timeout is 1 s in that namespace and each run waits it out, so
 //!   every run's flows are new to the kernel too.
 //!
+//! - weir straight to the backend: the same programs and maps, the packets of the baseline (what
+//!   weir's own datapath costs a new flow without a Service).
+//!
+//! Two figures for weir: its whole datapath's added cost (weir over the baseline: both programs,
+//! conntrack and policy besides the translation, `weir_added_*`), and the Service's alone (weir to
+//! the ClusterIP over weir straight to the backend, `weir_service_added_*`), which is what
+//! kube-proxy's layouts add on top of a node's CNI.
+//!
 //! weir's added cost is at least its program's test-run cost for a new translated flow (below it
 //! is below what this method resolves; the raw figure is kept). The sender is pinned to one CPU
 //! and sends from a raw socket (the packets are built before the clock starts), so the forwarding
@@ -311,6 +319,8 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
             eprintln!("services-bench: traffic run {}/{}", run + 1, s.traffic_runs);
             let none = lab.measure("none", backend, &direct_warm, &direct)?;
             variants.entry("none").or_default().push(none);
+            let weir_direct = weir_run(&mut ebpf, &lab, &root, backend, &direct_warm, &direct)?;
+            variants.entry("weir_direct").or_default().push(weir_direct);
             let weir = weir_run(&mut ebpf, &lab, &root, to, &warm, &svc)?;
             variants.entry("weir").or_default().push(weir);
             let iptables = kube_proxy_run(
@@ -355,6 +365,24 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
                 figures.insert(format!("{variant}_added_ns_s{n}"), json!(m - none));
             }
         }
+        // What the Service costs weir over its own datapath: the same flows through the same
+        // programs, to the ClusterIP against straight to the backend. Its floor is the test-run
+        // difference of a new translated flow over a new plain one.
+        let weir_direct = median(&mut variants["weir_direct"].clone());
+        let weir = median(&mut variants["weir"].clone());
+        figures.insert(
+            format!("weir_service_added_raw_ns_s{n}"),
+            json!(weir - weir_direct),
+        );
+        let get = |k: &str| figures.get(k).and_then(Value::as_f64);
+        let floor = match (get("translated_new_ns"), get("new_ns")) {
+            (Some(t), Some(p)) => t - p,
+            _ => f64::MIN,
+        };
+        figures.insert(
+            format!("weir_service_added_ns_s{n}"),
+            json!((weir - weir_direct).max(floor)),
+        );
         sizes.push(n);
     }
     let (Some(small), Some(large)) = (sizes.first(), sizes.last()) else {
@@ -366,6 +394,9 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
         for key in [
             "weir_added",
             "weir_added_raw",
+            "weir_direct_added",
+            "weir_service_added",
+            "weir_service_added_raw",
             "iptables_added",
             "nft_added",
         ] {
@@ -376,14 +407,19 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
     }
     figures.insert("traffic_services_1k".into(), json!(small));
     figures.insert("traffic_services_10k".into(), json!(large));
-    let get = |k: &str| figures.get(k).and_then(Value::as_f64);
-    if let (Some(w), Some(i), Some(n)) = (
-        get("weir_added_ns_10k"),
-        get("iptables_added_ns_10k"),
-        get("nft_added_ns_10k"),
-    ) {
-        figures.insert("iptables_over_weir_10k".into(), json!(i / w));
-        figures.insert("nft_over_weir_10k".into(), json!(n / w));
+    for (weir, suffix) in [
+        ("weir_added_ns_10k", ""),
+        ("weir_service_added_ns_10k", "_service"),
+    ] {
+        let get = |k: &str| figures.get(k).and_then(Value::as_f64);
+        if let (Some(w), Some(i), Some(n)) = (
+            get(weir),
+            get("iptables_added_ns_10k"),
+            get("nft_added_ns_10k"),
+        ) {
+            figures.insert(format!("iptables_over_weir{suffix}_10k"), json!(i / w));
+            figures.insert(format!("nft_over_weir{suffix}_10k"), json!(n / w));
+        }
     }
     figures.insert("traffic_packets_per_run".into(), json!(s.traffic_packets));
     figures.insert("traffic_runs".into(), json!(s.traffic_runs));

@@ -63,6 +63,26 @@ const ROWS: &[(&str, &str)] = &[
         "  iptables over weir (target >= 100)",
     ),
     ("nft_over_weir_10k", "  nftables over weir (target > 1)"),
+    (
+        "weir_direct_added_ns_10k",
+        "  weir straight to the backend added (its datapath, no Service)",
+    ),
+    (
+        "weir_service_added_raw_ns_10k",
+        "  weir's Service alone (ClusterIP over straight), as measured",
+    ),
+    (
+        "weir_service_added_ns_10k",
+        "  weir's Service alone (at least its test-run difference)",
+    ),
+    (
+        "iptables_over_weir_service_10k",
+        "  iptables over weir's Service alone",
+    ),
+    (
+        "nft_over_weir_service_10k",
+        "  nftables over weir's Service alone",
+    ),
     ("update_services", "update: Services in the agent's source"),
     (
         "service_update_ms",
