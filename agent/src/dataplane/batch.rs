@@ -4,6 +4,8 @@
 //! Keys and values are `bytemuck::Pod` (every `maps-schema` map type derives it, which checks at
 //! compile time that it has no padding), so buffers are built and read with safe casts; `unsafe`
 //! is confined to the syscall layer below (the call itself and the kernel's `bpf_attr` union).
+//!
+//! The same layer serves link pins: the interface of a pinned XDP link, and a synchronous detach.
 
 use std::{
     io,
@@ -251,9 +253,8 @@ pub fn count<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<usize> {
     lookup_all::<K, V>(fd).map(|all| all.len())
 }
 
-/// The interface index the XDP link pinned at `pin` runs on (`BPF_OBJ_GET`, then
-/// `BPF_OBJ_GET_INFO_BY_FD`); 0 once its interface is gone (the link is then defunct).
-pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
+/// Opens the object pinned at `pin` (`BPF_OBJ_GET`).
+fn obj_get(pin: &std::path::Path) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
     let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -263,7 +264,13 @@ pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
     let rc = bpf_rc(bpf_cmd::BPF_OBJ_GET, &mut attr)?;
     let raw = i32::try_from(rc).map_err(|_| io::Error::other("bpf() returned no fd"))?;
     // SAFETY: the kernel just returned this new fd; nothing else owns it.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
+/// The interface index the XDP link pinned at `pin` runs on (`BPF_OBJ_GET`, then
+/// `BPF_OBJ_GET_INFO_BY_FD`); 0 once its interface is gone (the link is then defunct).
+pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
+    let fd = obj_get(pin)?;
     // SAFETY: `bpf_link_info` is a C struct of integers and a union of integer structs: all-zero
     // is valid.
     let mut info: aya_obj::generated::bpf_link_info = unsafe { std::mem::zeroed() };
@@ -274,4 +281,33 @@ pub fn xdp_link_ifindex(pin: &std::path::Path) -> io::Result<u32> {
     bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     // SAFETY: for an XDP link the kernel fills the `xdp` member of the union.
     Ok(unsafe { info.__bindgen_anon_1.xdp.ifindex })
+}
+
+/// Detaches the bpf link pinned at `pin` now (`BPF_LINK_DETACH`), then removes the pin; a pin
+/// that is not there is already gone.
+///
+/// Removing a link's last pin alone frees the link only after an RCU grace period and a kernel
+/// work item, so for a while the program still runs on the hook; the detach makes it leave before
+/// this returns (what a reconcile that then reports "detached" means). A link that cannot be
+/// detached (a kernel without `BPF_LINK_DETACH`, a link whose interface is gone) still loses its
+/// pin, which frees it as before.
+pub fn detach_link_pin(pin: &std::path::Path) -> io::Result<()> {
+    match obj_get(pin) {
+        Ok(fd) => {
+            let mut attr = new_attr();
+            attr.link_detach.link_fd = u32::try_from(fd.as_raw_fd()).unwrap_or_default();
+            if let Err(e) = bpf(bpf_cmd::BPF_LINK_DETACH, &mut attr) {
+                tracing::debug!(pin = %pin.display(), error = %e, "cannot detach the link; removing its pin frees it");
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        // Not a link this process may open: the pin still goes.
+        Err(e) => {
+            tracing::debug!(pin = %pin.display(), error = %e, "cannot open the link pin; removing it");
+        }
+    }
+    match std::fs::remove_file(pin) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }

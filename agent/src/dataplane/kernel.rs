@@ -152,7 +152,7 @@ pub trait Attacher: Send {
         program: &str,
         hook: TcAttachType,
     ) -> Result<u64, KernelError>;
-    /// Removes the pin (detaching the link once nothing else holds it).
+    /// Detaches the pinned link and removes its pin (`batch::detach_link_pin`).
     fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError>;
 }
 

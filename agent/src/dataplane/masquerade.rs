@@ -713,14 +713,11 @@ impl HostTcIo for PinnedHostTc {
 
     fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
         let pin = self.paths.link_pin(ifname, program);
-        match fs::remove_file(&pin) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(KernelError::Io {
-                op: "unpin",
-                what: pin.display().to_string(),
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+        super::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
+            op: "unpin",
+            what: pin.display().to_string(),
+            source: e,
+        })
     }
 }
 

@@ -528,14 +528,11 @@ impl XdpIo for PinnedXdp {
 
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError> {
         let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
-        match fs::remove_file(&pin) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(KernelError::Io {
-                op: "unpin",
-                what: pin.display().to_string(),
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+        super::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
+            op: "unpin",
+            what: pin.display().to_string(),
+            source: e,
+        })
     }
 }
 

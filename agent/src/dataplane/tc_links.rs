@@ -285,11 +285,6 @@ impl Attacher for TcLinks {
 
     fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
         let pin = self.paths.link_pin(ifname, program);
-        match fs::remove_file(&pin) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(kerr("unpin", pin.display().to_string(), e))
-            }
-            _ => Ok(()),
-        }
+        super::batch::detach_link_pin(&pin).map_err(|e| kerr("unpin", pin.display().to_string(), e))
     }
 }
