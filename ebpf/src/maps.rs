@@ -16,7 +16,10 @@ use maps_schema::{
         DROP_EVENTS_BYTES, ENDPOINTS_MAX, HOST_FWD_MAX, IDENT_MAX, IPCACHE_MAX, MASQ_CIDR_MAX,
         MASQ_IF_MAX, NAT_EVENTS_MAX, NAT_MAX, POLICY_MAX, PREFILTER_MAX, RULE_HITS_MAX, TRACE_MAX,
     },
-    service::{Affinity4, Affinity4Key, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX, SVC_MAX},
+    service::{
+        Affinity4, Affinity4Key, MemberKey, MemberValue, SVC_AFFINITY_MAX, SVC_BACKENDS_MAX,
+        SVC_MAX,
+    },
     service_ct::SVC_CT_MAX,
     socket_lb::{SOCK_DGRAM_MAX, SockAffinity4Key, SockDgram4Key, SockLbConfig, SockRevNat4},
 };
@@ -147,6 +150,16 @@ pub(crate) static SVC4: HashMap<Svc4Key, Svc4Value, { SVC_MAX as usize }, AGENT_
 pub(crate) static SVC_SLOTS: HashMap<
     SlotKey,
     SlotValue,
+    { SVC_BACKENDS_MAX as usize },
+    AGENT_HASH,
+> = HashMap::new();
+
+/// (service, backend) → the backend's slot (the inverse of `SVC_SLOTS`: affinity follows a
+/// backend that moved to another slot); agent-written.
+#[btf_map(name = "svc_members_v1", pin_by_name)]
+pub(crate) static SVC_MEMBERS: HashMap<
+    MemberKey,
+    MemberValue,
     { SVC_BACKENDS_MAX as usize },
     AGENT_HASH,
 > = HashMap::new();

@@ -28,7 +28,7 @@ use maps_schema::{
     reason::{
         DIR_FROM_ENDPOINT, DROP_CT_INSERT_FAILED, DROP_MALFORMED, DROP_SERVICE_NO_BACKEND, is_pass,
     },
-    service::{Affinity4, Affinity4Key, affinity_holds},
+    service::{Affinity4, Affinity4Key, MemberKey, affinity_holds},
     service::{
         BACKEND_FLAG_TERMINATING, HAIRPIN4, NODEPORT_ANY, SCOPE_ALL, SVC_FLAG_AFFINITY,
         backend_slot, flow_hash, pod_nodeport,
@@ -40,7 +40,9 @@ use crate::{
     counters::Seen,
     flow::{Family as _, decide, now_ns},
     ipv4::V4,
-    maps::{IDENT4, SVC_AFFINITY4, SVC_BACKENDS4, SVC_CT4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    maps::{
+        IDENT4, SVC_AFFINITY4, SVC_BACKENDS4, SVC_CT4, SVC_MEMBERS, SVC_REVNAT4, SVC_SLOTS, SVC4,
+    },
     masq,
     parse::{
         Aligned, Class, IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, Reason, TCP_ACK, TCP_SYN, Tuple,
@@ -458,9 +460,10 @@ fn remembered(service_id: u32, client: u32, count: u16, timeout_secs: u32) -> Op
 }
 
 /// The backend (id, slot) affinity entry `a` of frontend `service_id` remembers, while it was used
-/// at most `timeout_secs` ago and the backend still holds that slot of the frontend's `count` (so
-/// it still serves it: nothing clears these entries). Shared with socket LB's memory by network
-/// namespace.
+/// at most `timeout_secs` ago and the backend still holds a slot of the frontend's `count` (so it
+/// still serves it: nothing clears these entries): the slot it had, or, when the slots changed
+/// under it, the one `SVC_MEMBERS` names now (checked the same way, so an entry the agent has not
+/// updated yet is never believed). Shared with socket LB's memory by network namespace.
 #[inline(always)]
 pub(crate) fn still_held(
     service_id: u32,
@@ -470,8 +473,26 @@ pub(crate) fn still_held(
 ) -> Option<(u32, u16)> {
     // SAFETY: a valid map value pointer for this program run.
     let (backend_id, slot, last) = unsafe { ((*a).backend_id, (*a).slot, (*a).last_used_ns) };
-    if slot >= count || !affinity_holds(last, now_ns(), timeout_secs) {
+    if !affinity_holds(last, now_ns(), timeout_secs) {
         return None;
+    }
+    if holds_slot(service_id, backend_id, slot, count) {
+        return Some((backend_id, slot));
+    }
+    let mk = Aligned(MemberKey {
+        service_id,
+        backend_id,
+    });
+    // SAFETY: as for `SVC4`.
+    let moved = unsafe { SVC_MEMBERS.get(&mk.0) }?.slot;
+    holds_slot(service_id, backend_id, moved, count).then_some((backend_id, moved))
+}
+
+/// Whether `backend_id` holds slot `slot` of frontend `service_id`, which has `count` slots.
+#[inline(always)]
+fn holds_slot(service_id: u32, backend_id: u32, slot: u16, count: u16) -> bool {
+    if slot >= count {
+        return false;
     }
     let sk = Aligned(SlotKey {
         service_id,
@@ -479,8 +500,7 @@ pub(crate) fn still_held(
         pad: 0,
     });
     // SAFETY: as for `SVC4`.
-    let held = unsafe { SVC_SLOTS.get(&sk.0) }.is_some_and(|v| v.backend_id == backend_id);
-    held.then_some((backend_id, slot))
+    unsafe { SVC_SLOTS.get(&sk.0) }.is_some_and(|v| v.backend_id == backend_id)
 }
 
 /// A new flow of a frontend with `ClientIP` affinity: its client's entry names its backend, used

@@ -151,6 +151,7 @@ pub const ALL: &[&str] = &[
     NAT_EVENTS,
     crate::service::SVC4,
     crate::service::SVC_SLOTS,
+    crate::service::SVC_MEMBERS,
     crate::service::SVC_BACKENDS4,
     crate::service::SVC_REVNAT4,
     crate::service_ct::SVC_CT4,

@@ -11,6 +11,10 @@ use crate::{assert_size, user_pod};
 pub const SVC4: &str = "svc4_v1";
 /// [`SlotKey`] → [`SlotValue`]: each service's backends in slot order. Written by the agent.
 pub const SVC_SLOTS: &str = "svc_slots_v1";
+/// [`MemberKey`] → [`MemberValue`]: the slot each backend holds in each service (the inverse of
+/// [`SVC_SLOTS`]), so that a `ClientIP` affinity entry follows its backend to another slot.
+/// Written by the agent.
+pub const SVC_MEMBERS: &str = "svc_members_v1";
 /// backend id (`u32`) → [`Backend4`]. Written by the agent.
 pub const SVC_BACKENDS4: &str = "svc_backend4_v1";
 /// service id (`u32`) → [`RevNat4`]: what a reply's source is rewritten back to. Written by the
@@ -23,15 +27,16 @@ pub const SVC_AFFINITY4: &str = "svc_affin4_v1";
 pub const SVC_AFFINITY_MAX: u32 = 65_536;
 /// Default size of [`SVC4`] and [`SVC_REVNAT4`].
 pub const SVC_MAX: u32 = 65_536;
-/// Default size of [`SVC_SLOTS`] and [`SVC_BACKENDS4`].
+/// Default size of [`SVC_SLOTS`], [`SVC_MEMBERS`] and [`SVC_BACKENDS4`].
 pub const SVC_BACKENDS_MAX: u32 = 262_144;
 /// Most backends one frontend spreads over (a slot index is a `u16`).
 pub const MAX_SLOTS: u32 = 65_535;
 
 /// [`Svc4Value::flags`]: `sessionAffinity: ClientIP`. A client's new flow goes to the backend its
 /// last new flow to the frontend went to ([`SVC_AFFINITY4`]) while that was at most
-/// [`Svc4Value::affinity_timeout_secs`] ago and the backend still holds the slot it had; otherwise
-/// it is placed by a hash of the client address only.
+/// [`Svc4Value::affinity_timeout_secs`] ago and the backend still holds a slot of the frontend
+/// (the one it had, or the one [`SVC_MEMBERS`] names); otherwise it is placed by a hash of the
+/// client address only.
 pub const SVC_FLAG_AFFINITY: u16 = 1;
 /// [`Svc4Value::flags`]: a NodePort frontend with `externalTrafficPolicy: Local` (its slots hold
 /// this node's backends only, and the client's address is kept).
@@ -165,6 +170,40 @@ pub struct SlotValue {
 }
 assert_size!(SlotValue, 4);
 
+/// A backend of a service ([`SVC_MEMBERS`]).
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+)]
+pub struct MemberKey {
+    /// The service id.
+    pub service_id: u32,
+    /// The backend id.
+    pub backend_id: u32,
+}
+assert_size!(MemberKey, 8);
+
+/// The slot a backend holds in a service: [`SlotKey`] `{ service_id, slot }` → that backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MemberValue {
+    /// The slot, `0..backend_count`.
+    pub slot: u16,
+    /// Explicit padding (zero).
+    pub pad: u16,
+}
+assert_size!(MemberValue, 4);
+
 /// A backend: where the frontend's traffic goes.
 #[repr(C)]
 #[derive(
@@ -221,8 +260,9 @@ assert_size!(Affinity4Key, 8);
 
 /// Where a client's last new flow to a frontend went. The slot is kept so that the programs can
 /// check that the backend still serves the frontend ([`SlotKey`] → the same backend id) without
-/// the agent clearing entries: a backend that left the frontend, or moved to another slot, is
-/// chosen again by hash.
+/// the agent clearing entries; a backend that moved to another slot is found there through
+/// [`SVC_MEMBERS`] (and that slot checked the same way), one that left the frontend is chosen
+/// again by hash.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Affinity4 {
@@ -251,6 +291,8 @@ user_pod!(
     Svc4Value,
     SlotKey,
     SlotValue,
+    MemberKey,
+    MemberValue,
     Backend4,
     RevNat4,
     Affinity4Key,

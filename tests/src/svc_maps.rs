@@ -1,5 +1,5 @@
 //! Writing ClusterIP services into a loaded object's service maps (`svc4_v1`, `svc_slots_v1`,
-//! `svc_backend4_v1`, `svc_revnat4_v1`) as the agent's drivers do, and emptying a map: for the
+//! `svc_members_v1`, `svc_backend4_v1`, `svc_revnat4_v1`) as the agent's drivers do, and emptying a map: for the
 //! service packet tests and `bench services`.
 
 use std::net::Ipv4Addr;
@@ -9,8 +9,8 @@ use aya::{
     maps::{HashMap, MapData},
 };
 use maps_schema::service::{
-    Backend4, RevNat4, SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, SlotKey, SlotValue, Svc4Key,
-    Svc4Value,
+    Backend4, MemberKey, MemberValue, RevNat4, SVC_BACKENDS4, SVC_MEMBERS, SVC_REVNAT4, SVC_SLOTS,
+    SVC4, SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
 /// One service frontend and its backends.
@@ -39,9 +39,10 @@ fn hash<'a, K: aya::Pod, V: aya::Pod>(
     .unwrap_or_else(|e| panic!("{name} is not a hash map: {e}"))
 }
 
-/// Writes `f`: backends, slots and reverse NAT before the frontend that points at them. Slots
-/// beyond the new count are left as they were (the agent's write order does the same: the count
-/// shrinks first).
+/// Writes `f`: backends, slots (with their inverse, the members) and reverse NAT before the
+/// frontend that points at them. Slots beyond the new count, and the members of backends `f` no
+/// longer has, are left as they were (the agent's write order does the same: the count shrinks
+/// first; the programs check a member against its slot).
 pub fn write_service(ebpf: &mut Ebpf, f: &Frontend<'_>) {
     {
         let mut m: HashMap<_, u32, Backend4> = hash(ebpf, SVC_BACKENDS4);
@@ -65,6 +66,20 @@ pub fn write_service(ebpf: &mut Ebpf, f: &Frontend<'_>) {
             };
             m.insert(&key, &SlotValue { backend_id: *bid }, 0)
                 .expect("insert slot");
+        }
+    }
+    {
+        let mut m: HashMap<_, MemberKey, MemberValue> = hash(ebpf, SVC_MEMBERS);
+        for (slot, (bid, _, _)) in f.backends.iter().enumerate() {
+            let key = MemberKey {
+                service_id: f.id,
+                backend_id: *bid,
+            };
+            let value = MemberValue {
+                slot: u16::try_from(slot).expect("slot"),
+                pad: 0,
+            };
+            m.insert(&key, &value, 0).expect("insert member");
         }
     }
     {

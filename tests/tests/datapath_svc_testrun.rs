@@ -3,7 +3,8 @@
 //! with valid checksums; the backend's reply enters the client from the frontend; a flow keeps
 //! its backend when the service's slots change (a new flow follows the new slots); egress policy
 //! judges the backend's identity; `ClientIP` affinity keeps a client on its backend across a
-//! change of the slots until its timeout or the backend leaves; a terminating backend that still
+//! change of the slots until its timeout or the backend leaves, and follows it to another slot
+//! through `svc_members_v1`; a terminating backend that still
 //! serves keeps its flows (UDP too) but gets no new one; a new flow whose translated tuple another
 //! frontend's live flow holds takes the next backend; a frontend with no ready backend drops under
 //! its own reason.
@@ -20,8 +21,8 @@ use maps_schema::{
         PASS_RELATED,
     },
     service::{
-        Affinity4, Affinity4Key, BACKEND_FLAG_TERMINATING, SVC_AFFINITY4, SVC_BACKENDS4,
-        SVC_FLAG_AFFINITY, SVC4, backend_slot, flow_hash,
+        Affinity4, Affinity4Key, BACKEND_FLAG_TERMINATING, MemberKey, MemberValue, SVC_AFFINITY4,
+        SVC_BACKENDS4, SVC_FLAG_AFFINITY, SVC_MEMBERS, SVC4, backend_slot, flow_hash,
     },
     service_ct::{DIR_ORIGINAL, DIR_REPLY, SVC_CT4},
 };
@@ -432,6 +433,110 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_the_timeout_or_the_bac
         to,
         addr(&lab, first),
         "a backend out of the slots is not kept"
+    );
+}
+
+/// `svc_members_v1`, read or written by hand.
+fn members_map(lab: &mut Lab) -> HashMap<&mut aya::maps::MapData, MemberKey, MemberValue> {
+    HashMap::try_from(lab.ebpf.map_mut(SVC_MEMBERS).expect("svc_members")).expect("hash")
+}
+
+#[test]
+fn client_ip_affinity_follows_its_backend_to_another_slot() {
+    let Some(mut lab) = lab("client_ip_affinity_follows_its_backend") else {
+        return;
+    };
+    let client = v4(&lab, Peer::Pod(CLIENT));
+    let addr = |lab: &Lab, pod: usize| v4(lab, Peer::Pod(pod));
+    let id_of = |pod: usize| if pod == DB { 1 } else { 2 };
+    // The client's hash over 2 slots names `first`; swapping the two backends' slots (what an
+    // endpoint added before one in address order does to the agent's sorted slots) leaves the
+    // hash naming the other one.
+    let hash = flow_hash(client.octets(), 0, VIP.octets(), PORT, TCP, true);
+    let first_slot = backend_slot(hash, 2).expect("a slot");
+    let first = [DB, WEB][usize::from(first_slot)];
+    let other = if first == DB { WEB } else { DB };
+    let connect = |lab: &mut Lab, slots: &[(u32, usize)], sport: u16, what: &str| {
+        service(lab, 1, VIP, TCP, slots);
+        with_affinity(lab, VIP, TCP, 600);
+        let (o, out) = lab.from_out(CLIENT, &frame(client, sport, VIP, PORT, TCP, SYN));
+        expect(what, o, PASS);
+        dst_of(&out).0
+    };
+    let key = Affinity4Key {
+        service_id: 1,
+        client: client.octets(),
+    };
+    let placed: Vec<(u32, usize)> = [DB, WEB].iter().map(|p| (id_of(*p), *p)).collect();
+    let swapped: Vec<(u32, usize)> = placed.iter().rev().copied().collect();
+    let to = connect(&mut lab, &placed, 43_000, "the first connection");
+    assert_eq!(to, addr(&lab, first), "placed by the client's hash");
+
+    // The backends swap slots: the client stays on its backend, now remembered at its new slot.
+    let to = connect(&mut lab, &swapped, 43_001, "a connection after the swap");
+    assert_eq!(to, addr(&lab, first), "affinity follows the backend");
+    let now = affinity_map(&mut lab).get(&key, 0).expect("the entry");
+    assert_eq!((now.backend_id, now.slot), (id_of(first), 1 - first_slot));
+    let member = MemberKey {
+        service_id: 1,
+        backend_id: id_of(first),
+    };
+    assert_eq!(
+        members_map(&mut lab)
+            .get(&member, 0)
+            .expect("the member")
+            .slot,
+        1 - first_slot
+    );
+
+    // The control: the entry as it was before the swap (its slot now holds the other backend),
+    // and the backend's member entry gone (as if the agent had not written it yet): nothing says
+    // where `first` went, and the hash places the client on `other`.
+    let mut before = now;
+    before.slot = first_slot;
+    affinity_map(&mut lab)
+        .insert(&key, &before, 0)
+        .expect("the entry as before the swap");
+    members_map(&mut lab)
+        .remove(&member)
+        .expect("remove the member");
+    let (o, out) = lab.from_out(CLIENT, &frame(client, 43_002, VIP, PORT, TCP, SYN));
+    expect("a connection without the member", o, PASS);
+    assert_eq!(
+        dst_of(&out).0,
+        addr(&lab, other),
+        "placed again by the hash"
+    );
+
+    // A member entry naming a slot its backend does not hold is not believed either.
+    let other_member = MemberKey {
+        service_id: 1,
+        backend_id: id_of(other),
+    };
+    service(
+        &mut lab,
+        1,
+        VIP,
+        TCP,
+        &[(id_of(first), first), (id_of(first), first)],
+    );
+    members_map(&mut lab)
+        .insert(
+            &other_member,
+            &MemberValue {
+                slot: 1 - first_slot,
+                pad: 0,
+            },
+            0,
+        )
+        .expect("a stale member");
+    with_affinity(&mut lab, VIP, TCP, 600);
+    let (o, out) = lab.from_out(CLIENT, &frame(client, 43_003, VIP, PORT, TCP, SYN));
+    expect("a connection with a stale member", o, PASS);
+    assert_eq!(
+        dst_of(&out).0,
+        addr(&lab, first),
+        "the slots, not a stale member, decide"
     );
 }
 

@@ -7,7 +7,8 @@
 //! while its established one keeps carrying data, and a UDP flow held on it stays while it
 //! terminates (still serving) and moves to another backend with its next datagram once it is
 //! removed; with `sessionAffinity: ClientIP` every new
-//! connection lands on one backend. Egress policy judges the backend, not the
+//! connection lands on one backend, and stays there when a backend coming back before it in
+//! address order moves it to another slot. Egress policy judges the backend, not the
 //! ClusterIP: a client allowed to `app=db` reaches the db Service and not the web one, an
 //! egress-isolated client reaches neither, an unrestricted client reaches both (the positive
 //! control) — every expectation computed by `tests::netpol`'s model from the policies — and
@@ -474,6 +475,45 @@ fn a_cluster_ip_spreads_new_connections_answers_from_itself_and_drains_a_removed
     let seen = one_backend(40);
     eprintln!("sessionAffinity ClientIP: 40 connections over the backends: {seen:?}");
     assert_eq!(seen.len(), 1, "every connection on one backend: {seen:?}");
+
+    // web-a back in the slice: its address sorts first, so the backends after it move to other
+    // slots (the slots follow address order). The client stays on its backend, as under
+    // kube-proxy (the programs find the backend's new slot in `svc_members_v1`). This client's
+    // hash may name the same backend anyway: `datapath_svc_testrun`'s
+    // `client_ip_affinity_follows_its_backend_to_another_slot` is where it names another one.
+    let stuck = seen.keys().next().expect("one backend").clone();
+    let slot_of = |ready: &[&str]| {
+        let mut ips: Vec<(std::net::Ipv4Addr, &str)> = backends
+            .iter()
+            .zip(names)
+            .filter(|(_, n)| ready.contains(n))
+            .map(|(p, n)| (p.ip.parse().expect("an IPv4 pod address"), n))
+            .collect();
+        ips.sort();
+        ips.iter().position(|(_, n)| *n == stuck.as_str())
+    };
+    let others: Vec<&str> = names.iter().copied().filter(|n| *n != gone).collect();
+    let (before, after) = (slot_of(&others), slot_of(&names));
+    assert!(
+        before.is_some() && before != after,
+        "{stuck} moves to another slot when {gone} comes back: {before:?} → {after:?}"
+    );
+    let all_ready: Vec<(&str, &str)> = backends.iter().map(|p| (p.ip.as_str(), READY)).collect();
+    let sticky_all = service_docs("web", cluster_ip, &all_ready).replacen(
+        "spec:\n",
+        "spec:\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+        1,
+    );
+    write_atomically(&file, &sticky_all);
+    let want: Vec<(String, &str)> = backends.iter().map(|p| (p.ip.clone(), "ready")).collect();
+    wait_listed(&agent, "web", cluster_ip, &want);
+    let seen = one_backend(40);
+    eprintln!("sessionAffinity ClientIP after {gone} came back: {seen:?}");
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        [&stuck],
+        "every connection still on {stuck}, now in slot {after:?}: {seen:?}"
+    );
 }
 
 /// Sends one query on `s` to the UDP frontend `to`: the answering backend's name (`None`: no

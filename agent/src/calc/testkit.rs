@@ -216,6 +216,7 @@ pub(crate) fn dataplane_over(maps: &Maps) -> Dataplane {
         services: crate::dataplane::services::ServiceMaps::new(
             Box::new(Recorder::new(maps_schema::service::SVC4)),
             Box::new(Recorder::new(maps_schema::service::SVC_SLOTS)),
+            Box::new(Recorder::new(maps_schema::service::SVC_MEMBERS)),
             Box::new(Recorder::new(maps_schema::service::SVC_BACKENDS4)),
             Box::new(Recorder::new(maps_schema::service::SVC_REVNAT4)),
         ),

@@ -1,14 +1,16 @@
-//! The service maps' driver family: `svc4_v1` (frontends), `svc_slots_v1`, `svc_backend4_v1`
-//! and `svc_revnat4_v1`, desired one Service at a time by `services::incremental` (no kernel I/O
-//! when the sources change; a change costs what it touches, whatever the number of Services),
-//! each reconciled by its own [`MapDriver`] (read back, write the diff, sweep orphans). The ids
+//! The service maps' driver family: `svc4_v1` (frontends), `svc_slots_v1`, `svc_members_v1`,
+//! `svc_backend4_v1` and `svc_revnat4_v1`, desired one Service at a time by
+//! `services::incremental` (no kernel I/O when the sources change; a change costs what it
+//! touches, whatever the number of Services), each reconciled by its own [`MapDriver`] (read back,
+//! write the diff, sweep orphans). `svc_members_v1` is the inverse of the slots (each backend's
+//! slot in each service), derived here from the slots' changes. The ids
 //! the maps held when the agent started are kept for their keys, so a restart over unchanged
 //! state writes nothing.
 //!
 //! Security order (`plane`): nothing is written before identities, ipcache and policy are (a
 //! packet to a frontend is judged by its backend's identity, so a backend must not be reachable
 //! through a frontend before the policy that guards it is in place); within the family, backends,
-//! reverse NAT and slots go before the frontends that point at them. Deletes always go (they only
+//! reverse NAT, slots and members go before the frontends that point at them. Deletes always go (they only
 //! close). Established translated flows do not depend on these maps (`svc_ct4_v1` holds their
 //! backend), so a backend leaving a service ends no flow.
 
@@ -18,8 +20,8 @@ use std::{
 };
 
 use maps_schema::service::{
-    Backend4, RevNat4, SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4, SlotKey, SlotValue, Svc4Key,
-    Svc4Value,
+    Backend4, MemberKey, MemberValue, RevNat4, SVC_BACKENDS4, SVC_MEMBERS, SVC_REVNAT4, SVC_SLOTS,
+    SVC4, SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
 use super::{
@@ -64,12 +66,14 @@ where
 /// A desired frontend, its value, and its backends (id, backend) in slot order.
 pub type FrontendEntry = (Svc4Key, Svc4Value, Vec<(u32, Backend4)>);
 
-/// The four service map drivers and the ids that keep their keys stable.
+/// The five service map drivers and the ids that keep their keys stable.
 pub struct ServiceMaps {
     /// `svc4_v1`.
     pub frontends: MapDriver<Svc4Key, Svc4Value>,
     /// `svc_slots_v1`.
     pub slots: MapDriver<SlotKey, SlotValue>,
+    /// `svc_members_v1` (the slots' inverse).
+    pub members: MapDriver<MemberKey, MemberValue>,
     /// `svc_backend4_v1`.
     pub backends: MapDriver<u32, Backend4>,
     /// `svc_revnat4_v1`.
@@ -89,6 +93,7 @@ impl ServiceMaps {
     pub fn new(
         frontends: Box<dyn MapIo<Svc4Key, Svc4Value>>,
         slots: Box<dyn MapIo<SlotKey, SlotValue>>,
+        members: Box<dyn MapIo<MemberKey, MemberValue>>,
         backends: Box<dyn MapIo<u32, Backend4>>,
         revnat: Box<dyn MapIo<u32, RevNat4>>,
     ) -> Self {
@@ -102,6 +107,7 @@ impl ServiceMaps {
         Self {
             frontends: MapDriver::new(frontends),
             slots: MapDriver::new(slots),
+            members: MapDriver::new(members),
             backends: MapDriver::new(backends),
             revnat: MapDriver::new(revnat),
             tracker,
@@ -126,6 +132,7 @@ impl ServiceMaps {
         Ok(Self::new(
             Box::new(PinnedHash::open(SVC4, &pin(SVC4))?),
             Box::new(PinnedHash::open(SVC_SLOTS, &pin(SVC_SLOTS))?),
+            Box::new(PinnedHash::open(SVC_MEMBERS, &pin(SVC_MEMBERS))?),
             Box::new(PinnedHash::open(SVC_BACKENDS4, &pin(SVC_BACKENDS4))?),
             Box::new(PinnedHash::open(SVC_REVNAT4, &pin(SVC_REVNAT4))?),
         ))
@@ -229,26 +236,57 @@ impl ServiceMaps {
     fn write(&mut self, ops: Ops) {
         write(&mut self.backends, ops.backends);
         write(&mut self.revnat, ops.revnat);
-        write(&mut self.slots, ops.slots);
+        for (key, value) in ops.slots {
+            self.member_follows(key, value);
+            match value {
+                Some(v) => self.slots.set(key, v),
+                None => self.slots.remove(&key),
+            }
+        }
         write(&mut self.frontends, ops.frontends);
+    }
+
+    /// Keeps `svc_members_v1` the inverse of the slots as slot `key` becomes `value`: the backend
+    /// it held leaves the members unless it has taken another slot since, the new one is there.
+    fn member_follows(&mut self, key: SlotKey, value: Option<SlotValue>) {
+        let before = self.slots.desired(&key).map(|v| v.backend_id);
+        let member = |backend_id| MemberKey {
+            service_id: key.service_id,
+            backend_id,
+        };
+        let here = MemberValue {
+            slot: key.slot,
+            pad: 0,
+        };
+        if let Some(old) = before
+            && value.is_none_or(|v| v.backend_id != old)
+            && self.members.desired(&member(old)) == Some(&here)
+        {
+            self.members.remove(&member(old));
+        }
+        if let Some(v) = value {
+            self.members.set(member(v.backend_id), here);
+        }
     }
 
     /// True when an apply has work to do.
     pub fn is_dirty(&self) -> bool {
         self.frontends.is_dirty()
             || self.slots.is_dirty()
+            || self.members.is_dirty()
             || self.backends.is_dirty()
             || self.revnat.is_dirty()
     }
 
-    /// Reconciles the four maps. `open`: the policy the backends' traffic is judged by is in
+    /// Reconciles the five maps. `open`: the policy the backends' traffic is judged by is in
     /// place (else every write is held and only deletes go). Frontends are written once the
-    /// backends, reverse NAT and slots they point at are.
+    /// backends, reverse NAT, slots and members they point at are.
     pub fn apply_due(&mut self, now: Instant, open: bool) -> Vec<Pending> {
         let mut left = vec![
             self.backends.apply_due(now, &|_, _| open),
             self.revnat.apply_due(now, &|_, _| open),
             self.slots.apply_due(now, &|_, _| open),
+            self.members.apply_due(now, &|_, _| open),
         ];
         let below_written = open && left.iter().all(Pending::is_clean);
         left.push(self.frontends.apply_due(now, &|_, _| below_written));
@@ -265,6 +303,7 @@ impl ServiceMaps {
         vec![
             (self.frontends.name().to_owned(), self.frontends.stats()),
             (self.slots.name().to_owned(), self.slots.stats()),
+            (self.members.name().to_owned(), self.members.stats()),
             (self.backends.name().to_owned(), self.backends.stats()),
             (self.revnat.name().to_owned(), self.revnat.stats()),
         ]
@@ -295,13 +334,14 @@ impl ServiceMaps {
     }
 }
 
-/// The four maps in the fake kernel (clones share them: a restarted agent's drivers see what the
+/// The five maps in the fake kernel (clones share them: a restarted agent's drivers see what the
 /// previous one wrote).
 #[cfg(any(test, feature = "testing"))]
 #[derive(Clone)]
 pub(crate) struct FakeServiceMaps {
     pub(crate) frontends: super::fake::FakeMap<Svc4Key, Svc4Value>,
     pub(crate) slots: super::fake::FakeMap<SlotKey, SlotValue>,
+    pub(crate) members: super::fake::FakeMap<MemberKey, MemberValue>,
     pub(crate) backends: super::fake::FakeMap<u32, Backend4>,
     pub(crate) revnat: super::fake::FakeMap<u32, RevNat4>,
 }
@@ -312,6 +352,7 @@ impl FakeServiceMaps {
         Self {
             frontends: kernel.map(SVC4),
             slots: kernel.map(SVC_SLOTS),
+            members: kernel.map(SVC_MEMBERS),
             backends: kernel.map(SVC_BACKENDS4),
             revnat: kernel.map(SVC_REVNAT4),
         }
@@ -322,16 +363,18 @@ impl FakeServiceMaps {
         ServiceMaps::new(
             Box::new(self.frontends.clone()),
             Box::new(self.slots.clone()),
+            Box::new(self.members.clone()),
             Box::new(self.backends.clone()),
             Box::new(self.revnat.clone()),
         )
     }
 
-    /// Writes and deletes of the four maps so far.
+    /// Writes and deletes of the five maps so far.
     #[cfg(test)]
     pub(crate) fn mutations(&self) -> u64 {
         self.frontends.mutations()
             + self.slots.mutations()
+            + self.members.mutations()
             + self.backends.mutations()
             + self.revnat.mutations()
     }

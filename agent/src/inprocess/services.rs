@@ -159,11 +159,18 @@ async fn service_maps_follow_the_slices_sweep_orphans_and_a_restart_writes_nothi
         })
         .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // Frontend count, slot 0 (now the other backend), slot 1 and the backend deleted.
+    // Frontend count, slot 0 (now the other backend), slot 1 and the backend deleted; the kept
+    // backend's member entry names slot 0, the left one's is deleted.
     assert_eq!(
         kernel.services.mutations() - writes,
-        4,
+        6,
         "only what changed is written"
+    );
+    let members = kernel.services.members.unordered();
+    assert_eq!(members.len(), 1, "one member: {members:?}");
+    assert_eq!(
+        members[0].1.slot, 0,
+        "the kept backend in slot 0: {members:?}"
     );
     agent.stop();
 }

@@ -11,7 +11,8 @@ use std::{
 };
 
 use maps_schema::service::{
-    BACKEND_FLAG_TERMINATING, Backend4, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value,
+    BACKEND_FLAG_TERMINATING, Backend4, MemberKey, MemberValue, RevNat4, SlotKey, SlotValue,
+    Svc4Key, Svc4Value,
 };
 
 use super::{
@@ -282,4 +283,78 @@ fn seeded_ids_are_kept_so_a_restart_writes_nothing() {
     assert_eq!(again.slots, maps.slots);
     assert_eq!(again.backends, maps.backends);
     assert_eq!(again.revnat, maps.revnat);
+}
+
+/// `svc_members_v1` as the slots say it should be: each slotted backend's slot per service.
+fn inverse(
+    slots: impl IntoIterator<Item = (SlotKey, SlotValue)>,
+) -> BTreeMap<MemberKey, MemberValue> {
+    slots
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                MemberKey {
+                    service_id: k.service_id,
+                    backend_id: v.backend_id,
+                },
+                MemberValue {
+                    slot: k.slot,
+                    pad: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_members_map_stays_the_inverse_of_the_slots_through_random_changes() {
+    let kernel = crate::dataplane::fake::FakeKernel::default();
+    let fake = crate::dataplane::services::FakeServiceMaps::new(&kernel);
+    for seed in 1..=10u64 {
+        let mut rng = Rng(seed);
+        let mut services = Services::new();
+        let mut slices = Slices::new();
+        let mut maps = fake.drivers().for_node("n1");
+        for step in 0..120 {
+            let name = format!("s{}", rng.next(6));
+            let key: ObjectKey = ("ns".into(), name.clone());
+            match rng.next(4) {
+                0 => {
+                    services.remove(&key);
+                }
+                1 => {
+                    services.insert(key, service(&mut rng, &name));
+                }
+                _ => {
+                    let slice_name = format!("sl{}", rng.next(8));
+                    let skey: ObjectKey = ("ns".into(), slice_name.clone());
+                    if rng.next(4) == 0 {
+                        slices.remove(&skey);
+                    } else {
+                        slices.insert(skey, slice(&mut rng, &slice_name, &name));
+                    }
+                }
+            }
+            maps.set(&services, &slices);
+            let desired: Vec<(SlotKey, SlotValue)> =
+                maps.slots.entries().map(|(k, v)| (*k, *v)).collect();
+            let members: BTreeMap<MemberKey, MemberValue> =
+                maps.members.entries().map(|(k, v)| (*k, *v)).collect();
+            assert_eq!(members, inverse(desired), "seed {seed}, step {step}");
+            let left = maps.apply_due(std::time::Instant::now(), true);
+            assert!(
+                left.iter()
+                    .all(crate::dataplane::map_driver::Pending::is_clean),
+                "seed {seed}, step {step}"
+            );
+            assert_eq!(
+                fake.members
+                    .contents()
+                    .into_iter()
+                    .collect::<BTreeMap<_, _>>(),
+                inverse(fake.slots.contents()),
+                "the kernel's members, seed {seed}, step {step}"
+            );
+        }
+    }
 }

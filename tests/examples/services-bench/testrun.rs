@@ -18,7 +18,7 @@ use maps_schema::{
     maps,
     policy::{EGRESS, VERDICT_ALLOW},
     programs::FROM_ENDPOINT,
-    service::{SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    service::{MemberKey, MemberValue, SVC_BACKENDS4, SVC_MEMBERS, SVC_REVNAT4, SVC_SLOTS, SVC4},
     service_ct::SVC_CT4,
 };
 use serde_json::{Value, json};
@@ -97,6 +97,7 @@ fn measured_backends() -> Vec<(u32, Ipv4Addr, u16)> {
 fn set_services(ebpf: &mut Ebpf, count: u32) {
     clear::<Svc4Key, Svc4Value>(ebpf, SVC4);
     clear::<SlotKey, SlotValue>(ebpf, SVC_SLOTS);
+    clear::<MemberKey, MemberValue>(ebpf, SVC_MEMBERS);
     clear::<u32, Backend4>(ebpf, SVC_BACKENDS4);
     clear::<u32, RevNat4>(ebpf, SVC_REVNAT4);
     let backends = measured_backends();

@@ -36,7 +36,7 @@ use maps_schema::{
     Backend4, Ct4Key, CtEntry, EndpointInfo, RevNat4, SlotKey, SlotValue, Svc4Key, Svc4Value,
     SvcCt4Entry, SvcCt4Key, maps,
     programs::{FROM_ENDPOINT, TO_ENDPOINT},
-    service::{SVC_BACKENDS4, SVC_REVNAT4, SVC_SLOTS, SVC4},
+    service::{MemberKey, MemberValue, SVC_BACKENDS4, SVC_MEMBERS, SVC_REVNAT4, SVC_SLOTS, SVC4},
     service_ct::SVC_CT4,
 };
 use serde_json::{Value, json};
@@ -211,6 +211,7 @@ fn register(ebpf: &mut Ebpf, lab: &Lab) {
 fn set_services(ebpf: &mut Ebpf, count: u32, measured: u32) {
     clear::<Svc4Key, Svc4Value>(ebpf, SVC4);
     clear::<SlotKey, SlotValue>(ebpf, SVC_SLOTS);
+    clear::<MemberKey, MemberValue>(ebpf, SVC_MEMBERS);
     clear::<u32, Backend4>(ebpf, SVC_BACKENDS4);
     clear::<u32, RevNat4>(ebpf, SVC_REVNAT4);
     for i in 0..count {
