@@ -23,10 +23,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{
     api::types::EndpointView,
+    kernel::LinkEvent,
     node::{Node, NodeError},
     policy::{delta::Delta, load::PolicyFileError, model::PolicySet},
     snapshot::{self, Snapshot},
-    sources::linkwatch::LinkEvent,
     sources::registry::Endpoint,
     trace::{TraceRequest, TraceResult},
 };
@@ -127,7 +127,7 @@ pub enum Command {
     /// A link or node-address event from the link watcher.
     Link(LinkEvent),
     /// The link watcher stopped and is being restarted: not ready until it has synced again.
-    LinkWatcherDown(crate::dataplane::kernel::LinkWatcherStopped),
+    LinkWatcherDown(crate::kernel::LinkWatcherStopped),
     /// The source's objects (policies, namespaces, pods, nodes): every valid document, with
     /// refused ones in their last good form.
     Policies {
@@ -151,7 +151,7 @@ pub enum Command {
     Trace(
         TraceRequest,
         u8,
-        Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
+        Option<Arc<dyn crate::kernel::TraceIo>>,
         oneshot::Sender<TraceResult>,
     ),
     /// A change of the cluster's nodes (their records and blocks), from the nodes source.
@@ -253,7 +253,7 @@ impl LoopHandle {
         &self,
         request: TraceRequest,
         protocol: u8,
-        kernel: Option<Arc<dyn crate::dataplane::kernel::TraceIo>>,
+        kernel: Option<Arc<dyn crate::kernel::TraceIo>>,
     ) -> Result<TraceResult, LoopError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Trace(request, protocol, kernel, tx))?;

@@ -21,29 +21,33 @@ use crate::{
     api::server::{self, Api},
     applier::{self, LoopError, LoopHandle, MAX_FAILURES},
     attach::{AttachError, AttachMode},
-    bpf::loader::{self, LoadReport},
-    bpf::migrate::{self, MigrateError, MigrationReport},
-    bpf::programs::{Programs, ProgramsError},
     config::{Config, SourceMode},
     dataplane::{
         attachments::AttachDriver,
         conntrack::{self, CtStats},
         endpoints::EndpointsManager,
-        kernel::{KernelError, PinnedHash, PinnedLpm},
         map_driver::MapDriver,
         pins,
         plane::Dataplane,
         prefilter::{Prefilter, PrefilterError},
-        tc_links::TcLinks,
     },
     identity::Identities,
     identity_store::ClusterIdentities,
     ipam_service::{IpamService, IpamServiceError},
+    kernel::{
+        KernelError, PinnedHash, PinnedLpm,
+        migrate::{self, MigrateError, MigrationReport},
+        real::{
+            loader::{self, LoadReport},
+            netlink_links,
+            programs::{Programs, ProgramsError},
+            tc_links::TcLinks,
+        },
+    },
     metrics,
     node::{Node, NodeError},
     node_setup,
     nodes::setup::NodeRecords,
-    sources::linkwatch,
     sources::{link_source, policy_dir},
 };
 
@@ -55,16 +59,16 @@ pub enum DaemonError {
     Programs(#[from] ProgramsError),
     /// BPF host routing could not be set.
     #[error(transparent)]
-    HostRouting(#[from] crate::bpf::programs::HostRoutingError),
+    HostRouting(#[from] crate::kernel::real::programs::HostRoutingError),
     /// Socket LB could not be attached or detached.
     #[error(transparent)]
-    SocketLb(#[from] crate::bpf::socket_lb::SocketLbError),
+    SocketLb(#[from] crate::kernel::real::socket_lb::SocketLbError),
     /// The conntrack maps could not be migrated (or are newer than this agent).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
     /// The pin root is unusable.
     #[error(transparent)]
-    Bpffs(#[from] crate::bpf::bpffs::BpffsError),
+    Bpffs(#[from] crate::kernel::real::bpffs::BpffsError),
     /// `WEIR_FAILPOINT` names no failpoint.
     #[error(transparent)]
     Failpoint(#[from] migrate::failpoint::UnknownFailpoint),
@@ -133,7 +137,7 @@ pub struct Started<'a> {
     /// Masquerade attachments: (interface, program, how).
     pub masquerade: Vec<(String, String, AttachMode)>,
     /// Socket LB: the cgroup its programs are attached to (none: off), links removed.
-    pub socket_lb: crate::bpf::socket_lb::SocketLbReport,
+    pub socket_lb: crate::kernel::real::socket_lb::SocketLbReport,
     /// Endpoints restored from the registry.
     pub endpoints: usize,
     /// The conntrack layout in use.
@@ -159,18 +163,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     };
     // Conntrack first: refuse a newer layout, copy an older one, before anything is loaded.
     let ct_layout = migrate::object_layout(&object)?;
-    crate::bpf::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
-    crate::bpf::bpffs::ensure_pin_dir(&paths.bpf_root)?;
-    crate::bpf::bpffs::ensure_pin_dir(&paths.maps_dir())?;
+    crate::kernel::real::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
+    crate::kernel::real::bpffs::ensure_pin_dir(&paths.bpf_root)?;
+    crate::kernel::real::bpffs::ensure_pin_dir(&paths.maps_dir())?;
     let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let mut migration = pending.report.clone();
     let programs = Programs::load(&paths, &object, &pending.sizes)?;
-    crate::bpf::programs::set_host_routing(
+    crate::kernel::real::programs::set_host_routing(
         &paths,
         config.host_routing == crate::config::HostRouting::Bpf,
     )?;
     let program_report = programs.report.programs.clone();
-    let socket_lb = crate::bpf::socket_lb::reconcile(
+    let socket_lb = crate::kernel::real::socket_lb::reconcile(
         &paths,
         config.socket_lb_cgroup.as_deref(),
         config.socket_lb_scope,
@@ -304,7 +308,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let sysctl_paths = paths.clone();
     tokio::spawn(link_source::supervise(
         dataplane_loop.clone(),
-        linkwatch::Netlink,
+        netlink_links::Netlink,
         move |ifname| {
             if let Err(e) = node_setup::workload_link_sysctls(&sysctl_paths, ifname) {
                 tracing::warn!(error = %e, "workload link sysctl");
@@ -419,8 +423,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
-    let inspect: Arc<dyn crate::dataplane::kernel::InspectIo> =
-        Arc::new(crate::dataplane::inspect::PinnedInspect::new(&paths));
+    let inspect: Arc<dyn crate::kernel::InspectIo> =
+        Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
     // The NAT map's pressure, kept by the masquerade thread's sweep.
     let nat_stats = Arc::new(std::sync::Mutex::new(
         crate::dataplane::nat_stats::NatStats::default(),

@@ -9,7 +9,6 @@
 pub mod api;
 pub mod applier;
 pub use attach;
-pub mod bpf;
 pub mod calc;
 pub mod config;
 pub mod daemon;
@@ -19,6 +18,7 @@ pub mod identity;
 pub mod identity_store;
 pub mod install_cni;
 pub mod ipam_service;
+pub mod kernel;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

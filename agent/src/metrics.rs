@@ -264,7 +264,7 @@ impl MetricsState {
         ct: Arc<Mutex<CtStats>>,
         nat: Arc<Mutex<NatStats>>,
         programs: Vec<(String, u32, bool)>,
-        kernel: Arc<dyn crate::dataplane::kernel::InspectIo>,
+        kernel: Arc<dyn crate::kernel::InspectIo>,
     ) -> Self {
         let mut registry = Registry::with_prefix("weir");
         registry.register_collector(Box::new(DataplaneCollector(snapshot.clone())));
@@ -333,7 +333,7 @@ mod tests {
     use crate::{
         applier::{self, Command},
         inprocess::harness::{self, FakeKernel},
-        sources::linkwatch::LinkEvent,
+        kernel::LinkEvent,
         synthetic::{self, Sizes},
     };
 

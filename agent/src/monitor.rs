@@ -21,7 +21,7 @@ use maps_schema::{DropEvent, reason};
 use tokio::sync::broadcast::{self, error::RecvError};
 use weir_api::DropEventView;
 
-use crate::dataplane::kernel::{InspectIo, KernelError, RecordStream};
+use crate::kernel::{InspectIo, KernelError, RecordStream};
 
 /// Events a slow subscriber may fall behind by before it misses some.
 const BACKLOG: usize = 4096;

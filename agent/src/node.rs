@@ -16,6 +16,7 @@ use crate::{
     calc::Calculation,
     dataplane::plane::Dataplane,
     identity::{Identities, IdentityError},
+    kernel::LinkEvent,
     nodes::{
         AddressView, ClusterPod, NodeDelta,
         routing::{NodeRoutes, NodeStatus},
@@ -29,7 +30,6 @@ use crate::{
         pods::{self, RemotePod},
         warnings,
     },
-    sources::linkwatch::LinkEvent,
     sources::registry::{Endpoint, Registry, RegistryError},
 };
 

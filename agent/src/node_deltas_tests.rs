@@ -11,6 +11,7 @@ use super::Node;
 use crate::{
     calc::testkit,
     dataplane::plane::Dataplane,
+    kernel::LinkEvent,
     paths::Paths,
     policy::{
         compile::RuleRef,
@@ -18,7 +19,6 @@ use crate::{
         model::{Labels, NamedPort, NodeInfo, Peer, Pod, Policy, PolicySet, PortSpec, Rule},
         selector::Selector,
     },
-    sources::linkwatch::LinkEvent,
 };
 
 /// A small deterministic generator (xorshift).

@@ -5,7 +5,7 @@
 use std::{fs, io, path::PathBuf};
 
 use crate::{
-    dataplane::kernel::SysctlIo,
+    kernel::SysctlIo,
     paths::{CNI_CONFLIST, Paths},
 };
 
@@ -180,7 +180,7 @@ pub fn write_conflist_with_mtu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     #[test]
     fn sysctls_are_written_only_when_they_differ_and_a_failure_names_the_setting() {

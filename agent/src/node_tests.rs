@@ -12,9 +12,9 @@ use maps_schema::{
 use super::Node;
 use crate::{
     calc::testkit::{self, Maps, Op, Writes},
+    kernel::LinkEvent,
     paths::Paths,
     policy::{load::parse_str, model::PolicySet},
-    sources::linkwatch::LinkEvent,
     sources::registry::Endpoint,
 };
 

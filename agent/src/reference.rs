@@ -12,8 +12,9 @@ use std::{
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 
 use crate::{
-    dataplane::{endpoints, kernel::Prefix},
+    dataplane::endpoints,
     identity::{Identities, IdentityError, LabelSet},
+    kernel::Prefix,
     paths::Paths,
     policy::{
         compile::{Subject, compile as compile_policies},

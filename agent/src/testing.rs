@@ -1,6 +1,6 @@
 //! An agent in the test's own process (feature `testing`): the real API router, IPAM service
 //! (embedded datastore in a temporary directory), node and apply loop, over the fake kernel
-//! (`dataplane::fake::FakeKernel`) — so clients such as weir-cni are tested against the
+//! (`kernel::fake::FakeKernel`) — so clients such as weir-cni are tested against the
 //! API as the agent serves it, not a hand-written imitation. Test code only.
 //!
 //! Kept to wiring: the parts are the daemon's own; only the kernel is fake, and the link watcher
@@ -20,13 +20,13 @@ use crate::{
     api::server::{self, Api},
     applier::{self, Command, LoopError, LoopHandle},
     dataplane::{
-        attachments::AttachDriver, endpoints::EndpointsManager, fake::FakeKernel,
-        map_driver::MapDriver, plane::Dataplane,
+        attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
+        plane::Dataplane,
     },
     ipam_service::IpamService,
+    kernel::{LinkEvent, fake::FakeKernel},
     node::Node,
     paths::Paths,
-    sources::linkwatch::LinkEvent,
 };
 
 /// The pools of a test agent: small, so a test can exhaust them.

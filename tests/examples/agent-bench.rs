@@ -27,17 +27,15 @@ use std::{
 };
 
 use agent::{
-    bpf::programs::Programs,
     dataplane::{
-        attachments::AttachDriver,
-        endpoints::EndpointsManager,
-        kernel::{PinnedHash, PinnedLpm},
-        map_driver::MapDriver,
+        attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
         plane::Dataplane,
-        tc_links::TcLinks,
+    },
+    kernel::{
+        LinkEvent, PinnedHash, PinnedLpm,
+        real::{programs::Programs, tc_links::TcLinks},
     },
     node::Node,
-    sources::linkwatch::LinkEvent,
 };
 use anyhow::{Context as _, Result};
 use serde_json::json;
@@ -140,13 +138,13 @@ fn rss_mib() -> f64 {
 fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     use std::os::fd::AsFd as _;
 
-    use agent::dataplane::batch;
+    use agent::kernel::real::batch;
     use aya_obj::generated::bpf_map_type;
     use maps_schema::{Ct4Key, CtEntry, CtEntryV2, conntrack::FLAG_TCP_SYN_ACK};
     let root = PinRoot::new();
     let dir = root.paths().maps_dir();
-    agent::bpf::bpffs::ensure_pin_dir(&root.paths().bpf_root)?;
-    agent::bpf::bpffs::ensure_pin_dir(&dir)?;
+    agent::kernel::real::bpffs::ensure_pin_dir(&root.paths().bpf_root)?;
+    agent::kernel::real::bpffs::ensure_pin_dir(&dir)?;
     let capacity = n / 4 * 5;
     let obj = aya_obj::Map::new_from_params(
         bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
@@ -177,8 +175,8 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     let source = batch::count::<Ct4Key, CtEntryV2>(previous.fd().as_fd())?;
     drop((previous, entries));
     let started = Instant::now();
-    let mut pending = agent::bpf::migrate::prepare(&dir, 3, capacity)?;
-    let finished = agent::bpf::migrate::finish(&mut pending)?;
+    let mut pending = agent::kernel::migrate::prepare(&dir, 3, capacity)?;
+    let finished = agent::kernel::migrate::finish(&mut pending)?;
     let seconds = started.elapsed().as_secs_f64();
     for step in pending.report.steps.iter().chain(&finished.steps) {
         eprintln!(

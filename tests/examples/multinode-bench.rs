@@ -28,10 +28,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent::dataplane::{
-    netlink_routes::NetlinkRoutes,
-    netlink_vxlan::NetlinkVxlan,
-    node_routes::{LocalNode, NodeRoutes, RemoteNode, RoutingMode},
+use agent::{
+    dataplane::node_routes::{LocalNode, NodeRoutes, RemoteNode, RoutingMode},
+    kernel::real::{netlink_routes::NetlinkRoutes, netlink_vxlan::NetlinkVxlan},
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use ipam::{

@@ -14,7 +14,7 @@ use crate::names;
 
 /// Makes sure bpffs is mounted at `/sys/fs/bpf` (a fresh machine has it unmounted).
 pub fn ensure_bpffs() {
-    agent::bpf::bpffs::ensure_mounted(Path::new(agent::paths::BPFFS_MOUNT))
+    agent::kernel::real::bpffs::ensure_mounted(Path::new(agent::paths::BPFFS_MOUNT))
         .unwrap_or_else(|e| panic!("bpffs: {e}"));
 }
 
@@ -30,7 +30,8 @@ impl PinRoot {
     pub fn new() -> Self {
         ensure_bpffs();
         let path = Path::new(agent::paths::BPFFS_MOUNT).join(names::unique("p"));
-        agent::bpf::bpffs::ensure_pin_dir(&path).unwrap_or_else(|e| panic!("pin root: {e}"));
+        agent::kernel::real::bpffs::ensure_pin_dir(&path)
+            .unwrap_or_else(|e| panic!("pin root: {e}"));
         Self { path }
     }
 
@@ -51,7 +52,7 @@ impl PinRoot {
     #[must_use]
     pub fn with_maps_dir(&self) -> agent::paths::Paths {
         let paths = self.paths();
-        agent::bpf::bpffs::ensure_pin_dir(&paths.maps_dir())
+        agent::kernel::real::bpffs::ensure_pin_dir(&paths.maps_dir())
             .unwrap_or_else(|e| panic!("maps dir: {e}"));
         paths
     }
@@ -74,7 +75,7 @@ impl Drop for PinRoot {
 /// Loads `object` with its maps pinned under `root/maps` and every program loaded.
 #[must_use]
 pub fn load(object: &[u8], root: &PinRoot) -> Ebpf {
-    agent::bpf::loader::load_object(object, &root.paths().maps_dir())
+    agent::kernel::real::loader::load_object(object, &root.paths().maps_dir())
         .unwrap_or_else(|e| panic!("load: {e}"))
 }
 

@@ -14,8 +14,8 @@ use std::{
     time::Duration,
 };
 
-use agent::dataplane::{
-    conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
+use agent::{
+    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
     kernel::{CtIo, KernelError, ServiceFlows4},
 };
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues};

@@ -81,16 +81,16 @@ fn insert_synthetic(root: &PinRoot) {
     let entry = CtEntryV2::new(now, SYNTHETIC_FLAGS);
     let m4 = MapData::from_pin(root.paths().map_pin("ct4_v2")).expect("ct4_v2");
     let e4: Vec<(Ct4Key, CtEntryV2)> = (0..SYNTHETIC4).map(|i| (synthetic4(i), entry)).collect();
-    agent::dataplane::batch::update(m4.fd().as_fd(), &e4).expect("fill ct4_v2");
+    agent::kernel::real::batch::update(m4.fd().as_fd(), &e4).expect("fill ct4_v2");
     let m6 = MapData::from_pin(root.paths().map_pin("ct6_v2")).expect("ct6_v2");
     let e6: Vec<(Ct6Key, CtEntryV2)> = (0..SYNTHETIC6).map(|i| (synthetic6(i), entry)).collect();
-    agent::dataplane::batch::update(m6.fd().as_fd(), &e6).expect("fill ct6_v2");
+    agent::kernel::real::batch::update(m6.fd().as_fd(), &e6).expect("fill ct6_v2");
 }
 
 /// How many layout-3 entries name a frontend (`rev_nat`).
 fn translated_entries(root: &PinRoot) -> usize {
     let m4 = MapData::from_pin(root.paths().map_pin("ct4_v3")).expect("ct4_v3");
-    agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3)
+    agent::kernel::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3)
         .expect("read")
         .iter()
         .filter(|(_, v)| v.rev_nat != 0)
@@ -100,7 +100,8 @@ fn translated_entries(root: &PinRoot) -> usize {
 /// The synthetic entries' flags, read through the agent's layout-aware reader.
 fn synthetic_flags_intact(root: &PinRoot, layout: u32) -> bool {
     let m4 = MapData::from_pin(root.paths().map_pin(&format!("ct4_v{layout}"))).expect("ct4");
-    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), layout).expect("read");
+    let all =
+        agent::kernel::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), layout).expect("read");
     let synthetic: Vec<_> = all
         .iter()
         .filter(|(k, _)| k.addr_a[..2] == [10, 99])
@@ -360,7 +361,7 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
             (synthetic4(i), value)
         })
         .collect();
-    agent::dataplane::batch::update(newer.fd().as_fd(), &entries).expect("fill the newer map");
+    agent::kernel::real::batch::update(newer.fd().as_fd(), &entries).expect("fill the newer map");
     drop(newer);
 
     let agent = AgentProcess::start(&root, &dirs, Some(&node), &["--ct-max-entries", "65536"]);
@@ -370,7 +371,7 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
         "the newer layout's pin is merged and removed"
     );
     let m4 = MapData::from_pin(paths.map_pin("ct4_v3")).expect("ct4_v3");
-    let all = agent::bpf::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3).expect("read");
+    let all = agent::kernel::migrate::read_entries::<Ct4Key>(m4.fd().as_fd(), 3).expect("read");
     assert_eq!(all.len(), 100, "every entry of the newer layout arrived");
     assert!(
         all.iter()

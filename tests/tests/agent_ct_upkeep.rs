@@ -73,7 +73,7 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
         })
         .collect();
     let ct4 = MapData::from_pin(root.paths().map_pin("ct4_v3")).expect("ct4_v3");
-    agent::dataplane::batch::update(ct4.fd().as_fd(), &entries).expect("fill ct4_v3");
+    agent::kernel::real::batch::update(ct4.fd().as_fd(), &entries).expect("fill ct4_v3");
     drop(ct4);
     let before = ct_keys(root, 3);
     assert_eq!(

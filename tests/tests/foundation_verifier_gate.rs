@@ -1,7 +1,7 @@
 //! Verifier gate: every program in weir's object loads into the real kernel, the object's maps and
 //! programs are exactly the ones `maps-schema` names, and the gate fails on a rejected program.
 
-use agent::bpf::loader::{self, LoadError};
+use agent::kernel::real::loader::{self, LoadError};
 use tests::{bpf::PinRoot, privileged::require_root};
 
 #[test]

@@ -6,10 +6,8 @@
 use std::collections::BTreeMap;
 
 use agent::{
-    dataplane::{
-        netlink_routes::NetlinkRoutes,
-        routes::{NextHop, RouteDriver},
-    },
+    dataplane::routes::{NextHop, RouteDriver},
+    kernel::real::netlink_routes::NetlinkRoutes,
     paths::ROUTE_PROTOCOL,
 };
 use ipnetwork::IpNetwork;

@@ -15,11 +15,10 @@ use std::{
 
 use agent::{
     dataplane::{
-        netlink_routes::NetlinkRoutes,
-        netlink_vxlan::NetlinkVxlan,
         node_routes::{LocalNode, NodeRoutes, RemoteNode, RoutingMode},
         vxlan::{VXLAN_OVERHEAD_V4, VxlanConfig, format_mac, vtep_mac},
     },
+    kernel::real::{netlink_routes::NetlinkRoutes, netlink_vxlan::NetlinkVxlan},
     paths::ROUTE_PROTOCOL,
 };
 use tests::{

@@ -26,11 +26,9 @@ use super::{
 };
 use crate::{
     applier::{LoopError, LoopHandle, WriteError},
-    dataplane::{
-        conntrack::{self, CtStats, CtView},
-        kernel::InspectIo,
-    },
+    dataplane::conntrack::{self, CtStats, CtView},
     ipam_service::{AllocateRequest, IpamService, IpamServiceError},
+    kernel::InspectIo,
     sources::registry::{self, Endpoint},
 };
 
@@ -243,11 +241,11 @@ pub(super) async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 's
 async fn bpf_maps(State(api): State<Arc<Api>>) -> ApiResult<Vec<MapView>> {
     let (kernel, layout, paths) = (Arc::clone(&api.kernel), api.ct_layout, api.paths.clone());
     let maps = blocking(move || {
-        crate::bpf::loader::map_names(layout)
+        crate::kernel::real::loader::map_names(layout)
             .into_iter()
             .map(|name| {
                 let meta = kernel.map_meta(&name)?;
-                Ok::<_, crate::dataplane::kernel::KernelError>(MapView {
+                Ok::<_, crate::kernel::KernelError>(MapView {
                     pin: paths.map_pin(&name).display().to_string(),
                     name,
                     id: meta.id,

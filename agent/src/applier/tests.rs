@@ -297,7 +297,7 @@ async fn a_route_that_cannot_be_written_holds_back_no_write_and_is_retried() {
     };
     let (_dir, paths, kernel) = setup();
     let mut node = harness::open_node(&paths, &kernel);
-    let table = crate::dataplane::fake::FakeKernel::default();
+    let table = crate::kernel::fake::FakeKernel::default();
     let block: ipnetwork::IpNetwork = "10.244.9.0/26".parse().expect("cidr");
     table.routes().failing.insert(block);
     node.set_routing(NodeRoutes::new(

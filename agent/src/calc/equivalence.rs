@@ -18,8 +18,9 @@ use maps_schema::{IdentityInfo, PolicyKey, PolicyValue, identity::HOST};
 
 use super::{Calculation, testkit};
 use crate::{
-    dataplane::{endpoints, kernel::Prefix, plane::Dataplane},
+    dataplane::{endpoints, plane::Dataplane},
     identity::{Identities, LabelSet},
+    kernel::Prefix,
     policy::{
         compile::{RuleRef, Subject, compile},
         model::{NamedPort, NamedPortRef, Peer, Pod, Policy, PolicySet, PortSpec, Rule},

@@ -63,8 +63,9 @@ use self::{
     slab::Slab,
 };
 use crate::{
-    dataplane::{endpoints, kernel::Prefix, map_driver::MapDriver, plane::Dataplane},
+    dataplane::{endpoints, map_driver::MapDriver, plane::Dataplane},
     identity::{Identities, IdentityError, LabelSet},
+    kernel::Prefix,
     policy::{
         compile::RuleRef,
         model::{NamedPort, NamedPortRef, Peer, Policy, PolicySet, PortSpec},

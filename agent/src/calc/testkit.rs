@@ -14,10 +14,10 @@ use crate::{
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
         endpoints::EndpointsManager,
-        kernel::{KernelError, MapIo, Prefix},
         map_driver::MapDriver,
         plane::Dataplane,
     },
+    kernel::{KernelError, MapIo, Prefix},
     sources::registry::Endpoint,
 };
 

@@ -433,7 +433,7 @@ fn migrate(
         "{} does not exist: pass the agent's --bpf-root",
         paths.maps_dir().display()
     );
-    let report = agent::bpf::migrate::rollback(&paths.maps_dir(), to)
+    let report = agent::kernel::migrate::rollback(&paths.maps_dir(), to)
         .with_context(|| format!("converting conntrack to layout {to}"))?;
     match output {
         Output::Json => print_json(&report),

@@ -37,7 +37,7 @@ pub fn install_cni(args: &InstallCniArgs) -> Result<()> {
 /// Mounts bpffs at `/sys/fs/bpf` when it is not mounted (the DaemonSet's privileged init step,
 /// whose mount propagates to the host so that the pins outlive every container).
 pub fn mount_bpffs() -> Result<()> {
-    agent::bpf::bpffs::ensure_mounted(std::path::Path::new(paths::BPFFS_MOUNT))?;
+    agent::kernel::real::bpffs::ensure_mounted(std::path::Path::new(paths::BPFFS_MOUNT))?;
     println!("bpffs is mounted at {}", paths::BPFFS_MOUNT);
     Ok(())
 }

@@ -18,8 +18,9 @@ use aya::programs::TcAttachType;
 use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT};
 use serde::Serialize;
 
-pub use super::kernel::{Attacher, Hook};
-use super::{kernel::KernelError, map_driver::Pending, retry::Backoff};
+use super::{map_driver::Pending, retry::Backoff};
+use crate::kernel::KernelError;
+pub use crate::kernel::{Attacher, Hook};
 
 /// Counters of the attachment driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -274,7 +275,7 @@ impl AttachDriver {
 mod tests {
     use super::*;
 
-    use crate::dataplane::fake::FakeKernel as Fake;
+    use crate::kernel::fake::FakeKernel as Fake;
 
     fn key(ifname: &str, program: &str) -> (String, String) {
         (ifname.to_owned(), program.to_owned())

@@ -21,11 +21,8 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{
-    batch,
-    kernel::{CtIo, KernelError, ServiceFlows4},
-    service_flows,
-};
+use super::service_flows;
+use crate::kernel::{CtIo, KernelError, ServiceFlows4, real::batch};
 use crate::paths::Paths;
 
 /// Sweep timeouts (agent flags).
@@ -178,7 +175,7 @@ pub fn map_names(layout: u32) -> (String, String) {
 
 fn entries<K: Pod>(name: &str, map: &MapData) -> Result<Vec<(K, CtEntry)>, KernelError> {
     let layout = maps_schema::maps::layout_version(name).unwrap_or(maps_schema::conntrack::LAYOUT);
-    super::ct_layout::read::<K>(map, layout).map_err(|e| io_err(name, "read", e))
+    crate::kernel::ct_layout::read::<K>(map, layout).map_err(|e| io_err(name, "read", e))
 }
 
 /// The real [`CtIo`]: the pinned conntrack maps of one layout, opened per operation (a migration
@@ -556,7 +553,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     fn flow(port: u16) -> Ct4Key {
         Ct4Key {

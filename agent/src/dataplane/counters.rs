@@ -9,7 +9,7 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel::{CountersIo, InspectIo, KernelError};
+use crate::kernel::{CountersIo, InspectIo, KernelError};
 use crate::paths::Paths;
 
 /// One counter slot.
@@ -95,7 +95,7 @@ pub fn read(kernel: &dyn InspectIo) -> Result<Vec<CounterView>, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     #[test]
     fn only_slots_with_traffic_are_shown_by_name() {

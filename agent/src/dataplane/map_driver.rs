@@ -14,11 +14,9 @@ use std::{
 
 use serde::Serialize;
 
-use super::{
-    kernel::{KernelError, MapIo},
-    retry::Backoff,
-};
+use super::retry::Backoff;
 use crate::calc::fasthash::{FastMap, FastSet};
+use crate::kernel::{KernelError, MapIo};
 
 /// What a driver did, for metrics and `weir status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -311,7 +309,7 @@ impl std::fmt::Display for Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeMap;
+    use crate::kernel::fake::FakeMap;
 
     #[test]
     fn first_apply_classifies_and_sweeps_then_only_dirty_keys_are_written() {

@@ -22,11 +22,11 @@ use maps_schema::{
 };
 
 use super::{
-    kernel::{HostTcIo, KernelError, MapIo, Prefix},
     map_driver::{MapDriver, Pending},
     plane::ApplyError,
     retry::Backoff,
 };
+use crate::kernel::{HostTcIo, KernelError, MapIo, Prefix};
 use crate::paths::Paths;
 
 /// Both masquerade programs and their hooks.
@@ -510,7 +510,7 @@ impl Masquerade {
         specs: &[MasqSpec],
         pools: &[Ipv4Network],
     ) -> Result<(Self, Vec<AttachedMode>), MasqueradeError> {
-        use super::kernel::{PinnedHash, PinnedLpm};
+        use crate::kernel::{PinnedHash, PinnedLpm};
         use maps_schema::maps::{MASQ_CIDR4, MASQ_IF, NAT4};
         let driver = MasqDriver::new(
             Box::new(PinnedHostTc::open(paths)?),
@@ -713,7 +713,7 @@ impl HostTcIo for PinnedHostTc {
 
     fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
         let pin = self.paths.link_pin(ifname, program);
-        super::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
+        crate::kernel::real::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
             op: "unpin",
             what: pin.display().to_string(),
             source: e,
@@ -724,7 +724,7 @@ impl HostTcIo for PinnedHostTc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::{FakeKernel, FakeMap};
+    use crate::kernel::fake::{FakeKernel, FakeMap};
 
     type Maps = (
         FakeMap<u32, MasqInterface>,

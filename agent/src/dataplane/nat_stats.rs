@@ -6,10 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use maps_schema::{maps::NAT4, nat};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    kernel::{InspectIo, KernelError},
-    masquerade::NatSweep,
-};
+use super::masquerade::NatSweep;
+use crate::kernel::{InspectIo, KernelError};
 
 /// The NAT map as of the last sweep.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -72,7 +70,7 @@ impl NatPressure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{fake::FakeKernel, kernel::MapMeta};
+    use crate::kernel::{MapMeta, fake::FakeKernel};
 
     #[test]
     fn a_sweep_records_what_is_left_what_went_and_the_programs_events() {

@@ -13,11 +13,11 @@ use std::{
 use ipnetwork::IpNetwork;
 
 use super::{
-    kernel::{NextHop, RouteError, RouteIo, VxlanError, VxlanIo},
     map_driver::DriverStats,
     routes::RouteDriver,
     vxlan::{Vtep, VxlanConfig, VxlanDriver},
 };
+use crate::kernel::{NextHop, RouteError, RouteIo, VxlanError, VxlanIo};
 
 /// How remote blocks are reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -260,7 +260,7 @@ fn vxlan_routes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{fake::FakeKernel, kernel::Underlay};
+    use crate::kernel::{Underlay, fake::FakeKernel};
 
     fn node(i: u8) -> RemoteNode {
         RemoteNode {

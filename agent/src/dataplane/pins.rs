@@ -4,7 +4,7 @@
 
 use std::{fs, io};
 
-use super::kernel::{KernelError, PinIo};
+use crate::kernel::{KernelError, PinIo};
 use crate::paths::Paths;
 
 /// The real [`PinIo`]: the maps directory of a pin root on bpffs.
@@ -75,7 +75,7 @@ pub fn sweep_stale(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     #[test]
     fn only_the_stale_pins_go_and_one_failure_does_not_stop_the_others() {

@@ -16,10 +16,10 @@ use serde::Serialize;
 use super::{
     attachments::{AttachDriver, AttachStats},
     endpoints::EndpointsManager,
-    kernel::Prefix,
     map_driver::{DriverStats, MapDriver, Pending},
     services::ServiceMaps,
 };
+use crate::kernel::Prefix;
 
 /// Every driver and manager of the node.
 pub struct Dataplane {
@@ -247,15 +247,16 @@ mod tests {
 
     use super::*;
     use crate::{
-        dataplane::{attachments::AttachDriver, endpoints, fake::FakeKernel},
+        dataplane::{attachments::AttachDriver, endpoints},
+        kernel::fake::FakeKernel,
         sources::registry::Endpoint,
     };
 
     struct Kernel {
         k: FakeKernel,
-        endpoints: crate::dataplane::fake::FakeMap<u32, EndpointInfo>,
-        ident4: crate::dataplane::fake::FakeMap<[u8; 4], IdentityInfo>,
-        policy: crate::dataplane::fake::FakeMap<PolicyKey, PolicyValue>,
+        endpoints: crate::kernel::fake::FakeMap<u32, EndpointInfo>,
+        ident4: crate::kernel::fake::FakeMap<[u8; 4], IdentityInfo>,
+        policy: crate::kernel::fake::FakeMap<PolicyKey, PolicyValue>,
         services: crate::dataplane::services::FakeServiceMaps,
     }
 
@@ -315,7 +316,7 @@ mod tests {
         kernel.k.add_link(&ifname(i), 10 + i);
         // The links as the link watcher reports them from this kernel.
         for event in kernel.k.link_events() {
-            if let crate::sources::linkwatch::LinkEvent::Up {
+            if let crate::kernel::LinkEvent::Up {
                 ifname,
                 ifindex,
                 up,

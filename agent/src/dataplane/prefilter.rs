@@ -18,11 +18,11 @@ use ipnetwork::IpNetwork;
 use maps_schema::{PrefilterEntry, programs::XDP_PREFILTER};
 
 use super::{
-    kernel::{KernelError, MapIo, Prefix, XdpIo},
     map_driver::{MapDriver, Pending},
     plane::ApplyError,
     retry::Backoff,
 };
+use crate::kernel::{KernelError, MapIo, Prefix, XdpIo};
 use crate::paths::Paths;
 
 /// A deny file that cannot be used.
@@ -311,7 +311,7 @@ impl Prefilter {
         deny: &[String],
         file: Option<PathBuf>,
     ) -> Result<(Self, Vec<(String, AttachMode)>), PrefilterError> {
-        use super::kernel::PinnedLpm;
+        use crate::kernel::PinnedLpm;
         use maps_schema::maps::{PREFILTER4, PREFILTER6};
         let driver = PrefilterDriver::new(
             Box::new(PinnedXdp::open(paths)?),
@@ -499,7 +499,7 @@ impl XdpIo for PinnedXdp {
     fn pin_is_live(&self, ifname: &str) -> bool {
         let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
         match (
-            super::batch::xdp_link_ifindex(&pin),
+            crate::kernel::real::batch::xdp_link_ifindex(&pin),
             nix::net::if_::if_nametoindex(ifname),
         ) {
             (Ok(on), Ok(now)) => on == now,
@@ -528,7 +528,7 @@ impl XdpIo for PinnedXdp {
 
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError> {
         let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
-        super::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
+        crate::kernel::real::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
             op: "unpin",
             what: pin.display().to_string(),
             source: e,
@@ -539,13 +539,13 @@ impl XdpIo for PinnedXdp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     fn driver(
         k: &FakeKernel,
     ) -> (
         PrefilterDriver,
-        crate::dataplane::fake::FakeMap<Prefix<[u8; 4]>, PrefilterEntry>,
+        crate::kernel::fake::FakeMap<Prefix<[u8; 4]>, PrefilterEntry>,
     ) {
         let deny4 = k.map("prefilter4_v1");
         let d = PrefilterDriver::new(

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use ipnetwork::IpNetwork;
 
-pub use super::kernel::{NextHop, RouteError, RouteIo};
 use super::map_driver::DriverStats;
+pub use crate::kernel::{NextHop, RouteError, RouteIo};
 
 /// Desired routes and their reconciliation.
 pub struct RouteDriver {
@@ -109,7 +109,7 @@ impl RouteDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     fn net(s: &str) -> IpNetwork {
         s.parse().expect("cidr")

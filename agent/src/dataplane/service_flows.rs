@@ -17,7 +17,7 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::kernel::{CtIo, KernelError};
+use crate::kernel::{CtIo, KernelError};
 
 /// How old an entry must be (since the programs wrote it) before the sweep may take it.
 pub const GRACE: Duration = Duration::from_secs(5);
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn the_list_shows_original_entries_with_their_conntrack_idle_time() {
-        use crate::dataplane::fake::FakeKernel;
+        use crate::kernel::fake::FakeKernel;
         let kernel = FakeKernel::default();
         let now = 100 * SECOND;
         for (k, v) in [

@@ -24,10 +24,8 @@ use maps_schema::service::{
     SVC4, SlotKey, SlotValue, Svc4Key, Svc4Value,
 };
 
-use super::{
-    kernel::{KernelError, MapIo, PinnedHash},
-    map_driver::{DriverStats, MapDriver, Pending},
-};
+use super::map_driver::{DriverStats, MapDriver, Pending};
+use crate::kernel::{KernelError, MapIo, PinnedHash};
 use crate::{
     paths::Paths,
     services::{
@@ -140,7 +138,7 @@ impl ServiceMaps {
 
     /// Drivers over new maps of the fake kernel (`testing`'s in-process agent).
     #[cfg(feature = "testing")]
-    pub(crate) fn fake(kernel: &super::fake::FakeKernel) -> Self {
+    pub(crate) fn fake(kernel: &crate::kernel::fake::FakeKernel) -> Self {
         FakeServiceMaps::new(kernel).drivers()
     }
 
@@ -339,16 +337,16 @@ impl ServiceMaps {
 #[cfg(any(test, feature = "testing"))]
 #[derive(Clone)]
 pub(crate) struct FakeServiceMaps {
-    pub(crate) frontends: super::fake::FakeMap<Svc4Key, Svc4Value>,
-    pub(crate) slots: super::fake::FakeMap<SlotKey, SlotValue>,
-    pub(crate) members: super::fake::FakeMap<MemberKey, MemberValue>,
-    pub(crate) backends: super::fake::FakeMap<u32, Backend4>,
-    pub(crate) revnat: super::fake::FakeMap<u32, RevNat4>,
+    pub(crate) frontends: crate::kernel::fake::FakeMap<Svc4Key, Svc4Value>,
+    pub(crate) slots: crate::kernel::fake::FakeMap<SlotKey, SlotValue>,
+    pub(crate) members: crate::kernel::fake::FakeMap<MemberKey, MemberValue>,
+    pub(crate) backends: crate::kernel::fake::FakeMap<u32, Backend4>,
+    pub(crate) revnat: crate::kernel::fake::FakeMap<u32, RevNat4>,
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl FakeServiceMaps {
-    pub(crate) fn new(kernel: &super::fake::FakeKernel) -> Self {
+    pub(crate) fn new(kernel: &crate::kernel::fake::FakeKernel) -> Self {
         Self {
             frontends: kernel.map(SVC4),
             slots: kernel.map(SVC_SLOTS),

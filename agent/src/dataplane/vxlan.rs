@@ -18,8 +18,8 @@ use std::{
 
 use ipnetwork::Ipv4Network;
 
-pub use super::kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink};
 use super::map_driver::DriverStats;
+pub use crate::kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink};
 
 /// Bytes VXLAN adds over an IPv4 underlay: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 pub const VXLAN_OVERHEAD_V4: u32 = 50;
@@ -326,7 +326,7 @@ impl VxlanDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().expect("ip")

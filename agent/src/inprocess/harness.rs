@@ -1,4 +1,4 @@
-//! The in-process tier's kernel: the one fake kernel (`dataplane::fake`: its links, attachments
+//! The in-process tier's kernel: the one fake kernel (`kernel::fake`: its links, attachments
 //! and link watch) and the six maps the drivers hold over it, whose write logs the tests count;
 //! and the expected kernel state computed independently of the loop, by a fresh full compile of
 //! the sources on disk.
@@ -13,12 +13,12 @@ use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 
 use crate::{
     dataplane::{
-        attachments::AttachDriver,
-        endpoints::EndpointsManager,
-        fake::{self, FakeMap},
-        kernel::Prefix,
-        map_driver::MapDriver,
+        attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
         plane::Dataplane,
+    },
+    kernel::{
+        Prefix,
+        fake::{self, FakeMap},
     },
     node::Node,
     paths::Paths,

@@ -18,8 +18,8 @@ use crate::{
     dataplane::{
         conntrack::{CtStats, CtView},
         counters::CounterView,
-        kernel::MapMeta,
     },
+    kernel::MapMeta,
     observe::rule_hits::RuleHitsView,
     synthetic::{self, Sizes},
     trace::{TraceRequest, TraceResult},
@@ -93,7 +93,7 @@ impl Served {
 #[tokio::test]
 async fn map_listings_and_counters_are_what_the_fake_kernel_holds() {
     let s = serve().await;
-    let names = crate::bpf::loader::map_names(LAYOUT);
+    let names = crate::kernel::real::loader::map_names(LAYOUT);
     for (i, name) in names.iter().enumerate() {
         let n = u32::try_from(i).expect("i");
         s.kernel.fake.map_metas().insert(

@@ -219,8 +219,9 @@ impl NodeRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{
-        fake::FakeKernel, kernel::Underlay, node_routes::RoutingMode, vxlan::VxlanConfig,
+    use crate::{
+        dataplane::{node_routes::RoutingMode, vxlan::VxlanConfig},
+        kernel::{Underlay, fake::FakeKernel},
     };
 
     fn native(kernel: &FakeKernel) -> node_routes::NodeRoutes {

@@ -14,12 +14,11 @@ use super::{NodeSource, routing::NodeRoutes};
 use crate::{
     config::{Config, ConfigError, RoutingMode, SourceMode},
     dataplane::{
-        netlink_routes::NetlinkRoutes,
-        netlink_vxlan::NetlinkVxlan,
         node_routes::{self, NodeRoutes as Routes},
         routes::RouteError,
         vxlan::{VXLAN_OVERHEAD_V4, VxlanError},
     },
+    kernel::real::{netlink_routes::NetlinkRoutes, netlink_vxlan::NetlinkVxlan},
     node::Node,
 };
 
@@ -180,7 +179,7 @@ fn install(
                 };
                 let underlay = match super::routing::vtep_of(addresses) {
                     Some(address) => {
-                        crate::dataplane::kernel::VxlanIo::device_with_address(&mut vxlan, address)?
+                        crate::kernel::VxlanIo::device_with_address(&mut vxlan, address)?
                     }
                     None => None,
                 };
@@ -201,7 +200,7 @@ fn install(
 fn vxlan_setup(
     config: &Config,
     addresses: &[IpAddr],
-    io: &mut dyn crate::dataplane::kernel::VxlanIo,
+    io: &mut dyn crate::kernel::VxlanIo,
 ) -> Result<(crate::dataplane::vxlan::VxlanConfig, u32), RoutingSetupError> {
     let found = match &config.vxlan.underlay {
         Some(_) => None,
@@ -278,7 +277,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
-    use crate::dataplane::{fake::FakeKernel, kernel::Underlay};
+    use crate::kernel::{Underlay, fake::FakeKernel};
 
     #[derive(clap::Parser)]
     struct Cli {

@@ -8,7 +8,7 @@ use axum::{Json, extract::State, http::StatusCode};
 use super::rule_hits::{self, RuleHitsView};
 use crate::{
     api::{error::ApiError, server::Api},
-    dataplane::kernel::TraceIo,
+    kernel::TraceIo,
     node::Node,
     trace::{TraceRequest, TraceResult},
 };

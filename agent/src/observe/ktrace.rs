@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::packet::{self, Spec};
 use crate::{
-    dataplane::kernel::{TraceIo, TraceIoError},
+    kernel::{TraceIo, TraceIoError},
     node::Node,
     sources::registry::Endpoint,
     trace::TraceRequest,

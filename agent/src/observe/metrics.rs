@@ -105,7 +105,7 @@ pub struct DatapathCollector {
     /// The loop's snapshots (rule names).
     pub snapshot: tokio::sync::watch::Receiver<std::sync::Arc<crate::snapshot::Snapshot>>,
     /// The pinned maps, through the kernel seam.
-    pub kernel: std::sync::Arc<dyn crate::dataplane::kernel::InspectIo>,
+    pub kernel: std::sync::Arc<dyn crate::kernel::InspectIo>,
 }
 
 impl prometheus_client::collector::Collector for DatapathCollector {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::{
-    dataplane::kernel::{CountersIo, InspectIo, KernelError},
+    kernel::{CountersIo, InspectIo, KernelError},
     policy::compile::RuleRef,
 };
 

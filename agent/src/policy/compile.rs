@@ -23,8 +23,8 @@ use super::{
     pods::RemotePod,
 };
 use crate::{
-    dataplane::kernel::Prefix,
     identity::{Identities, IdentityError, LabelSet},
+    kernel::Prefix,
     sources::registry::Endpoint,
 };
 

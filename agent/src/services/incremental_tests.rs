@@ -308,7 +308,7 @@ fn inverse(
 
 #[test]
 fn the_members_map_stays_the_inverse_of_the_slots_through_random_changes() {
-    let kernel = crate::dataplane::fake::FakeKernel::default();
+    let kernel = crate::kernel::fake::FakeKernel::default();
     let fake = crate::dataplane::services::FakeServiceMaps::new(&kernel);
     for seed in 1..=10u64 {
         let mut rng = Rng(seed);

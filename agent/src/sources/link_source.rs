@@ -15,7 +15,7 @@ use futures_util::StreamExt as _;
 
 use crate::{
     applier::{Command, LoopHandle},
-    dataplane::kernel::{LinkEvent, LinkIo, LinkWatcherStopped},
+    kernel::{LinkEvent, LinkIo, LinkWatcherStopped},
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -77,7 +77,7 @@ impl Seen {
     }
 }
 
-/// Runs the link watcher over `links` (the real one is [`crate::sources::linkwatch::Netlink`])
+/// Runs the link watcher over `links` (the real one is [`crate::kernel::real::netlink_links::Netlink`])
 /// forever, restarting it with backoff, until the loop is gone. `on_up` runs for every workload
 /// link reported (the agent's per-link sysctls).
 pub async fn supervise(handle: LoopHandle, links: impl LinkIo, on_up: impl Fn(&str)) {
@@ -178,7 +178,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::dataplane::fake::FakeKernel;
+    use crate::kernel::fake::FakeKernel;
 
     /// What the loop was sent, comparable.
     #[derive(Debug, PartialEq)]

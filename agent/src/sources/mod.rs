@@ -3,9 +3,8 @@
 //!
 //! - `registry`: the endpoints the CNI registered, persisted in `endpoints.json` and its
 //!   `journal`, restored at open;
-//! - `linkwatch`: rtnetlink dumps and events (workload links, node addresses) — the real
-//!   `LinkIo` of the kernel seam — and `link_source`, the supervisor over that seam that
-//!   restarts it;
+//! - `link_source`: the link watcher (the kernel seam's `LinkIo`; rtnetlink in
+//!   `kernel::real::netlink_links`) as a source, the supervisor over that seam that restarts it;
 //! - `policy_dir`: the hot-reloaded `--policy-dir` (NetworkPolicy, Namespace, Pod, Node, Service and EndpointSlice YAML);
 //! - `kube`: `--source kubernetes`, watchers on the API server (Pods, Namespaces, NetworkPolicies,
 //!   Nodes) sending the whole set, gated on their initial lists, with staleness reported.
@@ -13,7 +12,6 @@
 pub mod journal;
 pub mod kube;
 pub mod link_source;
-pub mod linkwatch;
 pub mod nodes;
 pub mod policy_dir;
 pub mod registry;

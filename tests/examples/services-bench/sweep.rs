@@ -7,9 +7,9 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr, os::fd::AsFd as _, time::Instant};
 
-use agent::dataplane::{
-    batch,
-    conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
+use agent::{
+    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
+    kernel::real::batch,
 };
 use anyhow::{Context as _, Result, ensure};
 use aya::maps::MapData;

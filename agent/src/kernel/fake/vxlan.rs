@@ -9,10 +9,7 @@ use std::{
 
 use ipnetwork::Ipv4Network;
 
-use super::{
-    fake::FakeKernel,
-    kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink},
-};
+use crate::kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink, fake::FakeKernel};
 
 /// The VXLAN side of one fake kernel.
 #[derive(Default)]

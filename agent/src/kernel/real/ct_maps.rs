@@ -12,10 +12,8 @@ use aya::maps::MapData;
 use aya_obj::generated::bpf_map_type;
 use bytemuck::Pod;
 
-use super::{
-    batch,
-    kernel::{CtMapIo, MigrateIo},
-};
+use super::batch;
+use crate::kernel::{CtMapIo, MigrateIo};
 
 impl CtMapIo for BorrowedFd<'_> {
     fn sizes(&self) -> io::Result<(usize, usize)> {
@@ -145,11 +143,11 @@ impl MigrateIo for BpffsCtMaps {
     }
 
     fn now_ns(&self) -> u64 {
-        super::conntrack::now_ns()
+        crate::dataplane::conntrack::now_ns()
     }
 
     fn failpoint(&mut self, name: &'static str) -> bool {
-        crate::bpf::migrate::failpoint::hit(name);
+        crate::kernel::migrate::failpoint::hit(name);
         false
     }
 }

@@ -1,4 +1,4 @@
-//! The migration over the fake kernel (`dataplane::fake_ct`): copy and convert, the delta merge,
+//! The migration over the fake kernel (`kernel::fake::ct`): copy and convert, the delta merge,
 //! a crash at every failpoint rolled forward by the next start, and the rollback — each checked
 //! key by key: no entry is lost and the newest `last_seen_ns` wins.
 
@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use maps_schema::{Ct4Key, Ct6Key, CtEntry, CtEntryV1, CtEntryV2, SvcCt4Entry, SvcCt4Key};
 
 use super::*;
-use crate::dataplane::{ct_layout, fake::FakeKernel, fake_ct::FakeCtMap};
+use crate::kernel::{
+    ct_layout,
+    fake::{FakeKernel, ct::FakeCtMap},
+};
 
 const CAPACITY: u32 = 1000;
 const N: u32 = 100;

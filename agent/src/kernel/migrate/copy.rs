@@ -1,13 +1,13 @@
 //! The conversions of a conntrack migration, over the kernel seam ([`CtMapIo`]): copy and
 //! convert every entry into a map of another layout, merge the delta (newest `last_seen_ns`
-//! wins). The maps are created, renamed and removed through [`crate::dataplane::kernel::MigrateIo`].
+//! wins). The maps are created, renamed and removed through [`crate::kernel::MigrateIo`].
 
 use std::{collections::HashMap, hash::Hash, io};
 
 use bytemuck::Pod;
 use maps_schema::{CtEntry, CtEntryV1, CtEntryV2};
 
-use crate::dataplane::kernel::CtMapIo;
+use crate::kernel::CtMapIo;
 
 /// Up to this many delta candidates are checked one lookup each (about 1 µs each); more read
 /// the target whole (about 0.5 s per million entries).
@@ -16,7 +16,7 @@ const LOOKUP_LIMIT: usize = 131_072;
 /// copied again.
 const CLOCK_MARGIN_NS: u64 = 1_000_000_000;
 
-pub use crate::dataplane::ct_layout::read;
+pub use crate::kernel::ct_layout::read;
 
 /// Writes `entries` (current layout) into a map of layout `version`.
 pub fn write<K: Pod>(

@@ -2,7 +2,13 @@
 //! implements every seam trait (its maps are [`FakeMap`]s), and injects faults: every write
 //! dropped for a while, one link's attachments failing, a conntrack read paused mid-sweep, a link
 //! watch that cannot open or whose event stream ends or fails (a dead watcher), a conntrack
-//! migration crashing at a failpoint (`fake_ct`).
+//! migration crashing at a failpoint (`ct`).
+
+#[cfg(test)]
+pub(crate) mod ct;
+#[cfg(test)]
+pub(crate) mod masq;
+pub(crate) mod vxlan;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -22,7 +28,7 @@ use maps_schema::{
     conntrack::{Ct4Key, Ct6Key},
 };
 
-use super::kernel::{
+use crate::kernel::{
     Attacher, CountersIo, CtIo, Hook, InspectIo, KernelError, LinkEvent, LinkIo, LinkStream,
     LinkWatch, LinkWatchError, MapIo, MapMeta, PinIo, RecordStream, SysctlIo, TraceIo,
     TraceIoError, XdpIo,
@@ -277,7 +283,7 @@ pub(crate) struct TraceState {
 /// The routing side: weir's routes (its protocol only), and destinations whose writes fail.
 #[derive(Default)]
 pub(crate) struct RouteTable {
-    pub(crate) routes: BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>,
+    pub(crate) routes: BTreeMap<ipnetwork::IpNetwork, crate::kernel::NextHop>,
     pub(crate) failing: BTreeSet<ipnetwork::IpNetwork>,
 }
 
@@ -285,23 +291,23 @@ pub(crate) struct RouteTable {
 #[derive(Clone, Default)]
 pub(crate) struct FakeKernel {
     pub(crate) links: Arc<Mutex<LinkTable>>,
-    /// The conntrack pins the migration works on (`fake_ct`).
+    /// The conntrack pins the migration works on (`ct`).
     #[cfg(test)]
-    pub(crate) ct_pins: Arc<Mutex<super::fake_ct::CtPins>>,
+    pub(crate) ct_pins: Arc<Mutex<crate::kernel::fake::ct::CtPins>>,
     faults: Arc<Faults>,
     pub(crate) tc: Arc<Mutex<TcState>>,
     pub(crate) xdp: Arc<Mutex<XdpState>>,
     pub(crate) ct: Arc<Mutex<CtState>>,
     routes: Arc<Mutex<RouteTable>>,
-    /// The VXLAN side (`fake_vxlan`).
-    pub(crate) vxlan: Arc<Mutex<super::fake_vxlan::VxlanTable>>,
+    /// The VXLAN side (`vxlan`).
+    pub(crate) vxlan: Arc<Mutex<crate::kernel::fake::vxlan::VxlanTable>>,
     /// The NAT map `InspectIo::nat` reads (created on first use).
     nat: Arc<Mutex<Option<FakeMap<maps_schema::Nat4Key, maps_schema::Nat4Entry>>>>,
     /// The masquerade's events (`nat_events_v1`), as the programs would have counted them.
-    pub(crate) nat_events: Arc<Mutex<[u64; super::kernel::NAT_EVENTS]>>,
-    /// The masquerade side (`fake_masq`).
+    pub(crate) nat_events: Arc<Mutex<[u64; crate::kernel::NAT_EVENTS]>>,
+    /// The masquerade side (`masq`).
     #[cfg(test)]
-    pub(crate) masq: Arc<Mutex<super::fake_masq::MasqTable>>,
+    pub(crate) masq: Arc<Mutex<crate::kernel::fake::masq::MasqTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
@@ -347,7 +353,7 @@ impl FakeKernel {
     }
 
     /// The VXLAN side: underlays, the device, its addresses and entries.
-    pub(crate) fn vxlan_table(&self) -> MutexGuard<'_, super::fake_vxlan::VxlanTable> {
+    pub(crate) fn vxlan_table(&self) -> MutexGuard<'_, crate::kernel::fake::vxlan::VxlanTable> {
         lock(&self.vxlan)
     }
 
@@ -360,7 +366,7 @@ impl FakeKernel {
 
     /// The masquerade side: interfaces, link pins, program ids.
     #[cfg(test)]
-    pub(crate) fn masq_table(&self) -> MutexGuard<'_, super::fake_masq::MasqTable> {
+    pub(crate) fn masq_table(&self) -> MutexGuard<'_, crate::kernel::fake::masq::MasqTable> {
         lock(&self.masq)
     }
 
@@ -749,7 +755,7 @@ impl CtIo for FakeKernel {
     fn created(&self) -> Result<Option<[u64; 2]>, KernelError> {
         Ok(Some(self.ct().created))
     }
-    fn service_flows4(&self) -> Result<Option<super::kernel::ServiceFlows4>, KernelError> {
+    fn service_flows4(&self) -> Result<Option<crate::kernel::ServiceFlows4>, KernelError> {
         let s = self.ct();
         let entries = s.services4.iter().map(|(k, v)| (*k, *v)).collect();
         Ok(Some((entries, s.capacity)))
@@ -823,7 +829,7 @@ impl InspectIo for FakeKernel {
     ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError> {
         Ok(Box::new(self.nat_map()))
     }
-    fn nat_events(&self) -> Result<Option<[u64; super::kernel::NAT_EVENTS]>, KernelError> {
+    fn nat_events(&self) -> Result<Option<[u64; crate::kernel::NAT_EVENTS]>, KernelError> {
         Ok(Some(*lock(&self.nat_events)))
     }
     fn drop_events(&self) -> Result<RecordStream, KernelError> {
@@ -919,10 +925,10 @@ impl PinIo for FakeKernel {
     }
 }
 
-impl super::kernel::RouteIo for FakeKernel {
+impl crate::kernel::RouteIo for FakeKernel {
     fn dump(
         &mut self,
-    ) -> Result<BTreeMap<ipnetwork::IpNetwork, super::kernel::NextHop>, super::kernel::RouteError>
+    ) -> Result<BTreeMap<ipnetwork::IpNetwork, crate::kernel::NextHop>, crate::kernel::RouteError>
     {
         Ok(self.routes().routes.clone())
     }
@@ -930,11 +936,11 @@ impl super::kernel::RouteIo for FakeKernel {
     fn replace(
         &mut self,
         dest: ipnetwork::IpNetwork,
-        hop: super::kernel::NextHop,
-    ) -> Result<(), super::kernel::RouteError> {
+        hop: crate::kernel::NextHop,
+    ) -> Result<(), crate::kernel::RouteError> {
         let mut t = self.routes();
         if t.failing.contains(&dest) || self.dropping() {
-            return Err(super::kernel::RouteError::Netlink {
+            return Err(crate::kernel::RouteError::Netlink {
                 op: "replace",
                 dest: dest.to_string(),
                 source: std::io::Error::other("injected fault"),
@@ -947,10 +953,10 @@ impl super::kernel::RouteIo for FakeKernel {
     fn delete(
         &mut self,
         dest: ipnetwork::IpNetwork,
-        _: super::kernel::NextHop,
-    ) -> Result<(), super::kernel::RouteError> {
+        _: crate::kernel::NextHop,
+    ) -> Result<(), crate::kernel::RouteError> {
         if self.dropping() {
-            return Err(super::kernel::RouteError::Netlink {
+            return Err(crate::kernel::RouteError::Netlink {
                 op: "delete",
                 dest: dest.to_string(),
                 source: std::io::Error::other("injected fault"),

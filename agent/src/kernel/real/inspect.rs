@@ -11,14 +11,13 @@ use futures_util::StreamExt as _;
 use maps_schema::TraceConfig;
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    conntrack::PinnedCt,
-    counters::PinnedCounters,
+use crate::paths::Paths;
+use crate::{
+    dataplane::{conntrack::PinnedCt, counters::PinnedCounters},
     kernel::{
         CountersIo, CtIo, InspectIo, KernelError, MapMeta, RecordStream, TraceIo, TraceIoError,
     },
 };
-use crate::paths::Paths;
 
 /// The pin root's maps as the API reads them.
 pub struct PinnedInspect {
@@ -79,17 +78,17 @@ impl InspectIo for PinnedInspect {
     fn nat(
         &self,
     ) -> Result<
-        Box<dyn super::kernel::MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>,
+        Box<dyn crate::kernel::MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>,
         KernelError,
     > {
         let name = maps_schema::maps::NAT4;
-        Ok(Box::new(super::kernel::PinnedHash::open(
+        Ok(Box::new(crate::kernel::PinnedHash::open(
             name,
             &self.paths.map_pin(name),
         )?))
     }
 
-    fn nat_events(&self) -> Result<Option<[u64; super::kernel::NAT_EVENTS]>, KernelError> {
+    fn nat_events(&self) -> Result<Option<[u64; crate::kernel::NAT_EVENTS]>, KernelError> {
         use maps_schema::nat::{
             EVENT_COLLISION, EVENT_CREATED, EVENT_EXHAUSTED, EVENT_INSERT_FAILED,
         };
@@ -99,8 +98,11 @@ impl InspectIo for PinnedInspect {
             EVENT_EXHAUSTED,
             EVENT_INSERT_FAILED,
         ];
-        let sums =
-            super::conntrack::read_event_sums(&self.paths, maps_schema::maps::NAT_EVENTS, &slots)?;
+        let sums = crate::dataplane::conntrack::read_event_sums(
+            &self.paths,
+            maps_schema::maps::NAT_EVENTS,
+            &slots,
+        )?;
         Ok(sums.map(|s| [s[0], s[1], s[2], s[3]]))
     }
 

@@ -12,10 +12,7 @@ use std::{
 
 use bytemuck::Pod;
 
-use super::{
-    fake::FakeKernel,
-    kernel::{CtMapIo, MigrateIo},
-};
+use crate::kernel::{CtMapIo, MigrateIo, fake::FakeKernel};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

@@ -10,8 +10,7 @@ use aya::{
 use serde::Serialize;
 
 use crate::{
-    bpf::bpffs,
-    dataplane::kernel::{InspectIo, KernelError},
+    kernel::{InspectIo, KernelError, real::bpffs},
     paths::Paths,
 };
 
@@ -317,7 +316,7 @@ pub fn report(kernel: &dyn InspectIo, paths: &Paths, ct_layout: u32) -> LoadRepo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{fake::FakeKernel, kernel::MapMeta};
+    use crate::kernel::{MapMeta, fake::FakeKernel};
 
     #[test]
     fn the_start_report_lists_what_is_pinned_and_names_a_pin_it_cannot_read() {

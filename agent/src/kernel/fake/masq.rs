@@ -9,10 +9,7 @@ use std::{
 
 use attach::AttachMode;
 
-use super::{
-    fake::FakeKernel,
-    kernel::{HostTcIo, KernelError},
-};
+use crate::kernel::{HostTcIo, KernelError, fake::FakeKernel};
 
 /// The masquerade side of one fake kernel.
 #[derive(Default)]

@@ -8,7 +8,7 @@
 //! converts back for an older release. Every step leaves pins a later start rolls forward from.
 //!
 //! Every pin and map operation goes through the kernel seam's [`MigrateIo`] (real:
-//! `dataplane::ct_maps::BpffsCtMaps`; the fake kernel's in the unit tests, `tests.rs`).
+//! `kernel::real::ct_maps::BpffsCtMaps`; the fake kernel's in the unit tests, `tests.rs`).
 
 mod copy;
 pub mod failpoint;
@@ -34,8 +34,8 @@ use maps_schema::{
 };
 use serde::Serialize;
 
-pub use crate::dataplane::ct_maps::BpffsCtMaps;
-use crate::dataplane::kernel::{CtMapIo, MigrateIo};
+pub use crate::kernel::real::ct_maps::BpffsCtMaps;
+use crate::kernel::{CtMapIo, MigrateIo};
 use pins::{CtPin, PinKind, Refusal};
 
 /// Errors of a migration. Nothing is deleted on an error: the pins stay for the next attempt.

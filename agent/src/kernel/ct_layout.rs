@@ -7,7 +7,7 @@ use std::io;
 use bytemuck::Pod;
 use maps_schema::{CtEntry, CtEntryV1, CtEntryV2};
 
-use super::kernel::CtMapIo;
+use crate::kernel::CtMapIo;
 
 /// Every entry of a conntrack map of layout `version`, in the current layout. A layout newer
 /// than this release's is read as its prefix (layouts only append fields), so an older release

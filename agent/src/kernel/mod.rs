@@ -3,25 +3,39 @@
 //! whose one fake (`fake::FakeKernel`, unit tests) implements them all.
 //!
 //! - [`MapIo`]: one BPF map (hash, LRU hash, LPM trie): read back, write, delete.
-//! - [`Attacher`]: the endpoint programs on workload links (`tc_links::TcLinks`).
-//! - [`XdpIo`]: the XDP prefilter on named interfaces (`prefilter::PinnedXdp`).
-//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`masquerade::PinnedHostTc`).
+//! - [`Attacher`]: the endpoint programs on workload links (`real::tc_links::TcLinks`).
+//! - [`XdpIo`]: the XDP prefilter on named interfaces (`dataplane::prefilter::PinnedXdp`).
+//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`dataplane::masquerade::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
-//!   (`conntrack::PinnedCt`: batch lookups and deletes).
-//! - [`CountersIo`]: the per-CPU verdict counters (`counters::PinnedCounters`).
+//!   (`dataplane::conntrack::PinnedCt`: batch lookups and deletes).
+//! - [`CountersIo`]: the per-CPU verdict counters (`dataplane::counters::PinnedCounters`).
 //! - [`SysctlIo`]: `/proc/sys` (`node_setup::ProcSysctl`).
-//! - [`PinIo`]: the map pins under the pin root (`pins::BpffsPins`), for stale-pin removal.
-//! - [`LinkIo`]: link and address dumps and their live events (`sources::linkwatch::Netlink`).
+//! - [`PinIo`]: the map pins under the pin root (`dataplane::pins::BpffsPins`), for stale-pin removal.
+//! - [`LinkIo`]: link and address dumps and their live events (`real::netlink_links::Netlink`).
 //! - [`InspectIo`]: what the API reads on an operator's request (map metadata, the counter
-//!   arrays, the conntrack maps, the drop events ring buffer) — `inspect::PinnedInspect`.
+//!   arrays, the conntrack maps, the drop events ring buffer) — `real::inspect::PinnedInspect`.
 //! - [`TraceIo`]: the kernel half of `weir policy trace` (the trace nonce, `BPF_PROG_TEST_RUN`
-//!   of the loaded programs) — `inspect::PinnedInspect` too.
+//!   of the loaded programs) — `real::inspect::PinnedInspect` too.
 //! - [`MigrateIo`] and [`CtMapIo`]: the conntrack migration's map pins (create, rename, remove)
 //!   and raw batch reads and writes of one conntrack map of any layout
-//!   (`dataplane::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
-//! - [`RouteIo`]: weir's routes (`dataplane::netlink_routes::NetlinkRoutes`).
+//!   (`real::ct_maps::BpffsCtMaps`, and `aya::maps::MapData` itself).
+//! - [`RouteIo`]: weir's routes (`real::netlink_routes::NetlinkRoutes`).
 //! - [`VxlanIo`]: the VXLAN device, its address, forwarding and neighbour entries
-//!   (`dataplane::netlink_vxlan::NetlinkVxlan`).
+//!   (`real::netlink_vxlan::NetlinkVxlan`).
+
+pub mod ct_layout;
+pub mod migrate;
+pub mod real;
+
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the `testing` feature uses part of the fake kernel"
+    )
+)]
+pub(crate) mod fake;
 
 use std::{collections::BTreeMap, hash::Hash, io, net::IpAddr, path::Path, path::PathBuf};
 
@@ -175,7 +189,7 @@ pub trait XdpIo: Send {
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError>;
 }
 
-/// The masquerade's attachments (`masquerade::PinnedHostTc`): `masq_egress` at tc egress and
+/// The masquerade's attachments (`dataplane::masquerade::PinnedHostTc`): `masq_egress` at tc egress and
 /// `masq_ingress` at tc ingress of each interface `--masquerade-interfaces` names, as tcx links
 /// pinned at `links/<ifname>:<program>`; and what the driver needs to know of those interfaces.
 pub trait HostTcIo: Send {
@@ -607,7 +621,7 @@ pub trait LinkIo: Send + Sync {
 
 /// One conntrack map of any layout, raw: batch reads and writes with the key and value types
 /// the caller names, each refused when the map's sizes differ (the real one is the map's fd:
-/// `dataplane::batch`). Layout conversion happens above it (`ct_layout`, `bpf/migrate/copy`).
+/// `real::batch`). Layout conversion happens above it (`ct_layout`, `migrate/copy`).
 pub trait CtMapIo {
     /// (key size, value size) in bytes.
     fn sizes(&self) -> io::Result<(usize, usize)>;

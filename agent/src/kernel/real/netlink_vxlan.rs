@@ -20,7 +20,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
 
-use super::kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink};
+use crate::kernel::{Mac, Underlay, VxlanDevice, VxlanError, VxlanIo, VxlanLink};
 
 /// The VXLAN side through a netlink socket of the calling thread's namespace.
 pub struct NetlinkVxlan {

@@ -16,11 +16,11 @@ use attach::{
 };
 use aya::programs::{SchedClassifier, TcAttachType};
 
-use super::{
-    attachments::{Attacher, Hook},
+use crate::{
+    dataplane::attachments::{Attacher, Hook},
     kernel::KernelError,
 };
-use crate::{bpf::programs::Programs, paths::Paths};
+use crate::{kernel::real::programs::Programs, paths::Paths};
 
 /// Attaches the agent's tc programs to workload links.
 pub struct TcLinks {

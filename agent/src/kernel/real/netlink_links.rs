@@ -1,6 +1,6 @@
 //! Watches links and addresses over rtnetlink: workload links (`weir*`) as they appear and go, and
 //! the node's own addresses (which carry the host identity): first a full dump (then `Synced`),
-//! then live events: the real [`LinkIo`] of the kernel seam (`dataplane::kernel`), whose events
+//! then live events: the real [`LinkIo`] of the kernel seam (`crate::kernel`), whose events
 //! `link_source` turns into the loop's commands.
 
 use futures_util::{StreamExt as _, TryStreamExt as _, future::BoxFuture};
@@ -10,8 +10,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::{MulticastGroup, packet_core::NetlinkPayload};
 
-pub use crate::dataplane::kernel::{LinkEvent, LinkWatchError};
-use crate::dataplane::kernel::{LinkIo, LinkWatch};
+use crate::kernel::{LinkEvent, LinkIo, LinkWatch, LinkWatchError};
 
 fn address(
     msg: &netlink_packet_route::address::AddressMessage,

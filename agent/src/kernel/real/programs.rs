@@ -12,7 +12,7 @@ use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT, XDP_PREFILTER};
 use serde::Serialize;
 
 use crate::{
-    bpf::loader::{self, LoadError},
+    kernel::real::loader::{self, LoadError},
     paths::Paths,
 };
 
@@ -99,7 +99,7 @@ pub fn set_host_routing(paths: &Paths, on: bool) -> Result<usize, HostRoutingErr
         (HOST_FWD_IN_SLOT, HOST_FWD_IN),
         (TO_ENDPOINT_SLOT, TO_ENDPOINT),
     ] {
-        let current: Option<u32> = crate::dataplane::batch::lookup(data.fd().as_fd(), &slot)
+        let current: Option<u32> = crate::kernel::real::batch::lookup(data.fd().as_fd(), &slot)
             .map_err(err(format!("read {}", map_pin.display())))?;
         let pin = paths.prog_pin(program);
         let id = if on {

@@ -248,7 +248,7 @@ pub fn reconcile(
         let link = prog.take_link(id).map_err(attach_err())?;
         let link = FdLink::try_from(link).map_err(|e| attach_err()(ProgramError::from(e)))?;
         let pin = paths.links_dir().join(program);
-        crate::bpf::bpffs::pin_by_rename(&pin, |staging| {
+        crate::kernel::real::bpffs::pin_by_rename(&pin, |staging| {
             link.pin(staging).map(drop).map_err(io::Error::other)
         })
         .map_err(|source| SocketLbError::Pin {
