@@ -19,9 +19,18 @@ use ipam::store::AnyStore;
 use crate::{
     EBPF_OBJECT,
     api::server::{self, Api},
-    applier::{self, LoopError, LoopHandle, MAX_FAILURES},
     attach::{AttachError, AttachMode},
+    calc::{
+        identity::Identities,
+        identity_store::ClusterIdentities,
+        ipam_service::{IpamService, IpamServiceError},
+    },
+    cluster::setup::NodeRecords,
     config::{Config, SourceMode},
+    control::{
+        applier::{self, LoopError, LoopHandle, MAX_FAILURES},
+        node::{Node, NodeError},
+    },
     dataplane::{
         attachments::AttachDriver,
         conntrack::{self, CtStats},
@@ -31,9 +40,6 @@ use crate::{
         plane::Dataplane,
         prefilter::{Prefilter, PrefilterError},
     },
-    identity::Identities,
-    identity_store::ClusterIdentities,
-    ipam_service::{IpamService, IpamServiceError},
     kernel::{
         KernelError, PinnedHash, PinnedLpm,
         migrate::{self, MigrateError, MigrationReport},
@@ -44,10 +50,7 @@ use crate::{
             tc_links::TcLinks,
         },
     },
-    metrics,
-    node::{Node, NodeError},
-    node_setup,
-    nodes::setup::NodeRecords,
+    metrics, node_setup,
     sources::{link_source, policy_dir},
 };
 
@@ -115,7 +118,7 @@ pub enum DaemonError {
     Kube(#[from] crate::sources::kube::KubeError),
     /// Node routing could not be set up.
     #[error(transparent)]
-    Routing(#[from] crate::nodes::setup::RoutingSetupError),
+    Routing(#[from] crate::cluster::setup::RoutingSetupError),
     /// The first apply did not complete.
     #[error("the first dataplane apply did not complete within {0} s: {1}")]
     NotReady(u64, String),
@@ -252,7 +255,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
     // nodes' blocks.
     let (node_records, pod_mtu, underlay) =
-        match crate::nodes::setup::routing(&config, ipam.ipam().store(), &mut node)? {
+        match crate::cluster::setup::routing(&config, ipam.ipam().store(), &mut node)? {
             Some(r) => (Some(r.records), r.pod_mtu, r.underlay),
             None => (None, None, None),
         };
@@ -275,7 +278,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let (dataplane_loop, loop_thread) = applier::spawn(node)?;
 
     if let Some(cluster) = cluster_identities {
-        tokio::spawn(crate::identity_store::upkeep(
+        tokio::spawn(crate::calc::identity_store::upkeep(
             cluster,
             dataplane_loop.subscribe(),
             config.identity_gc_grace,
@@ -592,7 +595,9 @@ async fn wait_for_shutdown(
 }
 
 /// The IPv4 pool CIDRs the masquerade keeps its hands off (disabled pools too: their pods remain).
-fn masquerade_pools(pools: &[crate::ipam_service::PoolStatus]) -> Vec<ipnetwork::Ipv4Network> {
+fn masquerade_pools(
+    pools: &[crate::calc::ipam_service::PoolStatus],
+) -> Vec<ipnetwork::Ipv4Network> {
     pools
         .iter()
         .filter_map(|p| p.cidr.parse::<ipnetwork::Ipv4Network>().ok())

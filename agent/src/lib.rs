@@ -7,32 +7,23 @@
 //! dataplane loop that owns the node), `snapshot` (what it publishes for every reader).
 
 pub mod api;
-pub mod applier;
 pub use attach;
 pub mod calc;
+pub mod cluster;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod dataplane;
 pub mod fsutil;
-pub mod identity;
-pub mod identity_store;
 pub mod install_cni;
-pub mod ipam_service;
 pub mod kernel;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod monitor;
-pub mod node;
 pub mod node_setup;
-pub mod nodes;
 pub mod observe;
 pub mod paths;
-pub mod pod_ipam;
-pub mod policy;
-pub mod reference;
-pub mod services;
-pub mod snapshot;
 pub mod sources;
 pub mod synthetic;
 #[cfg(feature = "testing")]

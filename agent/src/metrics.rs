@@ -14,8 +14,8 @@ use prometheus_client::{
 use tokio::sync::watch;
 
 use crate::{
+    control::snapshot::Snapshot,
     dataplane::{conntrack::CtStats, nat_stats::NatStats},
-    snapshot::Snapshot,
 };
 
 type Label = [(&'static str, String); 1];
@@ -331,7 +331,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        applier::{self, Command},
+        control::applier::{self, Command},
         inprocess::harness::{self, FakeKernel},
         kernel::LinkEvent,
         synthetic::{self, Sizes},
@@ -414,8 +414,8 @@ mod tests {
             );
         }
         // A refused document of the source is counted (and listed by `weir status`).
-        let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
-        let refused = crate::policy::load::PolicyFileError {
+        let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);
+        let refused = crate::calc::policy::load::PolicyFileError {
             file: paths.policy_dir.join("bad.yaml"),
             line: 3,
             reason: "not valid YAML".to_owned(),

@@ -18,14 +18,16 @@ use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
 
 use crate::{
     api::server::{self, Api},
-    applier::{self, Command, LoopError, LoopHandle},
+    calc::ipam_service::IpamService,
+    control::{
+        applier::{self, Command, LoopError, LoopHandle},
+        node::Node,
+    },
     dataplane::{
         attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
         plane::Dataplane,
     },
-    ipam_service::IpamService,
     kernel::{LinkEvent, fake::FakeKernel},
-    node::Node,
     paths::Paths,
 };
 
@@ -42,10 +44,10 @@ pub enum TestAgentError {
     Dir(#[source] std::io::Error),
     /// The node.
     #[error(transparent)]
-    Node(#[from] crate::node::NodeError),
+    Node(#[from] crate::control::node::NodeError),
     /// IPAM.
     #[error(transparent)]
-    Ipam(#[from] crate::ipam_service::IpamServiceError),
+    Ipam(#[from] crate::calc::ipam_service::IpamServiceError),
     /// The apply thread.
     #[error("cannot start the apply thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -19,7 +19,7 @@ use maps_schema::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::node::Node;
+use crate::control::node::Node;
 
 /// A trace request.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use agent::policy::{
+use agent::calc::policy::{
     load::{Loaded, load_dir_full, load_text},
     model::PolicySet,
 };

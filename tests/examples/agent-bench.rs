@@ -27,6 +27,7 @@ use std::{
 };
 
 use agent::{
+    control::node::Node,
     dataplane::{
         attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
         plane::Dataplane,
@@ -35,7 +36,6 @@ use agent::{
         LinkEvent, PinnedHash, PinnedLpm,
         real::{programs::Programs, tc_links::TcLinks},
     },
-    node::Node,
 };
 use anyhow::{Context as _, Result};
 use serde_json::json;
@@ -81,7 +81,7 @@ fn converge(
     endpoints: usize,
 ) -> Result<(f64, u64, Node)> {
     let started = Instant::now();
-    let (policies, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+    let (policies, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
     anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
     let dataplane = dataplane(paths)?;
     eprintln!(

@@ -30,18 +30,19 @@ use agent::{
         server::{self, Api},
         types::Status,
     },
-    applier::{self, Command, LoopHandle},
+    calc::{ipam_service::IpamService, reference},
+    control::{
+        applier::{self, Command, LoopHandle},
+        node::Node,
+    },
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
         endpoints::EndpointsManager,
         map_driver::MapDriver,
         plane::Dataplane,
     },
-    ipam_service::IpamService,
     kernel::{KernelError, LinkEvent, PinnedHash, PinnedLpm, real::programs::Programs},
-    node::Node,
     paths::Paths,
-    reference,
     synthetic::{self, Sizes},
 };
 use anyhow::{Context as _, Result};
@@ -151,7 +152,7 @@ fn writes(handle: &LoopHandle) -> u64 {
 async fn wait(
     handle: &LoopHandle,
     what: &str,
-    ok: impl Fn(&agent::snapshot::Snapshot) -> bool,
+    ok: impl Fn(&agent::control::snapshot::Snapshot) -> bool,
 ) -> Result<()> {
     let mut rx = handle.subscribe();
     tokio::time::timeout(Duration::from_secs(300), rx.wait_for(|s| ok(s)))
@@ -171,7 +172,7 @@ fn open(paths: &Paths) -> Result<(LoopHandle, std::thread::JoinHandle<()>, f64)>
     let t = Instant::now();
     let dataplane = dataplane(paths)?;
     let load = t.elapsed().as_secs_f64();
-    let (set, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+    let (set, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
     anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
     let node = Node::open(paths, dataplane, set, Vec::new())?;
     let (handle, thread) = applier::spawn(node)?;
@@ -295,7 +296,7 @@ async fn changes(
         };
         edit_policy(paths, round)?;
         let t = Instant::now();
-        let (set, errors) = agent::policy::load::load_dir(&paths.policy_dir);
+        let (set, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
         out.parse_ms.push(t.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(errors.is_empty(), "edited policy refused: {errors:?}");
         let generation = handle.snapshot().summary.generation;

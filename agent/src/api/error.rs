@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use weir_api::code;
 
-use crate::{ipam_service::IpamServiceError, node::NodeError, sources::registry::RegistryError};
+use crate::{
+    calc::ipam_service::IpamServiceError, control::node::NodeError,
+    sources::registry::RegistryError,
+};
 
 /// An API error (on the wire: `weir_api::ErrorBody`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,7 +80,7 @@ impl From<NodeError> for ApiError {
 
 impl From<IpamServiceError> for ApiError {
     fn from(e: IpamServiceError) -> Self {
-        use crate::pod_ipam::AnnotationError as A;
+        use crate::calc::pod_ipam::AnnotationError as A;
         use ipam::IpamError as I;
         let message = e.to_string();
         match e {

@@ -25,9 +25,9 @@ use super::{
     },
 };
 use crate::{
-    applier::{LoopError, LoopHandle, WriteError},
+    calc::ipam_service::{AllocateRequest, IpamService, IpamServiceError},
+    control::applier::{LoopError, LoopHandle, WriteError},
     dataplane::conntrack::{self, CtStats, CtView},
-    ipam_service::{AllocateRequest, IpamService, IpamServiceError},
     kernel::InspectIo,
     sources::registry::{self, Endpoint},
 };
@@ -323,12 +323,14 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
 /// `GET /v1/nodes`: the cluster's nodes as the loop knows them (no datastore read).
 async fn list_nodes(
     State(api): State<Arc<Api>>,
-) -> ApiResult<Vec<crate::nodes::routing::NodeStatus>> {
+) -> ApiResult<Vec<crate::cluster::routing::NodeStatus>> {
     Ok(Json((*api.dataplane.snapshot().nodes).clone()))
 }
 
 /// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.
-async fn list_addresses(State(api): State<Arc<Api>>) -> ApiResult<Vec<crate::nodes::AddressView>> {
+async fn list_addresses(
+    State(api): State<Arc<Api>>,
+) -> ApiResult<Vec<crate::cluster::AddressView>> {
     Ok(Json(api.dataplane.addresses().await.map_err(loop_error)?))
 }
 
@@ -505,7 +507,7 @@ async fn ipam_ops(State(api): State<Arc<Api>>, body: Bytes) -> ApiResult<ipam::o
 async fn handle(
     State(api): State<Arc<Api>>,
     UrlPath(handle): UrlPath<String>,
-) -> ApiResult<crate::ipam_service::HandleStatus> {
+) -> ApiResult<crate::calc::ipam_service::HandleStatus> {
     Ok(Json(api.ipam.handle(&handle).await?))
 }
 

@@ -12,8 +12,8 @@ use super::{
     server::{Api, blocking},
 };
 use crate::{
+    calc::services::view::ServiceView,
     dataplane::{conntrack::now_ns, service_flows::FlowView},
-    services::view::ServiceView,
 };
 
 /// The handler.

@@ -7,7 +7,7 @@ pub use weir_api::{
     ReleaseResponse, code::NOT_THIS_DATASTORE,
 };
 
-use crate::node::NodeSummary;
+use crate::control::node::NodeSummary;
 
 /// `GET /v1/status`, with the agent's detail.
 pub type Status = weir_api::Status<StatusDetail>;
@@ -18,14 +18,14 @@ pub struct StatusDetail {
     /// Node state.
     pub state: NodeSummary,
     /// Applier progress.
-    pub applied: crate::applier::Applied,
+    pub applied: crate::control::applier::Applied,
     /// Driver counters.
     pub dataplane: serde_json::Value,
     /// Conntrack sweeps and map pressure.
     pub conntrack: crate::dataplane::conntrack::CtStats,
     /// The cluster's nodes (with node records: an `etcd:` datastore), their blocks, routes and health.
     #[serde(default)]
-    pub nodes: Vec<crate::nodes::routing::NodeStatus>,
+    pub nodes: Vec<crate::cluster::routing::NodeStatus>,
     /// The cgroup v2 directory socket LB is attached to (`--socket-lb-cgroup`); absent: off.
     #[serde(default)]
     pub socket_lb: Option<std::path::PathBuf>,

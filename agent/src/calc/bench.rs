@@ -17,11 +17,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 
 use super::{Calculation, equivalence::Rng, testkit};
 use crate::{
-    identity::{Identities, LabelSet},
-    policy::{
-        compile::{Subject, compile},
-        model::{Peer, Policy, PolicySet, PortSpec, Rule},
-        selector::Selector,
+    calc::{
+        identity::{Identities, LabelSet},
+        policy::{
+            compile::{Subject, compile},
+            model::{Peer, Policy, PolicySet, PortSpec, Rule},
+            selector::Selector,
+        },
     },
     sources::registry::Endpoint,
 };

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Calculation, NO_LABELS};
-use crate::{
+use crate::calc::{
     identity::{IdentityError, LabelSet},
     policy::model::{Peer, Policy},
 };

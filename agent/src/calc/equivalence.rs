@@ -18,15 +18,17 @@ use maps_schema::{IdentityInfo, PolicyKey, PolicyValue, identity::HOST};
 
 use super::{Calculation, testkit};
 use crate::{
-    dataplane::{endpoints, plane::Dataplane},
-    identity::{Identities, LabelSet},
-    kernel::Prefix,
-    policy::{
-        compile::{RuleRef, Subject, compile},
-        model::{NamedPort, NamedPortRef, Peer, Pod, Policy, PolicySet, PortSpec, Rule},
-        pods,
-        selector::Selector,
+    calc::{
+        identity::{Identities, LabelSet},
+        policy::{
+            compile::{RuleRef, Subject, compile},
+            model::{NamedPort, NamedPortRef, Peer, Pod, Policy, PolicySet, PortSpec, Rule},
+            pods,
+            selector::Selector,
+        },
     },
+    dataplane::{endpoints, plane::Dataplane},
+    kernel::Prefix,
     sources::registry::Endpoint,
 };
 

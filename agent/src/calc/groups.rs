@@ -10,7 +10,7 @@ use maps_schema::{PolicyKey, PolicyValue};
 use maps_schema::policy::ANY_PROTO;
 
 use super::{RuleState, fasthash::FastMap, named::Resolved};
-use crate::{dataplane::map_driver::MapDriver, policy::compile::add_ports};
+use crate::{calc::policy::compile::add_ports, dataplane::map_driver::MapDriver};
 
 /// One group's identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,7 +188,7 @@ impl Groups {
             out.clear();
             for (id, rule) in &contributing {
                 let named = resolved.ports(rule, &key);
-                let specs: std::borrow::Cow<'_, [crate::policy::model::PortSpec]> =
+                let specs: std::borrow::Cow<'_, [crate::calc::policy::model::PortSpec]> =
                     if named.is_empty() {
                         rule.ports_of(key.protocol).into()
                     } else {

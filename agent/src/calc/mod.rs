@@ -1,4 +1,7 @@
-//! The calculation layer, incremental (Cilium's selector cache, Felix's calculation graph): the
+//! The calculation layer: security identities (`identity`, cluster-wide in `identity_store`), the cluster
+//! model and NetworkPolicy (`policy/`), Services (`services/`), pod IPAM (`pod_ipam`: the annotations;
+//! `ipam_service`: allocations), the reference compile (`reference`), and, in this module, the
+//! incremental calculation (Cilium's selector cache, Felix's calculation graph): the
 //! sources (endpoints, namespace labels, policies, node addresses) arrive as changes, and each
 //! change touches only what it affects, recording the map keys it changed in the map drivers'
 //! desired state (their dirty sets then hold exactly what the next apply must write):
@@ -20,6 +23,14 @@
 //!
 //! Every identity a change needs is allocated and persisted before anything else changes, so a
 //! failure leaves the calculation as it was. No kernel I/O here: `flush` writes desired state.
+
+pub mod identity;
+pub mod identity_store;
+pub mod ipam_service;
+pub mod pod_ipam;
+pub mod policy;
+pub mod reference;
+pub mod services;
 
 mod classes;
 mod deltas;
@@ -63,14 +74,16 @@ use self::{
     slab::Slab,
 };
 use crate::{
-    dataplane::{endpoints, map_driver::MapDriver, plane::Dataplane},
-    identity::{Identities, IdentityError, LabelSet},
-    kernel::Prefix,
-    policy::{
-        compile::RuleRef,
-        model::{NamedPort, NamedPortRef, Peer, Policy, PolicySet, PortSpec},
-        pods::RemotePod,
+    calc::{
+        identity::{Identities, IdentityError, LabelSet},
+        policy::{
+            compile::RuleRef,
+            model::{NamedPort, NamedPortRef, Peer, Policy, PolicySet, PortSpec},
+            pods::RemotePod,
+        },
     },
+    dataplane::{endpoints, map_driver::MapDriver, plane::Dataplane},
+    kernel::Prefix,
     sources::registry::Endpoint,
 };
 

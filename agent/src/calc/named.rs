@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use maps_schema::policy::INGRESS;
 
 use super::{Calculation, RuleState, fasthash::FastMap, groups::GroupKey};
-use crate::policy::model::{NamedPort, PortSpec};
+use crate::calc::policy::model::{NamedPort, PortSpec};
 
 /// Named ports by local endpoint id and by peer identity, for one flush.
 #[derive(Default)]

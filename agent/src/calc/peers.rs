@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use ipnetwork::IpNetwork;
 
 use super::fasthash::{FastMap, FastSet};
-use crate::policy::{compile::contains, model::Peer, selector::Selector};
+use crate::calc::policy::{compile::contains, model::Peer, selector::Selector};
 
 /// Which namespaces a pod peer looks in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

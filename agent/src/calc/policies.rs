@@ -15,7 +15,7 @@ use super::{
     groups::GroupKey,
     peers::{Namespaces, PeerEntry, PeerKey},
 };
-use crate::policy::{
+use crate::calc::policy::{
     compile::RuleRef,
     model::{Policy, PortSpec, Rule},
 };

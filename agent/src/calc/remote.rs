@@ -6,7 +6,10 @@
 use std::collections::HashMap;
 
 use super::{Calculation, Source};
-use crate::{identity::IdentityError, identity::LabelSet, policy::pods::RemotePod};
+use crate::calc::{
+    identity::{IdentityError, LabelSet},
+    policy::pods::RemotePod,
+};
 
 impl Calculation {
     /// Replaces the remote pods with `pods` (by key), touching only the ones that changed.

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::policy::compile::RuleRef;
+use crate::calc::policy::compile::RuleRef;
 
 /// Ids are 1..=`SPACE` (0 is never a rule's own id): one slot each in `rule_hits_v1`.
 const SPACE: u32 = maps_schema::maps::RULE_HITS_MAX - 1;

@@ -181,7 +181,7 @@ pub fn status(args: StatusArgs) -> Result<()> {
 
 /// `weir status --all-addresses`.
 fn all_addresses(common: &Common) -> Result<()> {
-    let addresses: Vec<agent::nodes::AddressView> =
+    let addresses: Vec<agent::cluster::AddressView> =
         runtime()?.block_on(client(common).get("/v1/addresses", "the address list"))?;
     match common.output {
         Output::Json => print_json(&addresses),

@@ -3,7 +3,7 @@
 //! `weir service flows [-o json]`: the flows translated per packet, each client's flow to a
 //! frontend with the backend it was given (`GET /v1/services/flows`).
 
-use agent::{dataplane::service_flows::FlowView, services::view::ServiceView};
+use agent::{calc::services::view::ServiceView, dataplane::service_flows::FlowView};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 

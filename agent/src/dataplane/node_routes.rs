@@ -36,7 +36,7 @@ pub struct LocalNode {
     /// Its underlay address (the tunnel's source).
     pub address: IpAddr,
     /// Its VTEP address (vxlan mode: put on the device; unique per node). The agent uses the node's own
-    /// IPv4 address (`nodes::routing::vtep_of`), so every node derives it from the node record alone.
+    /// IPv4 address (`cluster::routing::vtep_of`), so every node derives it from the node record alone.
     pub vtep: Option<Ipv4Addr>,
 }
 

@@ -528,12 +528,12 @@ mod tests {
     }
 
     /// A Service `db` (10.96.0.10:80) whose one ready endpoint is endpoint 1's address.
-    fn db_service() -> crate::policy::model::PolicySet {
+    fn db_service() -> crate::calc::policy::model::PolicySet {
         let docs = format!(
             "kind: Service\nmetadata: {{name: db, namespace: prod}}\nspec: {{clusterIP: 10.96.0.10, ports: [{{name: sql, port: 80, targetPort: 8080}}]}}\n---\nkind: EndpointSlice\nmetadata: {{name: db-1, namespace: prod, labels: {{kubernetes.io/service-name: db}}}}\naddressType: IPv4\nports: [{{name: sql, port: 8080}}]\nendpoints:\n- {{addresses: [{}], conditions: {{ready: true}}}}\n",
             std::net::Ipv4Addr::from(addr(1))
         );
-        crate::policy::load::parse_str("s.yaml", &docs).expect("valid")
+        crate::calc::policy::load::parse_str("s.yaml", &docs).expect("valid")
     }
 
     #[test]

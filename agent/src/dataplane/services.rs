@@ -27,12 +27,12 @@ use maps_schema::service::{
 use super::map_driver::{DriverStats, MapDriver, Pending};
 use crate::kernel::{KernelError, MapIo, PinnedHash};
 use crate::{
-    paths::Paths,
-    services::{
+    calc::services::{
         desired::{Services, Slices},
         incremental::{ObjectKey, Ops, Tracker},
         model::{EndpointSlice, Service},
     },
+    paths::Paths,
 };
 
 /// The slices of `service` in `index` (Service → slice keys) and `all`.

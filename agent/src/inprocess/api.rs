@@ -21,7 +21,7 @@ use crate::{
         server,
         types::{AllocateResponse, EndpointRequest, EndpointView, Status},
     },
-    applier,
+    control::applier,
     sources::link_source,
     synthetic::{self, Sizes},
 };

@@ -6,9 +6,11 @@ use tokio::sync::watch;
 
 use super::harness::{self, FakeKernel, once_each};
 use crate::{
-    applier::{self, Command, LoopHandle},
+    control::{
+        applier::{self, Command, LoopHandle},
+        snapshot::Snapshot,
+    },
     paths::Paths,
-    snapshot::Snapshot,
     sources::link_source,
     synthetic::{self, Sizes},
 };
@@ -227,7 +229,7 @@ async fn a_thousand_endpoints_and_500_policies_converge_a_restart_writes_nothing
     let edited = harness::expected(&paths, &links);
     let must = after.diff(&edited);
     assert!(!must.is_empty(), "the edit changes entries");
-    let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+    let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);
     let generation = agent.handle.snapshot().summary.generation;
     agent
         .handle

@@ -12,6 +12,8 @@ use std::{
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 
 use crate::{
+    calc::reference,
+    control::node::Node,
     dataplane::{
         attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
         plane::Dataplane,
@@ -20,12 +22,10 @@ use crate::{
         Prefix,
         fake::{self, FakeMap},
     },
-    node::Node,
     paths::Paths,
-    reference,
 };
 
-pub(crate) use crate::reference::{AnyKey, State, policy_key};
+pub(crate) use crate::calc::reference::{AnyKey, State, policy_key};
 
 /// Where every fake map's write log stood.
 #[derive(Clone, Copy, Debug)]
@@ -172,7 +172,7 @@ pub(crate) fn paths(dir: &Path) -> Paths {
 
 /// Opens the node over `kernel` as the daemon does (policies read from the directory).
 pub(crate) fn open_node(paths: &Paths, kernel: &FakeKernel) -> Node {
-    let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+    let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);
     Node::open(paths, kernel.dataplane(), set, errors).expect("the node opens")
 }
 
@@ -191,10 +191,10 @@ pub(crate) async fn api(
     dir: &Path,
     paths: &Paths,
     kernel: &FakeKernel,
-    dataplane: crate::applier::LoopHandle,
+    dataplane: crate::control::applier::LoopHandle,
     pod_wait: Option<Duration>,
 ) -> crate::api::server::Api {
-    let ipam = crate::ipam_service::IpamService::open(
+    let ipam = crate::calc::ipam_service::IpamService::open(
         &format!("embedded:{}", dir.join("ipam.redb").display()),
         "wt-node",
         BTreeMap::new(),

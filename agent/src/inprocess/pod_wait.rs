@@ -12,8 +12,8 @@ use crate::{
         server,
         types::AllocateResponse,
     },
-    applier::{self, Command},
-    policy::load,
+    calc::policy::load,
+    control::applier::{self, Command},
 };
 
 const WAIT: Duration = Duration::from_secs(2);
@@ -33,7 +33,7 @@ async fn allocate(
         .await
 }
 
-fn pod_set(pods: &[&str]) -> crate::policy::model::PolicySet {
+fn pod_set(pods: &[&str]) -> crate::calc::policy::model::PolicySet {
     let dir = tempfile::tempdir().expect("tmp");
     let mut yaml = "kind: Namespace\nmetadata: {name: ns1}\n".to_owned();
     for pod in pods {

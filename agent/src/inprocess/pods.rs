@@ -10,9 +10,9 @@ use super::{
     harness::{self, FakeKernel, once_each},
 };
 use crate::{
+    calc::reference::AnyKey,
+    control::snapshot::Snapshot,
     paths::Paths,
-    reference::AnyKey,
-    snapshot::Snapshot,
     sources::policy_dir,
     synthetic::{self, Sizes},
 };

@@ -11,7 +11,7 @@ use super::{
     converge::Agent,
     harness::{self, FakeKernel},
 };
-use crate::applier::Command;
+use crate::control::applier::Command;
 
 const SERVICE: &str = "kind: Service
 metadata: {name: db, namespace: prod}
@@ -142,7 +142,7 @@ async fn service_maps_follow_the_slices_sweep_orphans_and_a_restart_writes_nothi
     // spawned source could take its first fingerprint after the edit): the count shrinks, its
     // slot and backend entries go, and the other backend's entries are not rewritten.
     write(&paths, &slice(&[("10.244.0.12", true)]));
-    let (set, errors) = crate::policy::load::load_dir(&paths.policy_dir);
+    let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);
     agent
         .handle
         .send(Command::Policies { set, errors })

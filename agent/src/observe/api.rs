@@ -8,8 +8,8 @@ use axum::{Json, extract::State, http::StatusCode};
 use super::rule_hits::{self, RuleHitsView};
 use crate::{
     api::{error::ApiError, server::Api},
+    control::node::Node,
     kernel::TraceIo,
-    node::Node,
     trace::{TraceRequest, TraceResult},
 };
 

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::packet::{self, Spec};
 use crate::{
+    control::node::Node,
     kernel::{TraceIo, TraceIoError},
-    node::Node,
     sources::registry::Endpoint,
     trace::TraceRequest,
 };

@@ -103,7 +103,7 @@ pub fn families(
 #[derive(Debug)]
 pub struct DatapathCollector {
     /// The loop's snapshots (rule names).
-    pub snapshot: tokio::sync::watch::Receiver<std::sync::Arc<crate::snapshot::Snapshot>>,
+    pub snapshot: tokio::sync::watch::Receiver<std::sync::Arc<crate::control::snapshot::Snapshot>>,
     /// The pinned maps, through the kernel seam.
     pub kernel: std::sync::Arc<dyn crate::kernel::InspectIo>,
 }

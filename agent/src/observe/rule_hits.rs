@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::{
+    calc::policy::compile::RuleRef,
     kernel::{CountersIo, InspectIo, KernelError},
-    policy::compile::RuleRef,
 };
 
 /// One rule's hits.

@@ -14,7 +14,7 @@ use std::{
 use futures_util::StreamExt as _;
 
 use crate::{
-    applier::{Command, LoopHandle},
+    control::applier::{Command, LoopHandle},
     kernel::{LinkEvent, LinkIo, LinkWatcherStopped},
 };
 

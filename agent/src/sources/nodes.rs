@@ -19,14 +19,16 @@ use ipam::model::{EndpointRecord, NodeRecord};
 use tokio::sync::watch;
 
 use crate::{
-    applier::{Command, LoopHandle},
-    nodes::{
+    calc::policy::pods::RemotePod,
+    cluster::{
         ClusterNode, ClusterPod, NodeDelta, diff,
         records::Records,
         store::{NodeStore, NodeStoreError, RecordChanges},
     },
-    policy::pods::RemotePod,
-    snapshot::Snapshot,
+    control::{
+        applier::{Command, LoopHandle},
+        snapshot::Snapshot,
+    },
 };
 
 fn now() -> u64 {
@@ -284,7 +286,7 @@ impl<S: NodeStore, O: Output> Follower<S, O> {
 /// The next batch of a watch; never, without one.
 async fn next(
     changes: &mut Option<RecordChanges>,
-) -> Option<Result<Vec<crate::nodes::records::RecordChange>, NodeStoreError>> {
+) -> Option<Result<Vec<crate::cluster::records::RecordChange>, NodeStoreError>> {
     match changes {
         Some(c) => c.recv().await,
         None => std::future::pending().await,

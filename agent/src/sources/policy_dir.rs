@@ -17,12 +17,12 @@ use std::{
 };
 
 use crate::{
-    applier::{Command, LoopHandle},
-    policy::{
+    calc::policy::{
         last_good,
         load::{self, Fingerprint, Loaded},
         load_cache::DirCache,
     },
+    control::applier::{Command, LoopHandle},
 };
 
 /// How often the directory is stat'ed.

@@ -16,7 +16,7 @@ use super::{
     store::{Key, KindStore},
     watch::{Change, Kind},
 };
-use crate::{
+use crate::calc::{
     policy::{
         convert,
         delta::{Delta, NamespaceObject, ObjectChange},

@@ -43,7 +43,7 @@ use tokio::sync::mpsc;
 pub use client::client;
 pub use watch::Kind;
 
-use crate::applier::{Command, LoopError, LoopHandle};
+use crate::control::applier::{Command, LoopError, LoopHandle};
 use cluster::Cluster;
 use store::Key;
 use watch::Change;

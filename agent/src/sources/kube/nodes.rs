@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::watch;
 
 use crate::{
-    applier::{Command, LoopHandle},
-    nodes::{ClusterNode, NodeDelta, diff, store::BlockStore},
-    policy::model::NodeInfo,
+    calc::policy::model::NodeInfo,
+    cluster::{ClusterNode, NodeDelta, diff, store::BlockStore},
+    control::applier::{Command, LoopHandle},
     sources::nodes::TICK,
 };
 
@@ -355,7 +355,7 @@ mod tests {
         );
 
         let local = ipam::store::AnyStore::Memory(MemoryStore::new());
-        let e = crate::nodes::store::shared(&local).expect_err("a memory store is node-local");
+        let e = crate::cluster::store::shared(&local).expect_err("a memory store is node-local");
         assert!(e.to_string().contains("--datastore etcd:URL"), "{e}");
     }
 }

@@ -14,7 +14,9 @@ use super::{
     watch::{self, Change, Kind},
 };
 use crate::{
-    calc::testkit, node::Node, paths::Paths, policy::model::PolicySet, services::view::BackendState,
+    calc::{policy::model::PolicySet, services::view::BackendState, testkit},
+    control::node::Node,
+    paths::Paths,
 };
 
 const SERVICES: &str = "/api/v1/services";

@@ -228,7 +228,7 @@ fn the_store_sends_nothing_new_for_a_relist_of_unchanged_objects() {
     assert_eq!(delta.object, "NetworkPolicy default/c");
     assert_eq!(
         delta.change,
-        crate::policy::delta::ObjectChange::Policy(key("c"), None),
+        crate::calc::policy::delta::ObjectChange::Policy(key("c"), None),
         "a refused object is absent"
     );
     assert!(delta.refused.is_some(), "and named with its reason");

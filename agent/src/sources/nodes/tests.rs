@@ -10,7 +10,7 @@ use ipam::{
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::nodes::{
+use crate::cluster::{
     records::RecordChange,
     store::{NodeStoreError, RecordListing},
 };
