@@ -50,7 +50,8 @@ use crate::{
             tc_links::TcLinks,
         },
     },
-    metrics, node_setup,
+    observe::metrics_server,
+    setup::host,
     sources::{link_source, policy_dir},
 };
 
@@ -95,7 +96,7 @@ pub enum DaemonError {
     Ipam(#[from] IpamServiceError),
     /// Forwarding or the CNI configuration could not be set up.
     #[error(transparent)]
-    Setup(#[from] node_setup::SetupError),
+    Setup(#[from] host::SetupError),
     /// A socket or signal could not be set up.
     #[error("cannot {what}: {source}")]
     Io {
@@ -313,7 +314,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         dataplane_loop.clone(),
         netlink_links::Netlink,
         move |ifname| {
-            if let Err(e) = node_setup::workload_link_sysctls(&sysctl_paths, ifname) {
+            if let Err(e) = host::workload_link_sysctls(&sysctl_paths, ifname) {
                 tracing::warn!(error = %e, "workload link sysctl");
             }
         },
@@ -396,7 +397,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => tracing::warn!(error = %e, "cannot list the map pins"),
     }
 
-    node_setup::enable_forwarding(&paths)?;
+    host::enable_forwarding(&paths)?;
     // Conntrack upkeep on its own thread.
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
@@ -442,7 +443,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ct_layout,
         tc_attach: config.tc_attach,
         kernel: Arc::clone(&inspect),
-        monitor: crate::monitor::Monitor::default(),
+        monitor: crate::observe::monitor::Monitor::default(),
         pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
             .then_some(server::POD_WAIT),
         socket_lb: socket_lb.cgroup.clone(),
@@ -454,14 +455,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
         .await
         .map_err(io_err(format!("listen on {}", config.metrics)))?;
-    let metrics_state = metrics::MetricsState::new(
+    let metrics_state = metrics_server::MetricsState::new(
         dataplane_loop.subscribe(),
         Arc::clone(&ct_stats),
         Arc::clone(&nat_stats),
         program_report.clone(),
         Arc::clone(&inspect),
     );
-    tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
+    tokio::spawn(metrics_server::serve(
+        metrics_listener,
+        Arc::new(metrics_state),
+    ));
 
     // Ready: tell the runtime how to use us.
     let pools = ipam.pools().await?;
@@ -529,7 +533,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             "the API socket does not answer".into(),
         ));
     }
-    let conflist = node_setup::write_conflist_with_mtu(
+    let conflist = host::write_conflist_with_mtu(
         &paths,
         &families,
         &config.cni_version,

@@ -15,22 +15,16 @@ pub mod control;
 pub mod daemon;
 pub mod dataplane;
 pub mod fsutil;
-pub mod install_cni;
 pub mod kernel;
 pub mod logging;
 pub mod memory;
-pub mod metrics;
-pub mod monitor;
-pub mod node_setup;
 pub mod observe;
 pub mod paths;
+pub mod setup;
 pub mod sources;
 pub mod synthetic;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod trace;
-pub mod uninstall;
-pub mod vxlan_config;
 
 #[cfg(test)]
 mod inprocess;

@@ -120,7 +120,7 @@ impl TestAgent {
             ct_layout: maps_schema::conntrack::LAYOUT,
             tc_attach: attach::Mechanism::Filter,
             kernel: Arc::new(kernel.clone()),
-            monitor: crate::monitor::Monitor::default(),
+            monitor: crate::observe::monitor::Monitor::default(),
             pod_wait: None,
             socket_lb: None,
             socket_lb_scope: None,

@@ -351,7 +351,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> 
         ct_layout: 2,
         tc_attach: agent::attach::Mechanism::default(),
         kernel: Arc::new(agent::kernel::real::inspect::PinnedInspect::new(&paths)),
-        monitor: agent::monitor::Monitor::default(),
+        monitor: agent::observe::monitor::Monitor::default(),
         pod_wait: None,
         socket_lb: None,
         socket_lb_scope: None,

@@ -594,17 +594,19 @@ fn check_daemon_set(m: &Manifest, p: &mut Vec<String>) {
             let dir = cmd
                 .windows(2)
                 .find(|w| w[0] == "--cni-bin-dir")
-                .map_or(agent::install_cni::DEFAULT_CNI_BIN_DIR, |w| w[1].as_str());
+                .map_or(agent::setup::install_cni::DEFAULT_CNI_BIN_DIR, |w| {
+                    w[1].as_str()
+                });
             let mount = c
                 .volume_mounts
                 .iter()
                 .flatten()
                 .find(|vm| vm.mount_path == dir);
             match mount.and_then(|vm| host_path(&vm.name)) {
-                Some(host) if host == agent::install_cni::DEFAULT_CNI_BIN_DIR => {}
+                Some(host) if host == agent::setup::install_cni::DEFAULT_CNI_BIN_DIR => {}
                 other => p.push(format!(
                     "install-cni writes {dir}, which must be the host's {} (found {other:?})",
-                    agent::install_cni::DEFAULT_CNI_BIN_DIR
+                    agent::setup::install_cni::DEFAULT_CNI_BIN_DIR
                 )),
             }
         }

@@ -3,6 +3,7 @@
 pub mod client;
 pub mod error;
 pub mod log_level;
+pub mod observe;
 pub mod server;
 pub mod services;
 pub mod types;

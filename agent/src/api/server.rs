@@ -67,7 +67,7 @@ pub struct Api {
     /// through the one seam: no handler opens a pin itself.
     pub kernel: Arc<dyn InspectIo>,
     /// The one reader of the drop events ring.
-    pub monitor: crate::monitor::Monitor,
+    pub monitor: crate::observe::monitor::Monitor,
     /// With a cluster source (`--source kubernetes`), how long a CNI request waits for the source
     /// to deliver the Pod it names before it is refused (as cilium-cni waits): a pod's labels and
     /// pool annotations come from its Pod object, never from the CNI. `None`: the standalone
@@ -133,7 +133,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/bpf/nat", get(nat_list))
         .route("/v1/bpf/counters", get(counters))
         .route("/v1/policy/trace", post(policy_trace))
-        .route("/v1/policy/rules", get(crate::observe::api::rules))
+        .route("/v1/policy/rules", get(crate::api::observe::rules))
         .route("/v1/monitor", get(monitor))
         .route("/v1/log-level", post(super::log_level::set))
         .with_state(api)
@@ -287,9 +287,9 @@ async fn monitor(State(api): State<Arc<Api>>) -> Result<axum::response::Response
 async fn policy_trace(
     State(api): State<Arc<Api>>,
     body: Bytes,
-) -> ApiResult<crate::trace::TraceResult> {
-    let req: crate::trace::TraceRequest = parse(&body)?;
-    let proto = crate::trace::protocol(&req.protocol).ok_or_else(|| {
+) -> ApiResult<crate::observe::trace::TraceResult> {
+    let req: crate::observe::trace::TraceRequest = parse(&body)?;
+    let proto = crate::observe::trace::protocol(&req.protocol).ok_or_else(|| {
         ApiError::invalid(format!(
             "protocol {:?} is not tcp, udp, sctp, icmp, icmpv6 or a number",
             req.protocol

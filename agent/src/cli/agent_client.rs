@@ -534,7 +534,7 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
             return super::policy_view::rules(&args.common.api_socket, Some(&name), json);
         }
     };
-    let body = agent::trace::TraceRequest {
+    let body = agent::observe::trace::TraceRequest {
         src,
         dst,
         protocol,
@@ -543,11 +543,8 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         tcp_flags,
         from_endpoint,
     };
-    let result: agent::trace::TraceResult = runtime()?.block_on(client(&args.common).post(
-        "/v1/policy/trace",
-        &body,
-        "the policy trace",
-    ))?;
+    let result: agent::observe::trace::TraceResult = runtime()?
+        .block_on(client(&args.common).post("/v1/policy/trace", &body, "the policy trace"))?;
     if json {
         return print_json(&result);
     }

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use agent::{install_cni, paths, uninstall};
+use agent::{
+    paths,
+    setup::{install_cni, uninstall},
+};
 
 /// `weir install-cni`.
 #[derive(Debug, Args)]

@@ -2,7 +2,10 @@
 
 use std::path::Path;
 
-use agent::{api::client::Client, observe::rule_hits::RuleHitsView, trace::TraceResult};
+use agent::{
+    api::client::Client,
+    observe::{rule_hits::RuleHitsView, trace::TraceResult},
+};
 use anyhow::{Result, bail};
 
 use super::agent_client::{print_json, runtime};

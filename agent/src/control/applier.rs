@@ -29,8 +29,8 @@ use crate::{
         snapshot::{self, Snapshot},
     },
     kernel::LinkEvent,
+    observe::trace::{TraceRequest, TraceResult},
     sources::registry::Endpoint,
-    trace::{TraceRequest, TraceResult},
 };
 
 #[cfg(test)]
@@ -500,9 +500,9 @@ impl DataplaneLoop {
                 self.accept(done, result);
             }
             Command::Trace(request, protocol, kernel, reply) => {
-                let mut result = crate::trace::trace(&self.node, &request, protocol);
+                let mut result = crate::observe::trace::trace(&self.node, &request, protocol);
                 if let Some(kernel) = &kernel {
-                    crate::observe::api::add_kernel_trace(
+                    crate::api::observe::add_kernel_trace(
                         &**kernel,
                         &self.node,
                         &request,

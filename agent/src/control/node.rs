@@ -307,7 +307,7 @@ impl Node {
         for (node, ip) in nodes {
             out.push(AddressView {
                 ip,
-                identity: Some(crate::trace::identity_of(self, ip)),
+                identity: Some(crate::observe::trace::identity_of(self, ip)),
                 node: node.to_owned(),
                 pod: String::new(),
             });

@@ -97,7 +97,9 @@ fn a_policy_cidr_covering_a_node_address_takes_it_and_gives_it_back() {
         .octets();
     assert_eq!(w.ident4, vec![(b, None)]);
     assert_eq!(w.ipcache4.len(), 1);
-    let trace = |f: &Fixture, ip: &str| crate::trace::identity_of(&f.node, ip.parse().expect("ip"));
+    let trace = |f: &Fixture, ip: &str| {
+        crate::observe::trace::identity_of(&f.node, ip.parse().expect("ip"))
+    };
     let cidr = w.ipcache4[0].1.expect("written").identity;
     assert_eq!(trace(&f, "10.9.0.2"), cidr);
     assert_eq!(trace(&f, "10.8.0.3"), REMOTE_NODE);

@@ -215,7 +215,7 @@ pub(crate) async fn api(
         ct_layout: maps_schema::conntrack::LAYOUT,
         tc_attach: attach::Mechanism::default(),
         kernel: std::sync::Arc::new(kernel.fake.clone()),
-        monitor: crate::monitor::Monitor::default(),
+        monitor: crate::observe::monitor::Monitor::default(),
         pod_wait,
         socket_lb: None,
         socket_lb_scope: None,

@@ -20,9 +20,11 @@ use crate::{
         counters::CounterView,
     },
     kernel::MapMeta,
-    observe::rule_hits::RuleHitsView,
+    observe::{
+        rule_hits::RuleHitsView,
+        trace::{TraceRequest, TraceResult},
+    },
     synthetic::{self, Sizes},
-    trace::{TraceRequest, TraceResult},
 };
 
 const SIZES: Sizes = Sizes {

@@ -9,7 +9,7 @@
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`dataplane::conntrack::PinnedCt`: batch lookups and deletes).
 //! - [`CountersIo`]: the per-CPU verdict counters (`dataplane::counters::PinnedCounters`).
-//! - [`SysctlIo`]: `/proc/sys` (`node_setup::ProcSysctl`).
+//! - [`SysctlIo`]: `/proc/sys` (`setup::host::ProcSysctl`).
 //! - [`PinIo`]: the map pins under the pin root (`dataplane::pins::BpffsPins`), for stale-pin removal.
 //! - [`LinkIo`]: link and address dumps and their live events (`real::netlink_links::Netlink`).
 //! - [`InspectIo`]: what the API reads on an operator's request (map metadata, the counter
@@ -280,7 +280,7 @@ pub trait InspectIo: TraceIo + Send + Sync {
         &self,
     ) -> Result<Box<dyn MapIo<maps_schema::Nat4Key, maps_schema::Nat4Entry>>, KernelError>;
     /// The drop events ring buffer's records from now on (call inside the runtime). The ring has
-    /// one consumer position, so one reader per agent (`monitor::Monitor`).
+    /// one consumer position, so one reader per agent (`observe::monitor::Monitor`).
     fn drop_events(&self) -> Result<RecordStream, KernelError>;
     /// The masquerade's events (`nat_events_v1`, summed over CPUs, indexed by
     /// `maps_schema::nat::EVENT_*`); `None` without the pin.

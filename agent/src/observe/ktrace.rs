@@ -16,8 +16,8 @@ use super::packet::{self, Spec};
 use crate::{
     control::node::Node,
     kernel::{TraceIo, TraceIoError},
+    observe::trace::TraceRequest,
     sources::registry::Endpoint,
-    trace::TraceRequest,
 };
 
 /// Size of the kernel's `struct __sk_buff` and the offsets of the fields a trace run sets.

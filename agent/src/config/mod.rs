@@ -1,6 +1,8 @@
 //! The agent's one validated configuration: every flag has an environment variable, a default from
 //! `paths`, and the whole is dumpable as JSON (`weir agent --dump-config`).
 
+pub mod vxlan;
+
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::Args;
@@ -76,7 +78,7 @@ pub struct AgentArgs {
     /// The `cniVersion` of the conflist the agent writes. The default, 1.0.0, is read by every
     /// supported runtime (containerd 1.6 and 1.7 read results up to 1.0.0); raise it to 1.1.0 for
     /// runtimes that use GC and STATUS (containerd 2.x, CRI-O 1.30+). See docs/cni.md.
-    #[arg(long, env = "WEIR_CNI_VERSION", default_value = crate::node_setup::DEFAULT_CNI_VERSION)]
+    #[arg(long, env = "WEIR_CNI_VERSION", default_value = crate::setup::host::DEFAULT_CNI_VERSION)]
     pub cni_version: String,
     /// Interfaces to attach `xdp_prefilter` to (none by default: the agent never touches a host
     /// interface it was not told to).
@@ -195,7 +197,7 @@ pub struct AgentArgs {
     pub node_expiry: u64,
     /// The VXLAN device of `--routing vxlan`.
     #[command(flatten)]
-    pub vxlan: crate::vxlan_config::VxlanArgs,
+    pub vxlan: crate::config::vxlan::VxlanArgs,
     /// Print the validated configuration as JSON and exit.
     #[arg(long)]
     #[serde(skip)]
@@ -347,7 +349,7 @@ pub struct Config {
     #[serde(serialize_with = "seconds")]
     pub node_expiry: std::time::Duration,
     /// The VXLAN device's flags (checked; the underlay, when not given, is found at start).
-    pub vxlan: crate::vxlan_config::VxlanArgs,
+    pub vxlan: crate::config::vxlan::VxlanArgs,
 }
 
 /// A duration as the whole seconds the flags take.
@@ -638,13 +640,13 @@ impl AgentArgs {
             }
             None => None,
         };
-        if !crate::node_setup::CNI_VERSIONS.contains(&self.cni_version.as_str()) {
+        if !crate::setup::host::CNI_VERSIONS.contains(&self.cni_version.as_str()) {
             return Err(invalid(
                 "--cni-version (WEIR_CNI_VERSION)",
                 &self.cni_version,
                 format!(
                     "weir-cni speaks {}; use 1.0.0 unless every runtime on the node reads 1.1.0",
-                    crate::node_setup::CNI_VERSIONS.join(" and ")
+                    crate::setup::host::CNI_VERSIONS.join(" and ")
                 ),
             ));
         }

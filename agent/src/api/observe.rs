@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use axum::{Json, extract::State, http::StatusCode};
 
-use super::rule_hits::{self, RuleHitsView};
+use crate::observe::rule_hits::{self, RuleHitsView};
 use crate::{
     api::{error::ApiError, server::Api},
     control::node::Node,
     kernel::TraceIo,
-    trace::{TraceRequest, TraceResult},
+    observe::trace::{TraceRequest, TraceResult},
 };
 
 /// `GET /v1/policy/rules`: every rule the agent compiled, with the packets and bytes it decided.
@@ -34,7 +34,7 @@ pub fn add_kernel_trace(
     proto: u8,
     result: &mut TraceResult,
 ) {
-    match super::ktrace::trace(kernel, node, req, proto, &result.verdict) {
+    match crate::observe::ktrace::trace(kernel, node, req, proto, &result.verdict) {
         Ok(k) => result.kernel = Some(k),
         Err(e) => result.kernel_error = Some(e.to_string()),
     }
