@@ -1,10 +1,25 @@
 //! weir's node agent, as a library so the `weir` binary and the integration tests share its parts.
 //!
-//! Where things live: `paths` (every path and name), `config` (the validated configuration),
-//! `bpf/` (bpffs, loading and pinning the object, programs, conntrack migration), `sources/`
-//! (registry, link watcher, policy directory), `attach` (the tc/XDP
-//! attachment helper, the crate `agent/attach` shared with weir-cni), `daemon` (the `weir agent` wiring), `applier` (the one
-//! dataplane loop that owns the node), `snapshot` (what it publishes for every reader).
+//! The layers, each a folder, from what the node should be down to the kernel:
+//! - `sources/`: what tells the loop what the node should be (registry, policy directory, Kubernetes, the
+//!   nodes source, the link source); no kernel I/O.
+//! - `calc/`: desired state, calculated: identities, the policy model and compile (`policy/`), Services
+//!   (`services/`), pod IPAM, the reference compile, the incremental calculation.
+//! - `control/`: the node's desired state (`node`), per-object deltas, the one dataplane loop that owns the
+//!   node (`applier`) and what it publishes for every reader (`snapshot`).
+//! - `cluster/`: the cluster's nodes (records, their store, routes to other nodes' blocks).
+//! - `dataplane/`: managers (desired map contents) and drivers (reconcile one kind of kernel state).
+//! - `kernel/`: the one seam to the kernel (its traits), `kernel/real/` (aya, netlink, bpffs, loading the
+//!   object), `kernel/fake/` (the fake for tests), `kernel/migrate/` (conntrack layout migration). Only here
+//!   does code call aya's map/program APIs, libc/nix or netlink directly (`cargo xtask lint` checks; the
+//!   exceptions are listed, with reasons, in `xtask/src/kernel_calls.rs`).
+//! - `api/`: the agent API on its unix socket. `observe/`: trace, drop monitor, `/metrics`, counters.
+//! - `setup/`: the host outside BPF (sysctls, CNI conflist, install-cni, uninstall).
+//!
+//! Beside them: `paths` (every path and name), `config/` (the validated configuration), `daemon` (the
+//! `weir agent` wiring), `attach` (the tc/XDP attachment helper, the crate `agent/attach` shared with
+//! weir-cni), `logging`, `memory`, `fsutil`, `synthetic` (generated nodes for tests and benches), and
+//! `testing` (an in-process agent, feature `testing`). The `weir` binary's CLI is `cli/` (in `main.rs`).
 
 pub mod api;
 pub use attach;

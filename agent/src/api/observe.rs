@@ -1,4 +1,4 @@
-//! The API calls of this module: `GET /v1/policy/rules` (rule hits) and the kernel half of
+//! The API calls of `observe`: `GET /v1/policy/rules` (rule hits) and the kernel half of
 //! `POST /v1/policy/trace`.
 
 use std::sync::Arc;
