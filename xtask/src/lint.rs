@@ -17,6 +17,7 @@ const EBPF_VARIANTS: &[&[&str]] = &[
 ];
 
 pub(crate) fn run(ws: &Path) -> Result<()> {
+    crate::kernel_calls::run(ws)?;
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
         .context("formatting differs: run `cargo fmt --all`")?;
     util::run(

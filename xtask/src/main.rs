@@ -5,6 +5,7 @@
 mod bench;
 mod ebpf_build;
 mod image;
+mod kernel_calls;
 mod lanes;
 mod lint;
 mod setup;
