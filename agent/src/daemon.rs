@@ -405,7 +405,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     {
         // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
         let upkeep = conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats));
-        let mut io = conntrack::PinnedCt::new(&paths, ct_layout);
+        let mut io = crate::kernel::real::ct::PinnedCt::new(&paths, ct_layout);
         let stop = Arc::clone(&stop);
         let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
         std::thread::Builder::new()

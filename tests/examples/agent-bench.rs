@@ -155,7 +155,7 @@ fn ct_migrate(n: u32) -> Result<(f64, u64)> {
     );
     let previous = aya::maps::MapData::create(obj, "ct4_v2", None)?;
     previous.pin(dir.join("ct4_v2"))?;
-    let now = agent::dataplane::conntrack::now_ns();
+    let now = agent::kernel::real::ct::now_ns();
     let entries: Vec<(Ct4Key, CtEntryV2)> = (0..n)
         .map(|i| {
             let [a, b, c, d] = i.to_be_bytes();

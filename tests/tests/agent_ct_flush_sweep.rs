@@ -15,8 +15,12 @@ use std::{
 };
 
 use agent::{
-    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
-    kernel::{CtIo, KernelError, ServiceFlows4},
+    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep},
+    kernel::{
+        CtIo, KernelError, ServiceFlows4,
+        ct_layout::map_names,
+        real::ct::{PinnedCt, now_ns},
+    },
 };
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues};
 use maps_schema::{

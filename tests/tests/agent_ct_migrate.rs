@@ -77,7 +77,7 @@ fn synthetic6(i: u32) -> Ct6Key {
 
 /// Established entries the v2 programs could have written, straight into the v2 maps.
 fn insert_synthetic(root: &PinRoot) {
-    let now = agent::dataplane::conntrack::now_ns();
+    let now = agent::kernel::real::ct::now_ns();
     let entry = CtEntryV2::new(now, SYNTHETIC_FLAGS);
     let m4 = MapData::from_pin(root.paths().map_pin("ct4_v2")).expect("ct4_v2");
     let e4: Vec<(Ct4Key, CtEntryV2)> = (0..SYNTHETIC4).map(|i| (synthetic4(i), entry)).collect();
@@ -346,7 +346,7 @@ fn a_rollback_from_an_unknown_newer_layout_is_read_as_its_prefix() {
     // (empty here) and the layout-4 map renamed :rollback, whose entries the agent must take.
     drop(create("ct4_v3", "ct4_v3", 32));
     let newer = create("ct4_v4", "ct4_v4:rollback", 40);
-    let now = agent::dataplane::conntrack::now_ns();
+    let now = agent::kernel::real::ct::now_ns();
     let entries: Vec<(Ct4Key, [u64; 5])> = (0..100)
         .map(|i| {
             // Layout 4 = layout 3 (last seen; flags, reserved; created; rev_nat, pad) + 8 bytes

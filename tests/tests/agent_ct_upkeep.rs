@@ -56,7 +56,7 @@ fn resize(root: &PinRoot, dirs: &AgentDirs, pods: &TwoPods<'_>) {
         f.assert_moving("before the resize");
     }
     // 5,000 established entries: too many for 4,096 slots with headroom.
-    let now = agent::dataplane::conntrack::now_ns();
+    let now = agent::kernel::real::ct::now_ns();
     let flags = FLAG_SRC_EGRESS_APPROVED | FLAG_TCP_SYN | FLAG_TCP_SYN_ACK;
     let entries: Vec<(Ct4Key, CtEntry)> = (0..5000u32)
         .map(|i| {

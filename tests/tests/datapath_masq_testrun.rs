@@ -381,11 +381,8 @@ fn pool_destinations_node_traffic_and_strangers_pass_untouched() {
 #[test]
 fn the_agents_sweep_keeps_fresh_pairs_and_removes_idle_ones_from_the_real_map() {
     use agent::{
-        dataplane::{
-            conntrack::now_ns,
-            masquerade::{list_nat, sweep_nat},
-        },
-        kernel::PinnedHash,
+        dataplane::masquerade::{list_nat, sweep_nat},
+        kernel::{PinnedHash, real::ct::now_ns},
     };
     use maps_schema::nat::TIMEOUT_UDP_SECS;
     if !require_root("the_agents_sweep_keeps_fresh_pairs_and_removes_idle_ones_from_the_real_map") {

@@ -274,7 +274,7 @@ async fn nat_list(
     Ok(Json(
         blocking(move || {
             let nat = kernel.nat()?;
-            crate::dataplane::masquerade::list_nat(&*nat, conntrack::now_ns())
+            crate::dataplane::masquerade::list_nat(&*nat, crate::kernel::real::ct::now_ns())
         })
         .await?,
     ))

@@ -12,8 +12,7 @@ use super::{
     server::{Api, blocking},
 };
 use crate::{
-    calc::services::view::ServiceView,
-    dataplane::{conntrack::now_ns, service_flows::FlowView},
+    calc::services::view::ServiceView, dataplane::service_flows::FlowView, kernel::real::ct::now_ns,
 };
 
 /// The handler.

@@ -7,7 +7,6 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
-use aya::programs::TcAttachType;
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 
 use crate::{
@@ -17,7 +16,7 @@ use crate::{
         map_driver::MapDriver,
         plane::Dataplane,
     },
-    kernel::{KernelError, MapIo, Prefix},
+    kernel::{KernelError, MapIo, Prefix, TcAttachType},
     sources::registry::Endpoint,
 };
 

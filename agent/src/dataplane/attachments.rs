@@ -14,13 +14,12 @@ use std::{
     time::Instant,
 };
 
-use aya::programs::TcAttachType;
 use maps_schema::programs::{FROM_ENDPOINT, TO_ENDPOINT};
 use serde::Serialize;
 
 use super::{map_driver::Pending, retry::Backoff};
-use crate::kernel::KernelError;
 pub use crate::kernel::{Attacher, Hook};
+use crate::kernel::{KernelError, TcAttachType};
 
 /// Counters of the attachment driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

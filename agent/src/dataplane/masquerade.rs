@@ -551,7 +551,7 @@ impl Masquerade {
                     let now = Instant::now();
                     if now >= sweep_at {
                         sweep_at = now + SWEEP;
-                        match sweep_nat(&mut *self.nat, super::conntrack::now_ns()) {
+                        match sweep_nat(&mut *self.nat, crate::kernel::real::ct::now_ns()) {
                             Ok(s) => {
                                 if s.deleted > 0 {
                                     tracing::debug!(entries = s.entries, deleted = s.deleted, "nat sweep");

@@ -190,7 +190,7 @@ async fn conntrack_list_and_flush_go_through_the_seam_and_the_flush_is_not_an_ev
         ..Default::default()
     };
     let entry = maps_schema::CtEntry {
-        last_seen_ns: crate::dataplane::conntrack::now_ns(),
+        last_seen_ns: crate::kernel::real::ct::now_ns(),
         ..Default::default()
     };
     s.kernel.fake.ct().create4(key, entry);

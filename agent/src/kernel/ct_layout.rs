@@ -30,3 +30,13 @@ pub fn read<K: Pod>(map: &impl CtMapIo, version: u32) -> io::Result<Vec<(K, CtEn
         _ => map.lookup_all::<K, CtEntry>(),
     }
 }
+
+/// The pin names of the conntrack maps of layout `layout` (`ct4_v3`, `ct6_v3`).
+#[must_use]
+pub fn map_names(layout: u32) -> (String, String) {
+    use maps_schema::maps::{CT4_STEM, CT6_STEM};
+    (
+        format!("{CT4_STEM}_v{layout}"),
+        format!("{CT6_STEM}_v{layout}"),
+    )
+}

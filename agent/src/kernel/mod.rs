@@ -7,8 +7,8 @@
 //! - [`XdpIo`]: the XDP prefilter on named interfaces (`dataplane::prefilter::PinnedXdp`).
 //! - [`HostTcIo`]: the masquerade's programs on named interfaces (`dataplane::masquerade::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
-//!   (`dataplane::conntrack::PinnedCt`: batch lookups and deletes).
-//! - [`CountersIo`]: the per-CPU verdict counters (`dataplane::counters::PinnedCounters`).
+//!   (`real::ct::PinnedCt`: batch lookups and deletes).
+//! - [`CountersIo`]: the per-CPU verdict counters (`real::counters::PinnedCounters`).
 //! - [`SysctlIo`]: `/proc/sys` (`setup::host::ProcSysctl`).
 //! - [`PinIo`]: the map pins under the pin root (`dataplane::pins::BpffsPins`), for stale-pin removal.
 //! - [`LinkIo`]: link and address dumps and their live events (`real::netlink_links::Netlink`).
@@ -49,13 +49,15 @@ use maps_schema::{
     conntrack::{Ct4Key, Ct6Key},
 };
 
+/// The tc hook (ingress or egress) the seam's [`Attacher`] takes: a plain enum, so code above the seam names it
+/// through here rather than through aya.
+pub use aya::programs::TcAttachType;
 use aya::{
     Pod,
     maps::{
         HashMap, Map, MapData, MapError,
         lpm_trie::{Key as LpmKey, LpmTrie},
     },
-    programs::TcAttachType,
 };
 
 /// Errors from the kernel seam.

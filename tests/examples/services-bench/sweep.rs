@@ -8,8 +8,14 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, os::fd::AsFd as _, time::Instant};
 
 use agent::{
-    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep, PinnedCt, map_names, now_ns},
-    kernel::real::batch,
+    dataplane::conntrack::{CtStats, CtTimeouts, CtUpkeep},
+    kernel::{
+        ct_layout::map_names,
+        real::{
+            batch,
+            ct::{PinnedCt, now_ns},
+        },
+    },
 };
 use anyhow::{Context as _, Result, ensure};
 use aya::maps::MapData;

@@ -143,7 +143,7 @@ impl MigrateIo for BpffsCtMaps {
     }
 
     fn now_ns(&self) -> u64 {
-        crate::dataplane::conntrack::now_ns()
+        crate::kernel::real::ct::now_ns()
     }
 
     fn failpoint(&mut self, name: &'static str) -> bool {

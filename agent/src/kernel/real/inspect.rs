@@ -11,13 +11,11 @@ use futures_util::StreamExt as _;
 use maps_schema::TraceConfig;
 use tokio::io::unix::AsyncFd;
 
-use crate::paths::Paths;
-use crate::{
-    dataplane::{conntrack::PinnedCt, counters::PinnedCounters},
-    kernel::{
-        CountersIo, CtIo, InspectIo, KernelError, MapMeta, RecordStream, TraceIo, TraceIoError,
-    },
+use crate::kernel::{
+    CountersIo, CtIo, InspectIo, KernelError, MapMeta, RecordStream, TraceIo, TraceIoError,
+    real::{counters::PinnedCounters, ct::PinnedCt},
 };
+use crate::paths::Paths;
 
 /// The pin root's maps as the API reads them.
 pub struct PinnedInspect {
@@ -98,7 +96,7 @@ impl InspectIo for PinnedInspect {
             EVENT_EXHAUSTED,
             EVENT_INSERT_FAILED,
         ];
-        let sums = crate::dataplane::conntrack::read_event_sums(
+        let sums = crate::kernel::real::ct::read_event_sums(
             &self.paths,
             maps_schema::maps::NAT_EVENTS,
             &slots,

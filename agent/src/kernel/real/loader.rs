@@ -234,7 +234,7 @@ impl Loaded {
 /// The object's map names with conntrack at layout `ct_layout`.
 #[must_use]
 pub fn map_names(ct_layout: u32) -> Vec<String> {
-    let (ct4, ct6) = crate::dataplane::conntrack::map_names(ct_layout);
+    let (ct4, ct6) = crate::kernel::ct_layout::map_names(ct_layout);
     maps_schema::maps::ALL
         .iter()
         .map(|name| match *name {

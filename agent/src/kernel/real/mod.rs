@@ -1,12 +1,15 @@
-//! The real kernel: the seam's implementations over aya, netlink, bpffs and the `bpf()` batch calls, and loading
-//! the object. bpffs and the pin directories (`bpffs`), loading the object with its maps pinned by versioned name
-//! (`loader`), keeping or replacing the pinned programs (`programs`), socket LB's cgroup links (`socket_lb`),
-//! batch map operations (`batch`), conntrack map pins (`ct_maps`), the pin root read on request (`inspect`),
-//! links and addresses (`netlink_links`), routes (`netlink_routes`), the VXLAN device (`netlink_vxlan`) and the
-//! endpoint programs on workload links (`tc_links`).
+//! The real kernel: the seam's implementations over aya, netlink, bpffs and the `bpf()` batch calls, and
+//! loading the object. bpffs and the pin directories (`bpffs`), loading the object with its maps pinned by
+//! versioned name (`loader`), keeping or replacing the pinned programs (`programs`), socket LB's cgroup links
+//! (`socket_lb`), batch map operations (`batch`), the conntrack maps (`ct`) and their pins (`ct_maps`), the
+//! counter arrays (`counters`), the pin root read on request (`inspect`), links and addresses
+//! (`netlink_links`), routes (`netlink_routes`), the VXLAN device (`netlink_vxlan`) and the endpoint programs
+//! on workload links (`tc_links`).
 
 pub mod batch;
 pub mod bpffs;
+pub mod counters;
+pub mod ct;
 pub mod ct_maps;
 pub mod inspect;
 pub mod loader;

@@ -12,7 +12,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::RouteMessageBuilder;
 
-use crate::dataplane::routes::{NextHop, RouteError, RouteIo};
+use crate::kernel::{NextHop, RouteError, RouteIo};
 use crate::paths::ROUTE_PROTOCOL;
 
 /// Routes through a netlink socket of the calling thread's namespace.

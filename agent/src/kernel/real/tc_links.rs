@@ -16,10 +16,7 @@ use attach::{
 };
 use aya::programs::{SchedClassifier, TcAttachType};
 
-use crate::{
-    dataplane::attachments::{Attacher, Hook},
-    kernel::KernelError,
-};
+use crate::kernel::{Attacher, Hook, KernelError};
 use crate::{kernel::real::programs::Programs, paths::Paths};
 
 /// Attaches the agent's tc programs to workload links.
