@@ -57,14 +57,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "a cfg(test) benchmark reading the thread's CPU time (nix::time); measures, touches no kernel state",
     ),
     (
-        "agent/src/calc/testkit.rs",
-        "cfg(test) helpers naming aya::programs::TcAttachType, a plain enum of the tc hooks; no kernel call",
-    ),
-    (
-        "agent/src/dataplane/attachments.rs",
-        "names aya::programs::TcAttachType (a plain enum of the tc hooks) for the attachment driver; no kernel call",
-    ),
-    (
         "agent/src/dataplane/masquerade.rs",
         "PinnedHostTc (real HostTcIo: aya SchedClassifier, nix getifaddrs) shares private helpers with the driver; \
          not yet split into kernel/real/",
@@ -73,15 +65,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "agent/src/dataplane/prefilter.rs",
         "PinnedXdp (real XdpIo: aya Xdp, nix if_nametoindex) shares private helpers with the driver; \
          not yet split into kernel/real/",
-    ),
-    (
-        "agent/src/dataplane/conntrack.rs",
-        "PinnedCt (real CtIo: aya MapData, PerCpuArray) and the programs' clock (nix clock_gettime) sit beside \
-         the sweep; not yet split into kernel/real/",
-    ),
-    (
-        "agent/src/dataplane/counters.rs",
-        "PinnedCounters (real CountersIo: aya PerCpuArray) sits beside the counters' view; not yet split into kernel/real/",
     ),
     (
         "agent/src/observe/ebpf_log.rs",
