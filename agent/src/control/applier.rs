@@ -20,9 +20,9 @@ use std::{
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
+use weir_api::EndpointView;
 
 use crate::{
-    api::types::EndpointView,
     calc::policy::{delta::Delta, load::PolicyFileError, model::PolicySet},
     control::{
         node::{Node, NodeError},
@@ -502,7 +502,7 @@ impl DataplaneLoop {
             Command::Trace(request, protocol, kernel, reply) => {
                 let mut result = crate::observe::trace::trace(&self.node, &request, protocol);
                 if let Some(kernel) = &kernel {
-                    crate::api::observe::add_kernel_trace(
+                    crate::observe::ktrace::add_kernel_trace(
                         &**kernel,
                         &self.node,
                         &request,

@@ -4,8 +4,9 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
+use weir_api::EndpointView;
+
 use crate::{
-    api::types::EndpointView,
     calc::{pod_ipam::IpamHints, policy::compile::RuleRef, services::view::ServiceViews},
     control::{
         applier::Applied,

@@ -16,7 +16,7 @@ use super::packet::{self, Spec};
 use crate::{
     control::node::Node,
     kernel::{TraceIo, TraceIoError},
-    observe::trace::TraceRequest,
+    observe::trace::{TraceRequest, TraceResult},
     sources::registry::Endpoint,
 };
 
@@ -231,4 +231,18 @@ pub fn trace(
         agrees,
         disagreement,
     })
+}
+
+/// Runs the kernel trace beside the user-space one; a failure is reported in the answer.
+pub fn add_kernel_trace(
+    kernel: &dyn TraceIo,
+    node: &Node,
+    req: &TraceRequest,
+    proto: u8,
+    result: &mut TraceResult,
+) {
+    match trace(kernel, node, req, proto, &result.verdict) {
+        Ok(k) => result.kernel = Some(k),
+        Err(e) => result.kernel_error = Some(e.to_string()),
+    }
 }
