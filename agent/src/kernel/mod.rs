@@ -5,7 +5,7 @@
 //! - [`MapIo`]: one BPF map (hash, LRU hash, LPM trie): read back, write, delete.
 //! - [`Attacher`]: the endpoint programs on workload links (`real::tc_links::TcLinks`).
 //! - [`XdpIo`]: the XDP prefilter on named interfaces (`dataplane::prefilter::PinnedXdp`).
-//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`dataplane::masquerade::PinnedHostTc`).
+//! - [`HostTcIo`]: the masquerade's programs on named interfaces (`real::host_tc::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`real::ct::PinnedCt`: batch lookups and deletes).
 //! - [`CountersIo`]: the per-CPU verdict counters (`real::counters::PinnedCounters`).
@@ -191,7 +191,13 @@ pub trait XdpIo: Send {
     fn unpin(&mut self, ifname: &str) -> Result<(), KernelError>;
 }
 
-/// The masquerade's attachments (`dataplane::masquerade::PinnedHostTc`): `masq_egress` at tc egress and
+/// Both masquerade programs and their hooks.
+pub const MASQ_PROGRAMS: [(&str, TcAttachType); 2] = [
+    (maps_schema::programs::MASQ_EGRESS, TcAttachType::Egress),
+    (maps_schema::programs::MASQ_INGRESS, TcAttachType::Ingress),
+];
+
+/// The masquerade's attachments (`real::host_tc::PinnedHostTc`): `masq_egress` at tc egress and
 /// `masq_ingress` at tc ingress of each interface `--masquerade-interfaces` names, as tcx links
 /// pinned at `links/<ifname>:<program>`; and what the driver needs to know of those interfaces.
 pub trait HostTcIo: Send {

@@ -2,15 +2,16 @@
 //! loading the object. bpffs and the pin directories (`bpffs`), loading the object with its maps pinned by
 //! versioned name (`loader`), keeping or replacing the pinned programs (`programs`), socket LB's cgroup links
 //! (`socket_lb`), batch map operations (`batch`), the conntrack maps (`ct`) and their pins (`ct_maps`), the
-//! counter arrays (`counters`), the pin root read on request (`inspect`), links and addresses
-//! (`netlink_links`), routes (`netlink_routes`), the VXLAN device (`netlink_vxlan`) and the endpoint programs
-//! on workload links (`tc_links`).
+//! counter arrays (`counters`), the masquerade's programs on host interfaces (`host_tc`), the pin root read
+//! on request (`inspect`), links and addresses (`netlink_links`), routes (`netlink_routes`), the VXLAN
+//! device (`netlink_vxlan`) and the endpoint programs on workload links (`tc_links`).
 
 pub mod batch;
 pub mod bpffs;
 pub mod counters;
 pub mod ct;
 pub mod ct_maps;
+pub mod host_tc;
 pub mod inspect;
 pub mod loader;
 pub mod netlink_links;
