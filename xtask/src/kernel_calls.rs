@@ -57,11 +57,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "a cfg(test) benchmark reading the thread's CPU time (nix::time); measures, touches no kernel state",
     ),
     (
-        "agent/src/dataplane/masquerade.rs",
-        "PinnedHostTc (real HostTcIo: aya SchedClassifier, nix getifaddrs) shares private helpers with the driver; \
-         not yet split into kernel/real/",
-    ),
-    (
         "agent/src/dataplane/prefilter.rs",
         "PinnedXdp (real XdpIo: aya Xdp, nix if_nametoindex) shares private helpers with the driver; \
          not yet split into kernel/real/",
