@@ -7,6 +7,7 @@ mod ebpf_build;
 mod image;
 mod lanes;
 mod lint;
+mod md_lint;
 mod setup;
 mod test;
 mod util;
