@@ -1,5 +1,5 @@
 //! `cargo xtask lint`: rustfmt and clippy with `-D warnings` on every crate — the host crates for
-//! the host, the eBPF crate (and each test-only variant) for its BPF target.
+//! the host, the eBPF crate (and each test-only variant) for its BPF target; the Markdown checks.
 
 use std::{path::Path, process::Command};
 
@@ -18,6 +18,7 @@ const EBPF_VARIANTS: &[&[&str]] = &[
 
 pub(crate) fn run(ws: &Path) -> Result<()> {
     crate::kernel_calls::run(ws)?;
+    crate::md_lint::run(ws).context("the Markdown lint failed")?;
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
         .context("formatting differs: run `cargo fmt --all`")?;
     util::run(

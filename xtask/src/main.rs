@@ -8,6 +8,7 @@ mod image;
 mod kernel_calls;
 mod lanes;
 mod lint;
+mod md_lint;
 mod setup;
 mod test;
 mod util;
