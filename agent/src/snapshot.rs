@@ -4,8 +4,9 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
+use weir_api::EndpointView;
+
 use crate::{
-    api::types::EndpointView,
     applier::Applied,
     dataplane::plane::DataplaneStats,
     node::{Node, NodeSummary},

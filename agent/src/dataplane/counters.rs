@@ -7,25 +7,12 @@ use maps_schema::{
     counters::counter_index,
     reason::{self, DIRECTIONS},
 };
-use serde::{Deserialize, Serialize};
 
 use super::kernel::{CountersIo, InspectIo, KernelError};
 use crate::paths::Paths;
 
-/// One counter slot.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CounterView {
-    /// Reason code.
-    pub code: u32,
-    /// Reason name.
-    pub reason: String,
-    /// Direction name.
-    pub direction: String,
-    /// Packets.
-    pub packets: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
+/// One counter slot (the API contract's).
+pub use weir_api::CounterView;
 
 /// The real [`CountersIo`]: a pinned per-CPU array of [`CounterValue`] (`counters`, the rule
 /// hits).
