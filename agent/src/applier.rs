@@ -19,7 +19,6 @@ use std::{
 };
 
 use tokio::sync::{mpsc, oneshot, watch};
-
 use weir_api::EndpointView;
 
 use crate::{

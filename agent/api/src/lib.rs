@@ -3,8 +3,10 @@
 //! `weir` (the operator CLI) and `weir-cni` use to talk to it. The agent's server answers with
 //! these same types, so the two sides cannot drift apart.
 //!
-//! Light on purpose: serde (and ipnetwork for node blocks) only, plus hyper and tokio for the client (feature `client`, on by
-//! default). Nothing of the agent (aya, axum, the datastores) comes with it.
+//! Light on purpose: serde (and ipnetwork for node blocks) only, plus hyper and tokio for the
+//! client (feature `client`, on by default). Nothing of the agent (aya, axum, the datastores)
+//! comes with it: the agent builds these types from its own state. The one body that is not this
+//! crate's is the operation and outcome of `POST /v1/ipam/ops`, the IPAM library's types.
 //!
 //! - `endpoint`: `PUT/GET/DELETE /v1/endpoints/…` and the endpoint key.
 //! - `ipam`: `POST /v1/ipam/allocate|release|ops`, `GET /v1/ipam/handles/{handle}`.
@@ -34,6 +36,10 @@ pub mod services;
 pub mod status;
 
 pub use bpf::{CounterView, CtFlushResponse, CtView, MapView, NatView};
+/// Where the agent listens by default (`weir agent --api-socket`, `weir … --api-socket`,
+/// weir-cni's `agentSocket`).
+pub const DEFAULT_SOCKET: &str = "/run/weir/weir.sock";
+
 #[cfg(feature = "client")]
 pub use client::{Client, ClientError};
 pub use endpoint::{DeleteResponse, Endpoint, EndpointRequest, EndpointView, endpoint_key};

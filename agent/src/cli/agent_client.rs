@@ -28,7 +28,7 @@ pub enum Output {
 #[derive(Debug, Args)]
 pub struct Common {
     /// The agent's API socket.
-    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET, global = true)]
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = weir_api::DEFAULT_SOCKET, global = true)]
     pub api_socket: PathBuf,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true)]
