@@ -11,7 +11,7 @@ pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 /// Default pin root.
 pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/weir";
 /// Default agent API socket.
-pub const DEFAULT_API_SOCKET: &str = "/run/weir/weir.sock";
+pub const DEFAULT_API_SOCKET: &str = weir_api::DEFAULT_SOCKET;
 /// Default state directory (embedded datastore, endpoint registry).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/weir";
 /// Default directory of NetworkPolicy files in standalone mode.

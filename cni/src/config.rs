@@ -14,7 +14,7 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0", "1.1.0"];
 /// The newest of them (used for errors before the request's version is known).
 pub const NEWEST_VERSION: &str = "1.1.0";
 /// The agent's API socket.
-pub const DEFAULT_AGENT_SOCKET: &str = "/run/weir/weir.sock";
+pub const DEFAULT_AGENT_SOCKET: &str = weir_api::DEFAULT_SOCKET;
 /// The agent's pin root.
 pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/weir";
 /// The pod interface's MTU.

@@ -22,6 +22,7 @@ use super::{
     types::{
         AllocateResponse, DeleteResponse, EndpointRequest, EndpointView, IpamOpsRequest,
         NOT_THIS_DATASTORE, ReleaseRequest, ReleaseResponse, Status, StatusDetail,
+        conntrack_status, dataplane_status, socket_lb_scope,
     },
 };
 use crate::{
@@ -167,13 +168,7 @@ fn write_error(e: WriteError) -> ApiError {
 async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
     let snapshot = api.dataplane.snapshot();
     let summary = snapshot.summary.clone();
-    let dataplane = serde_json::to_value(&snapshot.stats).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("cannot serialise the driver counters: {e}"),
-        )
-    })?;
+    let dataplane = dataplane_status(&snapshot.stats);
     let applied = snapshot.applied.clone();
     // A datastore that cannot be read is the caller's error to see, not an empty pool list.
     let pools = api.ipam.pools().await?;
@@ -187,13 +182,14 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
             state: summary,
             applied,
             dataplane,
-            conntrack: *api
-                .ct
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            conntrack: conntrack_status(
+                &api.ct
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            ),
             nodes: (*snapshot.nodes).clone(),
             socket_lb: api.socket_lb.clone(),
-            socket_lb_scope: api.socket_lb_scope,
+            socket_lb_scope: api.socket_lb_scope.map(socket_lb_scope),
             nat: *api
                 .nat
                 .lock()
@@ -202,26 +198,8 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
     }))
 }
 
-/// One pinned map, for `weir bpf maps`.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct MapView {
-    /// Versioned name.
-    pub name: String,
-    /// Pin.
-    pub pin: String,
-    /// Kernel id.
-    pub id: u32,
-    /// Kernel map type number.
-    pub map_type: u32,
-    /// Key size.
-    pub key_size: u32,
-    /// Value size.
-    pub value_size: u32,
-    /// Capacity.
-    pub max_entries: u32,
-    /// Flags.
-    pub flags: u32,
-}
+/// One pinned map, for `weir bpf maps` (the API contract's).
+pub use weir_api::MapView;
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
@@ -312,12 +290,12 @@ async fn counters(
     ))
 }
 
-async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<serde_json::Value> {
+async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<weir_api::CtFlushResponse> {
     let mut ct = api.kernel.conntrack(api.ct_layout);
     // Never inside a sweep, and kept out of its eviction count (see `Api::ct_ops`).
     let upkeep = conntrack::CtUpkeep::new(Arc::clone(&api.ct_ops), Arc::clone(&api.ct));
     let n = blocking(move || upkeep.flush(&mut *ct)).await?;
-    Ok(Json(serde_json::json!({"flushed": n})))
+    Ok(Json(weir_api::CtFlushResponse { flushed: n }))
 }
 
 /// `GET /v1/nodes`: the cluster's nodes as the loop knows them (no datastore read).

@@ -3,12 +3,12 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use agent::api::{
-    client::Client,
-    types::{EndpointView, Status},
-};
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use weir_api::{
+    AddressView, Client, CounterView, CtFlushResponse, CtView, EndpointView, MapView, NatView,
+    SocketLbScope, Status, TraceRequest, TraceResult,
+};
 
 /// How long an operator command waits for the agent's answer (a conntrack listing of a full
 /// map takes seconds).
@@ -28,7 +28,7 @@ pub enum Output {
 #[derive(Debug, Args)]
 pub struct Common {
     /// The agent's API socket.
-    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET, global = true)]
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = weir_api::DEFAULT_SOCKET, global = true)]
     pub api_socket: PathBuf,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true)]
@@ -111,7 +111,7 @@ pub fn status(args: StatusArgs) -> Result<()> {
             }
             match &detail.socket_lb {
                 Some(cgroup) => match detail.socket_lb_scope {
-                    Some(agent::config::SocketLbScope::Host) => println!(
+                    Some(SocketLbScope::Host) => println!(
                         "socket LB:  on, cgroup {}, the node's own network namespace only (pods translated per packet)",
                         cgroup.display()
                     ),
@@ -181,7 +181,7 @@ pub fn status(args: StatusArgs) -> Result<()> {
 
 /// `weir status --all-addresses`.
 fn all_addresses(common: &Common) -> Result<()> {
-    let addresses: Vec<agent::cluster::AddressView> =
+    let addresses: Vec<AddressView> =
         runtime()?.block_on(client(common).get("/v1/addresses", "the address list"))?;
     match common.output {
         Output::Json => print_json(&addresses),
@@ -297,7 +297,6 @@ enum NatCommand {
 
 /// Runs `weir bpf …`.
 pub fn bpf(args: BpfArgs) -> Result<()> {
-    use agent::{api::server::MapView, dataplane::conntrack::CtView};
     let rt = runtime()?;
     let client = client(&args.common);
     if let BpfCommand::Migrate {
@@ -327,7 +326,7 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
             Ok(())
         }
         BpfCommand::Counters => {
-            let counters: Vec<agent::dataplane::counters::CounterView> =
+            let counters: Vec<CounterView> =
                 rt.block_on(client.get("/v1/bpf/counters", "the counters"))?;
             if matches!(args.common.output, Output::Json) {
                 return print_json(&counters);
@@ -372,8 +371,7 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
         BpfCommand::Nat {
             command: NatCommand::List,
         } => {
-            let flows: Vec<agent::dataplane::masquerade::NatView> =
-                rt.block_on(client.get("/v1/bpf/nat", "the NAT list"))?;
+            let flows: Vec<NatView> = rt.block_on(client.get("/v1/bpf/nat", "the NAT list"))?;
             if matches!(args.common.output, Output::Json) {
                 return print_json(&flows);
             }
@@ -398,12 +396,12 @@ pub fn bpf(args: BpfArgs) -> Result<()> {
         BpfCommand::Ct {
             command: CtCommand::Flush,
         } => {
-            let result: serde_json::Value =
+            let result: CtFlushResponse =
                 rt.block_on(client.delete("/v1/bpf/ct", "the conntrack flush"))?;
             match args.common.output {
                 Output::Json => print_json(&result),
                 Output::Table => {
-                    println!("flushed {} conntrack entries", result["flushed"]);
+                    println!("flushed {} conntrack entries", result.flushed);
                     Ok(())
                 }
             }
@@ -420,7 +418,7 @@ fn migrate(
     output: Output,
 ) -> Result<()> {
     let running = rt
-        .block_on(client.get::<serde_json::Value>("/v1/status", "the status request"))
+        .block_on(client.get::<serde::de::IgnoredAny>("/v1/status", "the status request"))
         .is_ok();
     anyhow::ensure!(
         !running,
@@ -534,7 +532,7 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
             return super::policy_view::rules(&args.common.api_socket, Some(&name), json);
         }
     };
-    let body = agent::observe::trace::TraceRequest {
+    let body = TraceRequest {
         src,
         dst,
         protocol,
@@ -543,8 +541,11 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         tcp_flags,
         from_endpoint,
     };
-    let result: agent::observe::trace::TraceResult = runtime()?
-        .block_on(client(&args.common).post("/v1/policy/trace", &body, "the policy trace"))?;
+    let result: TraceResult = runtime()?.block_on(client(&args.common).post(
+        "/v1/policy/trace",
+        &body,
+        "the policy trace",
+    ))?;
     if json {
         return print_json(&result);
     }

@@ -30,7 +30,7 @@ pub struct IpamArgs {
     pub datastore: String,
     /// The agent's API socket. When an agent answers there and holds the embedded file named by --datastore,
     /// the command runs inside it (the file is the agent's alone); when none answers, the file is opened here.
-    #[arg(long, env = "WEIR_API_SOCKET", default_value = agent::paths::DEFAULT_API_SOCKET, global = true)]
+    #[arg(long, env = "WEIR_API_SOCKET", default_value = weir_api::DEFAULT_SOCKET, global = true)]
     pub api_socket: PathBuf,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text, global = true)]

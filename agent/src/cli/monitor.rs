@@ -3,10 +3,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr, ops::ControlFlow, time::Duration};
 
-use agent::api::client::Client;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use weir_api::DropEventView;
+use weir_api::{Client, DropEventView};
 
 use super::agent_client::{Common, Output};
 

@@ -2,11 +2,8 @@
 
 use std::path::Path;
 
-use agent::{
-    api::client::Client,
-    observe::{rule_hits::RuleHitsView, trace::TraceResult},
-};
 use anyhow::{Result, bail};
+use weir_api::{Client, RuleHitsView, TraceResult};
 
 use super::agent_client::{print_json, runtime};
 

@@ -3,9 +3,9 @@
 //! `weir service flows [-o json]`: the flows translated per packet, each client's flow to a
 //! frontend with the backend it was given (`GET /v1/services/flows`).
 
-use agent::{calc::services::view::ServiceView, dataplane::service_flows::FlowView};
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use weir_api::{FlowView, ServiceView};
 
 use super::agent_client::{Common, Output, client, print_json, runtime};
 

@@ -14,25 +14,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
-/// Where the node records come from (`weir status` shows it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeSource {
-    /// Node records in etcd, renewed by their agents.
-    #[default]
-    Etcd,
-    /// Kubernetes Node objects.
-    Kubernetes,
-}
-
-impl std::fmt::Display for NodeSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Etcd => "etcd",
-            Self::Kubernetes => "kubernetes",
-        })
-    }
-}
+/// Where the node records come from (the API contract's).
+pub use weir_api::NodeSource;
 
 /// A node as the loop knows it: its record and its blocks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,18 +43,8 @@ pub struct ClusterPod {
     pub pod: crate::calc::policy::pods::RemotePod,
 }
 
-/// A pod address known cluster-wide, as `weir status --all-addresses` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AddressView {
-    /// The address.
-    pub ip: IpAddr,
-    /// Its identity in this node's maps (`None`: not written yet).
-    pub identity: Option<u32>,
-    /// The node the pod runs on.
-    pub node: String,
-    /// `namespace/pod`.
-    pub pod: String,
-}
+/// A pod address known cluster-wide (the API contract's).
+pub use weir_api::AddressView;
 
 /// One change of the cluster's nodes, as the nodes source sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,7 +15,6 @@ use std::{
 };
 
 use ipnetwork::IpNetwork;
-use serde::{Deserialize, Serialize};
 
 use super::{ClusterNode, NodeDelta, NodeSource};
 use crate::dataplane::{
@@ -23,25 +22,8 @@ use crate::dataplane::{
     routes::NextHop,
 };
 
-/// A node as `weir status` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeStatus {
-    /// The node.
-    pub name: String,
-    /// Its addresses.
-    pub addresses: Vec<IpAddr>,
-    /// Its blocks.
-    pub blocks: Vec<IpNetwork>,
-    /// Routes this node wants to its blocks (0 for this node itself).
-    pub routes: usize,
-    /// `local` (this node), `alive` or `expired`.
-    pub health: String,
-    /// Its last heartbeat (Unix seconds).
-    pub heartbeat: u64,
-    /// Where its record comes from.
-    #[serde(default)]
-    pub source: NodeSource,
-}
+/// A node as `weir status` shows it (the API contract's).
+pub use weir_api::NodeStatus;
 
 /// A node's VTEP address (vxlan mode): its first IPv4 address, `None` without one.
 #[must_use]

@@ -18,7 +18,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use weir_api::EndpointView;
 
@@ -36,28 +35,8 @@ use crate::{
 #[cfg(test)]
 mod tests;
 
-/// What the loop has achieved, published in every snapshot.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct Applied {
-    /// The newest generation fully applied (0: none yet).
-    pub generation: u64,
-    /// True once an apply after the first in-sync succeeded, the last apply did not fail and
-    /// every source is live.
-    pub ready: bool,
-    /// The last apply error, if the last apply failed.
-    pub error: Option<String>,
-    /// Consecutive failed applies.
-    pub failures: u32,
-    /// Applies done.
-    pub applies: u64,
-    /// A source that is down (the link watcher, while it is restarted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_error: Option<String>,
-    /// The last route apply error while routes to other nodes' blocks are not all written (retried at
-    /// every wake of the loop; it fails no write and no readiness: pods of this node are unaffected).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub routes_error: Option<String>,
-}
+/// What the loop has achieved, published in every snapshot (the API contract's).
+pub use weir_api::Applied;
 
 /// Consecutive failures after which the agent gives up (the DaemonSet restarts it).
 pub const MAX_FAILURES: u32 = 20;

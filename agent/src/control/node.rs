@@ -10,8 +10,6 @@ use std::{
     sync::Arc,
 };
 
-use serde::Serialize;
-
 use crate::{
     calc::{
         Calculation,
@@ -95,26 +93,8 @@ pub struct Node {
     retired: Option<PolicySet>,
 }
 
-/// What `GET /v1/status` and `weir status` show of the node.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub struct NodeSummary {
-    /// Registered endpoints.
-    pub endpoints: usize,
-    /// Workload links seen.
-    pub workload_links: usize,
-    /// True once every source has been read.
-    pub in_sync: bool,
-    /// Desired-state generation.
-    pub generation: u64,
-    /// NetworkPolicies in force.
-    pub policies: usize,
-    /// Policy documents that were refused (file:line: reason).
-    pub policy_errors: Vec<String>,
-    /// Source objects that apply with a caveat: a namespace with no Namespace object, a named
-    /// port no Pod declares (`policy::warnings`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub policy_warnings: Vec<String>,
-}
+/// What `GET /v1/status` and `weir status` show of the node (the API contract's).
+pub use weir_api::NodeSummary;
 
 impl Node {
     /// Loads the persisted sources and restores every endpoint into the managers before anything

@@ -117,24 +117,8 @@ pub struct CtStats {
     pub service_flows_expired4: u64,
 }
 
-/// One conntrack entry as operators read it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CtView {
-    /// Protocol number.
-    pub protocol: u8,
-    /// One end.
-    pub a: String,
-    /// The other end.
-    pub b: String,
-    /// State flags (see `maps_schema::conntrack`).
-    pub flags: u32,
-    /// Seconds since the last packet.
-    pub idle_secs: u64,
-    /// Seconds since the first packet (since the last packet for entries converted from
-    /// conntrack layout 1, which did not record it).
-    #[serde(default)]
-    pub age_secs: u64,
-}
+/// One conntrack entry as operators read it (the API contract's).
+pub use weir_api::CtView;
 
 fn expired<K: Copy>(
     all: &[(K, CtEntry)],

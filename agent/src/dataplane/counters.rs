@@ -5,24 +5,11 @@ use maps_schema::{
     counters::counter_index,
     reason::{self, DIRECTIONS},
 };
-use serde::{Deserialize, Serialize};
 
 use crate::kernel::{CountersIo, InspectIo, KernelError};
 
-/// One counter slot.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CounterView {
-    /// Reason code.
-    pub code: u32,
-    /// Reason name.
-    pub reason: String,
-    /// Direction name.
-    pub direction: String,
-    /// Packets.
-    pub packets: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
+/// One counter slot (the API contract's).
+pub use weir_api::CounterView;
 
 /// Every slot that counted something, over `io`.
 pub fn read_with(io: &dyn CountersIo) -> Result<Vec<CounterView>, KernelError> {

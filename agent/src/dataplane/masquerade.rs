@@ -415,27 +415,8 @@ pub fn partner_key(key: &Nat4Key, value: &Nat4Entry) -> Nat4Key {
     }
 }
 
-/// One masqueraded flow as operators read it (`weir bpf nat list`): its egress entry and, when
-/// present, its ingress entry.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NatView {
-    /// Protocol number.
-    pub protocol: u8,
-    /// The pod's end (`address:port`; the echo identifier for ICMP).
-    pub pod: String,
-    /// The remote end.
-    pub remote: String,
-    /// What the pod's end becomes on the wire (the node address and NAT port).
-    pub translated: String,
-    /// The reverse (ingress) entry is there: replies are translated back.
-    pub reverse: bool,
-    /// `FLAG_*` bits of both entries.
-    pub flags: u16,
-    /// Seconds since the last packet either way.
-    pub idle_secs: u64,
-    /// Seconds since the flow was translated first.
-    pub age_secs: u64,
-}
+/// One masqueraded flow as operators read it (the API contract's).
+pub use weir_api::NatView;
 
 /// The masqueraded flows of the NAT map at `now_ns`, ordered by pod then remote.
 pub fn list_nat(

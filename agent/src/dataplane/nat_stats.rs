@@ -4,31 +4,12 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use maps_schema::{maps::NAT4, nat};
-use serde::{Deserialize, Serialize};
 
 use super::masquerade::NatSweep;
 use crate::kernel::{InspectIo, KernelError};
 
-/// The NAT map as of the last sweep.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct NatStats {
-    /// Sweeps done.
-    pub sweeps: u64,
-    /// Entries left after the last sweep (two per masqueraded flow).
-    pub entries: u64,
-    /// Capacity of `nat4_v1`.
-    pub capacity: u64,
-    /// Entries the sweeps removed (idle pairs).
-    pub swept: u64,
-    /// Entry pairs the programs created.
-    pub created: u64,
-    /// Port candidates the programs found taken (each tried the next one).
-    pub collisions: u64,
-    /// New flows refused for want of a free port (`nat-port-exhausted`).
-    pub exhausted: u64,
-    /// Entries the map refused (full or busy: `nat-insert-failed`).
-    pub insert_failed: u64,
-}
+/// The NAT map as of the last sweep (the API contract's).
+pub use weir_api::NatStats;
 
 /// Where the masquerade thread keeps [`NatStats`]: shared with the API and the metrics.
 #[derive(Clone)]

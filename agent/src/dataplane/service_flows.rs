@@ -15,7 +15,6 @@ use maps_schema::{
     Ct4Key, Nat4Key, SvcCt4Entry, SvcCt4Key,
     service_ct::{DIR_ORIGINAL, flow_key},
 };
-use serde::{Deserialize, Serialize};
 
 use crate::kernel::{CtIo, KernelError};
 
@@ -51,27 +50,8 @@ pub fn stale(
         .collect()
 }
 
-/// One translated flow as operators read it (`weir service flows`): a client's flow to a
-/// frontend and the backend it was given.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FlowView {
-    /// IP protocol number.
-    pub protocol: u8,
-    /// The client's end (`address:port`).
-    pub client: String,
-    /// The frontend it sent to (`address:port`).
-    pub frontend: String,
-    /// The backend its packets go to (`address:port`).
-    pub backend: String,
-    /// The Service of that frontend (`namespace/name`), when the agent's source names it.
-    pub service: Option<String>,
-    /// Its conntrack entry's idle time in seconds; `None` when the flow is not in this node's
-    /// conntrack: a NodePort flow sent on to another node's backend (`nat4` carries it), or one
-    /// whose entry the sweep takes once it is over [`GRACE`] old.
-    pub idle_secs: Option<u64>,
-    /// Seconds since the backend was chosen.
-    pub age_secs: u64,
-}
+/// One translated flow as operators read it (the API contract's).
+pub use weir_api::FlowView;
 
 /// Every translated flow (`svc_ct4`'s original entries) over `io` at `now_ns`, joined with its
 /// conntrack entry, ordered by client; empty without the map.

@@ -10,7 +10,6 @@ use maps_schema::{
     reason::{self, is_pass},
     trace::{CB_DONE, CB_MAGIC},
 };
-use serde::{Deserialize, Serialize};
 
 use super::packet::{self, Spec};
 use crate::{
@@ -62,39 +61,8 @@ pub enum KtraceError {
     TcpFlags(String),
 }
 
-/// One program's answer.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KernelStep {
-    /// `from_endpoint` or `to_endpoint`.
-    pub program: String,
-    /// The host-side interface it ran for, and its endpoint.
-    pub interface: String,
-    /// `allow` or `deny`.
-    pub verdict: String,
-    /// The reason code's name (`maps_schema::reason`).
-    pub reason: String,
-    /// The deciding policy rule id (0: no rule decided).
-    pub rule_id: u32,
-    /// The deciding rule as `namespace/name direction[index]`, when a rule decided.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-}
-
-/// What the loaded programs answered.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KernelTrace {
-    /// The packet's source port (ICMP: echo identifier) and TCP flags used.
-    pub src_port: u16,
-    /// Each program run, in packet order (stops at the first drop).
-    pub steps: Vec<KernelStep>,
-    /// `allow` when every program passed the packet.
-    pub verdict: String,
-    /// True when the user-space explanation reaches the same verdict.
-    pub agrees: bool,
-    /// Why they disagree, when they do.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disagreement: Option<String>,
-}
+/// One program's answer, and what the loaded programs answered (the API contract's).
+pub use weir_api::{KernelStep, KernelTrace};
 
 /// Runs `program` on `frame` as a trace run on `ifindex`: (reason, rule id).
 fn run(

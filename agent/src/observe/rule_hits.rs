@@ -4,7 +4,6 @@
 //! side, stateless packets); packets conntrack passes as established are not counted.
 
 use maps_schema::maps::RULE_HITS_MAX;
-use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
@@ -13,22 +12,8 @@ use crate::{
     kernel::{CountersIo, InspectIo, KernelError},
 };
 
-/// One rule's hits.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RuleHitsView {
-    /// The rule id in the policy map (0: ids beyond the counters array, summed).
-    pub rule_id: u32,
-    /// `namespace/name` of the policy (empty when the id is no longer known).
-    pub policy: String,
-    /// `ingress` or `egress`.
-    pub direction: String,
-    /// Index of the rule in the policy's list for that direction.
-    pub index: usize,
-    /// Packets the rule decided.
-    pub packets: u64,
-    /// Bytes of those packets.
-    pub bytes: u64,
-}
+/// One rule's hits (the API contract's).
+pub use weir_api::RuleHitsView;
 
 /// The rule ids in force (ids are spread over `1..RULE_HITS_MAX`).
 pub fn rule_ids(rules: &BTreeMap<u32, RuleRef>) -> Vec<u32> {

@@ -17,82 +17,12 @@ use maps_schema::{
         backend_slot, flow_hash,
     },
 };
-use serde::{Deserialize, Serialize};
 
 use crate::control::node::Node;
 
-/// A trace request.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TraceRequest {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// `tcp`, `udp`, `sctp`, `icmp` or a protocol number.
-    pub protocol: String,
-    /// Destination port (ICMP: the message type).
-    #[serde(default)]
-    pub port: u16,
-    /// Source port of the kernel trace's packet (ICMP: echo identifier); default 40000.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src_port: Option<u16>,
-    /// TCP flags of the kernel trace's packet (`syn` by default, `ack` for an established packet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_flags: Option<String>,
-    /// The endpoint whose interface the packet leaves (container id, host interface or
-    /// namespace/pod), for a source address the endpoint does not own (a spoofed source).
-    /// Default: the endpoint that owns `src`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_endpoint: Option<String>,
-}
-
-/// One side's decision.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Step {
-    /// `egress of <endpoint>` or `ingress of <endpoint>`.
-    pub stage: String,
-    /// `allow` or `deny`.
-    pub verdict: String,
-    /// Why.
-    pub reason: String,
-}
-
-/// The Service translation of a packet to a frontend, as the programs make it for a new flow.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ServiceStep {
-    /// The frontend (`address:port/protocol`).
-    pub frontend: String,
-    /// The backend chosen (`address:port`); none without a ready backend.
-    pub backend: Option<String>,
-    /// How many ready backends the frontend has.
-    pub backends: u16,
-    /// How the backend was chosen, or why there is none.
-    pub reason: String,
-}
-
-/// The answer.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TraceResult {
-    /// Identity of the source as the destination sees it.
-    pub src_identity: String,
-    /// Identity of the destination as the source sees it.
-    pub dst_identity: String,
-    /// The Service translation, when the destination is a frontend (the steps then judge the
-    /// backend).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<ServiceStep>,
-    /// Each side's decision, in packet order.
-    pub steps: Vec<Step>,
-    /// `allow` when every step allows.
-    pub verdict: String,
-    /// The same packet through the loaded programs (`crate::observe::ktrace`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<crate::observe::ktrace::KernelTrace>,
-    /// Why the kernel trace could not run, when it could not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel_error: Option<String>,
-}
+/// A trace request, each side's decision, the Service translation and the answer (the API
+/// contract's).
+pub use weir_api::{ServiceStep, Step, TraceRequest, TraceResult};
 
 /// Parses a protocol name or number.
 pub fn protocol(name: &str) -> Option<u8> {

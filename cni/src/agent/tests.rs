@@ -26,7 +26,7 @@ fn allocation(handle: &str, container_id: &str, ipv4: u32, ipv6: u32) -> Allocat
 async fn a_missing_socket_is_try_again_later() {
     let dir = tempfile::tempdir().expect("tempdir");
     let err = client(&dir.path().join("none.sock"))
-        .status::<serde_json::Map<String, serde_json::Value>>()
+        .status()
         .await
         .expect_err("no agent");
     assert_eq!(err.code(), Code::TryAgainLater);
@@ -38,10 +38,7 @@ async fn requests_and_errors_round_trip_through_the_real_agent_api() {
     let agent = TestAgent::start().await.expect("test agent");
     let c = client(agent.socket());
 
-    let status = c
-        .status::<serde_json::Map<String, serde_json::Value>>()
-        .await
-        .expect("status");
+    let status = c.status().await.expect("status");
     assert!(status.ready);
     assert_eq!(status.agent_pin_root(), Some(agent.bpf_root().as_path()));
     let names: Vec<&str> = status.pools.iter().map(|p| p.cidr.as_str()).collect();

@@ -191,7 +191,7 @@ async fn with_agent_pin_root(
     config: &Config,
     client: &AgentClient,
 ) -> Result<Config, CommandError> {
-    let status = client.status::<serde_json::Map<String, Value>>().await?;
+    let status = client.status().await?;
     let mut config = config.clone();
     config.adopt_agent_pin_root(status.agent_pin_root())?;
     Ok(config)

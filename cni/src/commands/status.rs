@@ -9,7 +9,7 @@ use crate::{
 
 pub(super) async fn status(config: &Config, client: &AgentClient) -> Result<(), CommandError> {
     let status = client
-        .status::<serde_json::Map<String, serde_json::Value>>()
+        .status()
         .await
         .map_err(CommandError::AgentUnavailable)?;
     if !status.ready {

@@ -7,89 +7,25 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use serde::{Deserialize, Serialize};
-
 use super::{
     desired::{Services, Slices, backend_port, slices_by_service},
     model::{Endpoint, EndpointSlice, Service, ServicePort, SessionAffinity},
 };
 use crate::calc::policy::warnings::protocol_name;
 
-/// One frontend of one Service and what is behind it (`weir service list -o json` prints one
-/// object per frontend).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceView {
-    /// `namespace/name` of the Service.
-    pub service: String,
-    /// `cluster-ip:port/protocol` (`10.96.0.10:80/tcp`, `[fd00::10]:80/tcp`); a NodePort is
-    /// `*:node-port/protocol` (served on the addresses of `--nodeport-interfaces`).
-    pub frontend: String,
-    /// `Local` for a NodePort or an external address (`externalIPs`, a load balancer's) of a
-    /// Service with `externalTrafficPolicy: Local` (only this node's endpoints serve it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub external_traffic_policy: Option<String>,
-    /// `Local` for a cluster IP of a Service with `internalTrafficPolicy: Local` (only this
-    /// node's endpoints serve this node's pods).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub internal_traffic_policy: Option<String>,
-    /// The Service port's name (empty for a Service's one unnamed port).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub port_name: String,
-    /// `sessionAffinity: ClientIP`'s timeout, when the Service has it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity_timeout_seconds: Option<u32>,
-    /// Every endpoint of the Service's slices of the frontend's family that has this port, sorted
-    /// by address and port.
-    pub backends: Vec<BackendView>,
-}
+/// One frontend of one Service and what is behind it, one endpoint address behind a frontend
+/// and its state (the API contract's).
+pub use weir_api::{BackendState, BackendView, ServiceView};
 
-/// One endpoint address behind a frontend.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackendView {
-    /// `address:port` (the port is the slice's port of the Service port's name).
-    pub address: String,
-    /// Whether it takes new flows.
-    pub state: BackendState,
-    /// The EndpointSlice that lists it.
-    pub slice: String,
-    /// The endpoint's `nodeName`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-}
-
-/// An endpoint's state, from its slice's conditions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendState {
-    /// `ready`: takes new flows.
-    Ready,
-    /// `terminating` (and not ready): no new flows; its established flows finish.
-    Terminating,
-    /// Neither: serves nothing.
-    NotReady,
-}
-
-impl BackendState {
-    /// The state of `e`.
-    #[must_use]
-    pub fn of(e: &Endpoint) -> Self {
-        if e.serves_new_flows() {
-            Self::Ready
-        } else if e.terminating {
-            Self::Terminating
-        } else {
-            Self::NotReady
-        }
-    }
-
-    /// As the table and the JSON write it.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ready => "ready",
-            Self::Terminating => "terminating",
-            Self::NotReady => "not-ready",
-        }
+/// The state of `e`, from its slice's conditions.
+#[must_use]
+pub fn backend_state(e: &Endpoint) -> BackendState {
+    if e.serves_new_flows() {
+        BackendState::Ready
+    } else if e.terminating {
+        BackendState::Terminating
+    } else {
+        BackendState::NotReady
     }
 }
 
@@ -100,7 +36,7 @@ fn backends(ip: IpAddr, port: &ServicePort, slices: &[&EndpointSlice]) -> Vec<Ba
             continue;
         };
         for e in &slice.endpoints {
-            let state = BackendState::of(e);
+            let state = backend_state(e);
             for addr in e.addresses.iter().filter(|a| a.is_ipv4() == ip.is_ipv4()) {
                 found.push((*addr, target, state, &slice.name, e.node.as_ref()));
             }

@@ -9,10 +9,10 @@ use std::{path::Path, time::Duration};
 
 use ipam::ops::{Operation, Outcome};
 
-use agent::api::{
-    client::{Client, ClientError},
-    types::{IpamOpsRequest, NOT_THIS_DATASTORE},
-};
+use weir_api::{Client, ClientError, code::NOT_THIS_DATASTORE};
+
+/// `POST /v1/ipam/ops` body: the operation is the IPAM library's.
+type IpamOpsRequest = weir_api::IpamOpsRequest<Operation>;
 
 /// How long the agent may take to answer (it answers once the operation's commit is durable).
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
