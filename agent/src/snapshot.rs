@@ -40,6 +40,8 @@ pub struct Snapshot {
     /// The source's Services with their endpoints (`GET /v1/services`); rebuilt only when a
     /// Service or an EndpointSlice changed.
     pub services: Arc<ServiceViews>,
+    /// What the loop measures for `/metrics`: apply durations, the sources' sync state.
+    pub measured: crate::metrics::LoopMeasures,
 }
 
 impl Snapshot {
@@ -56,6 +58,7 @@ impl Snapshot {
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
             services: node.service_view_parts(),
+            measured: crate::metrics::LoopMeasures::default(),
         }
     }
 
