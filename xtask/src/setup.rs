@@ -153,12 +153,16 @@ fn ensure_bpf_linker(nightly: &str) -> Result<()> {
 /// (:9090); only the tool is wanted, so the service is stopped and disabled where systemd has it.
 fn disable_prometheus_server() {
     let state = |what: &str| util::output("systemctl", &[what, "prometheus"]).unwrap_or_default();
-    if state("is-enabled").trim() == "enabled" || state("is-active").trim() == "active" {
-        println!("setup: stopping and disabling the prometheus service (only promtool is used)");
-        if util::output("systemctl", &["disable", "--now", "prometheus"]).is_none() {
-            println!(
-                "setup: `systemctl disable --now prometheus` failed; stop the service by hand"
-            );
+    // `disable` works without a running systemd (it removes the unit's links); `stop` needs one.
+    for (now, wanted, verb) in [
+        ("is-enabled", "enabled", "disable"),
+        ("is-active", "active", "stop"),
+    ] {
+        if state(now).trim() == wanted {
+            println!("setup: `systemctl {verb} prometheus` (only promtool is used)");
+            if util::output("systemctl", &[verb, "prometheus"]).is_none() {
+                println!("setup: `systemctl {verb} prometheus` failed; do it by hand");
+            }
         }
     }
 }
