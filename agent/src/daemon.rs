@@ -461,7 +461,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Arc::clone(&nat_stats),
         program_report.clone(),
         Arc::clone(&inspect),
-    );
+    )
+    .with_pool_usage(ipam.pool_usage());
     tokio::spawn(metrics_server::serve(
         metrics_listener,
         Arc::new(metrics_state),

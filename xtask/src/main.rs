@@ -59,9 +59,10 @@ enum Task {
     Test,
     /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
     Ci,
-    /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
-    /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root).
+    /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root; builds
+    /// the debug `weir` it runs first).
     Demo,
+    /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
     Bench {
         /// Benchmark name (`all` for every one).
         name: String,
@@ -128,15 +129,71 @@ fn main() -> Result<()> {
     }
 }
 
-/// `cargo xtask demo`: runs the `demo` example of the tests crate (`tests::demo`).
+/// `cargo xtask demo`: checks root first, builds what the demo runs (the debug `weir` and the `demo`
+/// example of the tests crate), then runs the example with that `weir` (`tests::demo`).
+/// `WEIR_DEMO_BIN_DIR=DIR`: copy the `weir` it built into DIR and run it from there.
 fn demo(ws: &std::path::Path) -> Result<()> {
-    let status = std::process::Command::new("cargo")
-        .args(["run", "--quiet", "-p", "tests", "--example", "demo"])
+    if util::output("id", &["-u"]).is_none_or(|uid| uid.trim() != "0") {
+        anyhow::bail!(
+            "cargo xtask demo needs root: it loads BPF programs and creates network namespaces; run it as root"
+        );
+    }
+    let built = cargo_build(ws, &["-p", "agent", "--bin", "weir"])?;
+    let mut weir = built
+        .get("weir")
+        .context("cargo built no `weir` executable")?
+        .clone();
+    if let Some(dir) = std::env::var_os("WEIR_DEMO_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create WEIR_DEMO_BIN_DIR {}", dir.display()))?;
+        let copy = dir.join("weir");
+        std::fs::copy(&weir, &copy)
+            .with_context(|| format!("cannot copy {} to {}", weir.display(), copy.display()))?;
+        weir = copy;
+    }
+    let example = cargo_build(ws, &["-p", "tests", "--example", "demo"])?;
+    let example = example
+        .get("demo")
+        .context("cargo built no `demo` example")?;
+    println!("demo: {} with {}", example.display(), weir.display());
+    let status = std::process::Command::new(example)
+        .env("WEIR_BIN", &weir)
         .current_dir(ws)
         .status()
-        .context("cannot run cargo")?;
+        .with_context(|| format!("cannot run {}", example.display()))?;
     if !status.success() {
-        anyhow::bail!("the demo failed ({status}); it needs root");
+        anyhow::bail!("the demo failed ({status}): the step it names above did not happen");
     }
     Ok(())
+}
+
+/// `cargo build ARGS` (dev profile); the executables it produced, by target name.
+fn cargo_build(
+    ws: &std::path::Path,
+    args: &[&str],
+) -> Result<std::collections::BTreeMap<String, PathBuf>> {
+    let out = std::process::Command::new("cargo")
+        .arg("build")
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(ws)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    if !out.status.success() {
+        anyhow::bail!("`cargo build {}` failed ({})", args.join(" "), out.status);
+    }
+    let mut built = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let (Some(name), Some(exe)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        {
+            built.insert(name.to_owned(), PathBuf::from(exe));
+        }
+    }
+    Ok(built)
 }

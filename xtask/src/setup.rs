@@ -23,6 +23,7 @@ const APT_PACKAGES: &[&str] = &[
     "buildah",                     // the CRI tier's pause image, built offline from scratch
     "libc6-dev",                   // ... whose static pause binary links libc.a
     "musl-tools",                  // `cargo xtask image`: musl-gcc for the C parts of ring and psm
+    "prometheus", // `promtool check metrics` on the agent's /metrics (its server is disabled)
 ];
 
 /// The bpf-linker version the eBPF build uses.
@@ -35,6 +36,7 @@ pub(crate) fn run(ws: &Path, apt: bool) -> Result<()> {
     ensure_target(&user_toolchain(ws)?, crate::image::MUSL_TARGET)?;
     if apt {
         ensure_apt(APT_PACKAGES)?;
+        disable_prometheus_server();
     }
     println!(
         "setup: toolchains, bpf-linker {BPF_LINKER_VERSION}{} present",
@@ -145,6 +147,24 @@ fn ensure_bpf_linker(nightly: &str) -> Result<()> {
         bail!("building bpf-linker failed ({status}); see TOOLCHAIN.md for the manual steps");
     }
     Ok(())
+}
+
+/// Debian's `prometheus` (installed for `promtool`) enables a server listening on every address
+/// (:9090); only the tool is wanted, so the service is stopped and disabled where systemd has it.
+fn disable_prometheus_server() {
+    let state = |what: &str| util::output("systemctl", &[what, "prometheus"]).unwrap_or_default();
+    // `disable` works without a running systemd (it removes the unit's links); `stop` needs one.
+    for (now, wanted, verb) in [
+        ("is-enabled", "enabled", "disable"),
+        ("is-active", "active", "stop"),
+    ] {
+        if state(now).trim() == wanted {
+            println!("setup: `systemctl {verb} prometheus` (only promtool is used)");
+            if util::output("systemctl", &[verb, "prometheus"]).is_none() {
+                println!("setup: `systemctl {verb} prometheus` failed; do it by hand");
+            }
+        }
+    }
 }
 
 fn ensure_apt(packages: &[&str]) -> Result<()> {

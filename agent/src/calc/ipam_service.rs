@@ -178,6 +178,8 @@ struct Core {
     /// Allocation batches run, and the commits they took.
     batches: AtomicU64,
     commits: AtomicU64,
+    /// The pools' usage as [`IpamService::pools`] last computed it (`/metrics`).
+    usage: crate::observe::metrics_server::PoolUsageCache,
 }
 
 /// The agent's IPAM service.
@@ -244,6 +246,7 @@ impl IpamService {
             queued: AtomicUsize::new(0),
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            usage: crate::observe::metrics_server::PoolUsageCache::default(),
         });
         core.ensure_pools(pools, block_sizes).await?;
         let (queue, rx) = mpsc::unbounded_channel();
@@ -427,9 +430,26 @@ impl IpamService {
         })
     }
 
+    /// The pools' usage for `/metrics`, refreshed by every [`Self::pools`].
+    pub fn pool_usage(&self) -> crate::observe::metrics_server::PoolUsageCache {
+        Arc::clone(&self.core.usage)
+    }
+
     /// Pools with free addresses.
     pub async fn pools(&self) -> Result<Vec<PoolStatus>, IpamServiceError> {
         let util = self.core.ipam.utilization(false).await?;
+        *self
+            .core
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = util
+            .iter()
+            .map(|u| crate::observe::metrics_server::PoolUsage {
+                pool: u.pool.clone(),
+                allocated: u.in_use,
+                capacity: u.capacity,
+            })
+            .collect();
         let pools = self.core.ipam.pools().await?;
         Ok(pools
             .iter()

@@ -268,9 +268,11 @@ impl LoopHandle {
 pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), LoopError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let links = BTreeMap::new();
-    let (publish, snapshot) =
-        watch::channel(Arc::new(Snapshot::of(&node, &links, Applied::default())));
+    let first = Snapshot::of(&node, &links, Applied::default());
+    let measured = first.measured.clone();
+    let (publish, snapshot) = watch::channel(Arc::new(first));
     let dataplane_loop = DataplaneLoop {
+        measured,
         node,
         rx,
         publish,
@@ -339,6 +341,8 @@ struct DataplaneLoop {
     last_apply: Instant,
     /// When routes that failed are tried again.
     routes_retry_at: Option<Instant>,
+    /// Apply durations and the sources' sync state, for `/metrics`.
+    measured: crate::observe::metrics_server::LoopMeasures,
 }
 
 impl DataplaneLoop {
@@ -530,6 +534,7 @@ impl DataplaneLoop {
             LinkEvent::Address { .. } => {}
             LinkEvent::Synced => {
                 if std::mem::take(&mut self.link_watcher_down) {
+                    self.measured.sources.links_resyncs += 1;
                     tracing::info!("the link watcher is back and synced");
                 }
                 self.applied.source_error = self.source_stale.clone();
@@ -547,6 +552,7 @@ impl DataplaneLoop {
                 self.applied.ready = false;
             }
             None => {
+                self.measured.sources.cluster_resyncs += u64::from(self.source_stale.is_some());
                 tracing::info!("the cluster source is reachable again");
                 // Ready again when it was before: the last apply succeeded after in-sync.
                 self.applied.ready = !self.link_watcher_down
@@ -605,6 +611,7 @@ impl DataplaneLoop {
         }
         let generation = self.node.generation();
         let in_sync = self.node.in_sync();
+        let started = Instant::now();
         let result = if in_sync {
             self.node.dataplane.apply()
         } else {
@@ -626,6 +633,9 @@ impl DataplaneLoop {
             self.applied.routes_error = routes.err().map(|e| e.to_string());
         }
         self.last_apply = Instant::now();
+        self.measured
+            .apply_durations
+            .observe(started.elapsed().as_secs_f64());
         self.changed.any = true;
         let a = &mut self.applied;
         a.applies += 1;
@@ -703,6 +713,9 @@ impl DataplaneLoop {
             return;
         }
         let previous = Arc::clone(&self.publish.borrow());
+        let (links, cluster) = self.node.sources_synced();
+        self.measured.sources.links = links && !self.link_watcher_down;
+        self.measured.sources.cluster = cluster && self.source_stale.is_none();
         let snapshot = Snapshot {
             applied: self.applied.clone(),
             summary: self.node.summary(),
@@ -744,6 +757,7 @@ impl DataplaneLoop {
             } else {
                 Arc::clone(&previous.services)
             },
+            measured: self.measured.clone(),
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

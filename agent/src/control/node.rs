@@ -518,6 +518,13 @@ impl Node {
         self.links_synced && self.policies_synced
     }
 
+    /// Whether the links dump and the cluster source (policy files or the API server's initial
+    /// lists) have each been read (`weir_source_synced`).
+    #[must_use]
+    pub fn sources_synced(&self) -> (bool, bool) {
+        (self.links_synced, self.policies_synced)
+    }
+
     /// The desired-state generation.
     #[must_use]
     pub fn generation(&self) -> u64 {

@@ -41,6 +41,8 @@ pub struct Snapshot {
     /// The source's Services with their endpoints (`GET /v1/services`); rebuilt only when a
     /// Service or an EndpointSlice changed.
     pub services: Arc<ServiceViews>,
+    /// What the loop measures for `/metrics`: apply durations, the sources' sync state.
+    pub measured: crate::observe::metrics_server::LoopMeasures,
 }
 
 impl Snapshot {
@@ -57,6 +59,7 @@ impl Snapshot {
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
             services: node.service_view_parts(),
+            measured: crate::observe::metrics_server::LoopMeasures::default(),
         }
     }
 

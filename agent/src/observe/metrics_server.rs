@@ -1,15 +1,21 @@
 //! Metrics and health on `--metrics` (127.0.0.1:9972): `/metrics` (Prometheus text), `/healthz`,
 //! `/readyz`. The registry is built once; its collectors read the snapshot the dataplane loop
-//! published last and the conntrack sweep's counters at scrape time.
+//! published last and the conntrack sweep's counters at scrape time. Plain scrapers (curl,
+//! `promtool`) get the Prometheus text format; a scraper that asks for OpenMetrics gets it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::{Router, extract::State, http::StatusCode, routing::get};
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    routing::get,
+};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _, text::encode},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
-    registry::Registry,
+    encoding::{DescriptorEncoder, EncodeMetric as _, prometheus_text, text},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
+    registry::{Registry, Unit},
 };
 use tokio::sync::watch;
 
@@ -19,6 +25,56 @@ use crate::{
 };
 
 type Label = [(&'static str, String); 1];
+
+/// Upper bounds (seconds) of the apply duration histogram: 0.5 ms to 10 s.
+const APPLY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// What the dataplane loop measures beside its state, published in every snapshot.
+#[derive(Clone, Debug)]
+pub struct LoopMeasures {
+    /// Durations of the loop's applies (one histogram shared by every snapshot).
+    pub apply_durations: Histogram,
+    /// The sources' sync state as of the snapshot.
+    pub sources: SourceSync,
+}
+
+impl Default for LoopMeasures {
+    fn default() -> Self {
+        Self {
+            apply_durations: Histogram::new(APPLY_BUCKETS),
+            sources: SourceSync::default(),
+        }
+    }
+}
+
+/// Whether each source the loop reads is in sync, and how often it came back after being down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceSync {
+    /// The link watcher has dumped the links and is running.
+    pub links: bool,
+    /// Times the link watcher synced again after it stopped and was restarted.
+    pub links_resyncs: u64,
+    /// The cluster source (policy directory, or the API server's lists) was read and is not stale.
+    pub cluster: bool,
+    /// Times the cluster source became reachable again after going stale.
+    pub cluster_resyncs: u64,
+}
+
+/// One IPAM pool's usage, as IPAM last computed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// The pool's name.
+    pub pool: String,
+    /// Addresses allocated.
+    pub allocated: u128,
+    /// Addresses in the pool's CIDR.
+    pub capacity: u128,
+}
+
+/// The pools' usage, refreshed by IPAM whenever it lists its pools (`IpamService::pools`).
+pub type PoolUsageCache = Arc<Mutex<Vec<PoolUsage>>>;
 
 fn counter_family(
     encoder: &mut DescriptorEncoder<'_>,
@@ -249,6 +305,103 @@ impl Collector for ProgramsCollector {
     }
 }
 
+/// Apply durations, endpoints by state and the sources' sync state, from the latest snapshot.
+#[derive(Debug)]
+struct LoopCollector(watch::Receiver<Arc<Snapshot>>);
+
+impl Collector for LoopCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = Arc::clone(&self.0.borrow());
+        snapshot
+            .measured
+            .apply_durations
+            .encode(encoder.encode_descriptor(
+                "dataplane_apply_duration",
+                "Durations of the dataplane loop's applies (one per batch that changed anything)",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?)?;
+        let applied = &snapshot.applied;
+        let current = applied.error.is_none() && applied.generation >= snapshot.summary.generation;
+        let (mut programmed, mut pending, mut failed) = (0, 0, 0);
+        for view in snapshot.endpoints.values() {
+            match (view.ifindex, applied.error.is_some(), current) {
+                (None, _, _) | (Some(_), false, false) => pending += 1,
+                (Some(_), true, _) => failed += 1,
+                (Some(_), false, true) => programmed += 1,
+            }
+        }
+        let state = |s: &str| [("state", s.to_owned())];
+        gauge_family(
+            &mut encoder,
+            "endpoints_by_state",
+            "Endpoints: programmed (link present, newest state applied), pending (no link yet, or an apply owed), failed (link present, the last apply failed)",
+            &[
+                (state("programmed"), programmed),
+                (state("pending"), pending),
+                (state("failed"), failed),
+            ],
+        )?;
+        let sources = snapshot.measured.sources;
+        let source = |s: &str| [("source", s.to_owned())];
+        gauge_family(
+            &mut encoder,
+            "source_synced",
+            "1 when the source was read and is live: links (the link watcher), cluster (the policy directory or the API server)",
+            &[
+                (source("links"), u64::from(sources.links)),
+                (source("cluster"), u64::from(sources.cluster)),
+            ],
+        )?;
+        counter_family(
+            &mut encoder,
+            "source_resyncs",
+            "Times a source came back in sync after being down (link watcher restarted, API server reachable again)",
+            &[
+                (source("links"), sources.links_resyncs),
+                (source("cluster"), sources.cluster_resyncs),
+            ],
+        )
+    }
+}
+
+/// The IPAM pools' usage, as cached by the IPAM service.
+#[derive(Debug)]
+struct IpamCollector(PoolUsageCache);
+
+impl Collector for IpamCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let pools = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // f64: an IPv6 pool's capacity exceeds every integer gauge (2^64 for a /64 is exact).
+        let value = |v: u128| v as f64;
+        let mut metric = encoder.encode_descriptor(
+            "ipam_pool_addresses_allocated",
+            "Addresses allocated in the pool (refreshed every 5 s)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for p in &pools {
+            ConstGauge::new(value(p.allocated))
+                .encode(metric.encode_family(&[("pool", p.pool.clone())])?)?;
+        }
+        let mut metric = encoder.encode_descriptor(
+            "ipam_pool_addresses_capacity",
+            "Addresses in the pool's CIDR",
+            None,
+            MetricType::Gauge,
+        )?;
+        for p in &pools {
+            ConstGauge::new(value(p.capacity))
+                .encode(metric.encode_family(&[("pool", p.pool.clone())])?)?;
+        }
+        Ok(())
+    }
+}
+
 /// What the metrics server reads.
 pub struct MetricsState {
     registry: Registry,
@@ -268,6 +421,7 @@ impl MetricsState {
     ) -> Self {
         let mut registry = Registry::with_prefix("weir");
         registry.register_collector(Box::new(DataplaneCollector(snapshot.clone())));
+        registry.register_collector(Box::new(LoopCollector(snapshot.clone())));
         registry.register_collector(Box::new(crate::observe::metrics::DatapathCollector {
             snapshot: snapshot.clone(),
             kernel,
@@ -278,21 +432,52 @@ impl MetricsState {
         Self { registry, snapshot }
     }
 
-    /// The Prometheus text of every metric.
+    /// Adds the IPAM pools' usage, read from `cache` at scrape time.
+    #[must_use]
+    pub fn with_pool_usage(mut self, cache: PoolUsageCache) -> Self {
+        self.registry
+            .register_collector(Box::new(IpamCollector(cache)));
+        self
+    }
+
+    /// Every metric in the Prometheus text format (0.0.4).
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
-        encode(&mut out, &self.registry)?;
+        prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// Every metric in the OpenMetrics text format.
+    pub fn render_openmetrics(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
 }
 
-async fn metrics(State(state): State<Arc<MetricsState>>) -> (StatusCode, String) {
-    match state.render() {
-        Ok(text) => (StatusCode::OK, text),
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+async fn metrics(
+    State(state): State<Arc<MetricsState>>,
+    headers: HeaderMap,
+) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    let (rendered, content_type) = if openmetrics {
+        (state.render_openmetrics(), OPENMETRICS)
+    } else {
+        (state.render(), prometheus_text::CONTENT_TYPE)
+    };
+    match rendered {
+        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], text),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode the metrics");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
                 "cannot encode the metrics; see the agent's log\n".to_owned(),
             )
         }
@@ -367,6 +552,13 @@ mod tests {
         );
         let before = state.render().expect("render");
         assert!(before.contains("weir_ready 0"), "{before}");
+        for line in [
+            r#"weir_endpoints_by_state{state="pending"} 3"#,
+            r#"weir_endpoints_by_state{state="programmed"} 0"#,
+            r#"weir_source_synced{source="links"} 0"#,
+        ] {
+            assert!(before.lines().any(|l| l == line), "no {line}:\n{before}");
+        }
         assert!(
             before.contains(r#"weir_driver_writes_total{driver="policy_v1"} 0"#),
             "{before}"
@@ -407,12 +599,97 @@ mod tests {
             r#"weir_program_loads_total{program="from_endpoint",reused="true"} 1"#.to_owned(),
             "weir_endpoints 3".to_owned(),
             "weir_policy_documents_refused 0".to_owned(),
+            r#"weir_endpoints_by_state{state="programmed"} 3"#.to_owned(),
+            r#"weir_endpoints_by_state{state="pending"} 0"#.to_owned(),
+            r#"weir_endpoints_by_state{state="failed"} 0"#.to_owned(),
+            r#"weir_source_synced{source="links"} 1"#.to_owned(),
+            r#"weir_source_synced{source="cluster"} 1"#.to_owned(),
+            r#"weir_source_resyncs_total{source="links"} 0"#.to_owned(),
         ] {
             assert!(
                 after.lines().any(|l| l == line),
                 "/metrics lacks {line}:\n{after}"
             );
         }
+        // One observation per apply: the histogram's count is the applies counter.
+        let value = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        };
+        let applies = value(&after, "weir_applies_total");
+        assert!(applies >= 1.0, "{after}");
+        assert!(
+            (value(&after, "weir_dataplane_apply_duration_seconds_count") - applies).abs() < 0.5,
+            "{after}"
+        );
+        assert!(value(&after, "weir_dataplane_apply_duration_seconds_sum") > 0.0);
+        assert!(
+            (value(
+                &after,
+                r#"weir_dataplane_apply_duration_seconds_bucket{le="+Inf"}"#
+            ) - applies)
+                .abs()
+                < 0.5,
+            "{after}"
+        );
+
+        // A link watcher that stops is not synced until it syncs again, which counts a resync; so
+        // does a cluster source that goes stale and comes back.
+        handle
+            .send(Command::LinkWatcherDown(
+                crate::kernel::LinkWatcherStopped::Ended,
+            ))
+            .expect("send");
+        handle
+            .send(Command::SourceStale(Some("unreachable".into())))
+            .expect("send");
+        wait(&mut rx, |s| {
+            !s.measured.sources.links && !s.measured.sources.cluster
+        })
+        .await;
+        let down = state.render().expect("render");
+        for line in [
+            r#"weir_source_synced{source="links"} 0"#,
+            r#"weir_source_synced{source="cluster"} 0"#,
+        ] {
+            assert!(down.lines().any(|l| l == line), "no {line}:\n{down}");
+        }
+        handle.send(Command::Link(LinkEvent::Synced)).expect("send");
+        handle.send(Command::SourceStale(None)).expect("send");
+        wait(&mut rx, |s| {
+            s.measured.sources.links && s.measured.sources.cluster
+        })
+        .await;
+        let back = state.render().expect("render");
+        for line in [
+            r#"weir_source_synced{source="links"} 1"#,
+            r#"weir_source_synced{source="cluster"} 1"#,
+            r#"weir_source_resyncs_total{source="links"} 1"#,
+            r#"weir_source_resyncs_total{source="cluster"} 1"#,
+        ] {
+            assert!(back.lines().any(|l| l == line), "no {line}:\n{back}");
+        }
+
+        // An apply that failed: endpoints on their links count as failed.
+        let mut failing = (**rx.borrow()).clone();
+        failing.applied.error = Some("injected".into());
+        let (_keep, failing_rx) = watch::channel(Arc::new(failing));
+        let failing_state = MetricsState::new(
+            failing_rx,
+            Arc::clone(&ct),
+            Arc::clone(&nat),
+            Vec::new(),
+            Arc::new(kernel.fake.clone()),
+        );
+        let failed = failing_state.render().expect("render");
+        for line in [
+            r#"weir_endpoints_by_state{state="failed"} 3"#,
+            r#"weir_endpoints_by_state{state="programmed"} 0"#,
+        ] {
+            assert!(failed.lines().any(|l| l == line), "no {line}:\n{failed}");
+        }
+
         // A refused document of the source is counted (and listed by `weir status`).
         let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);
         let refused = crate::calc::policy::load::PolicyFileError {
@@ -434,6 +711,81 @@ mod tests {
                 .lines()
                 .any(|l| l == "weir_policy_documents_refused 1"),
             "{refusing}"
+        );
+        handle.stop();
+        thread.join().expect("join");
+    }
+
+    #[tokio::test]
+    async fn pool_usage_is_rendered_per_pool_and_both_formats_are_served() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let paths = harness::paths(dir.path());
+        synthetic::write(
+            &paths,
+            Sizes {
+                endpoints: 1,
+                namespaces: 1,
+                policies: 1,
+            },
+        )
+        .expect("sources");
+        let kernel = FakeKernel::new();
+        let (handle, thread) = applier::spawn(harness::open_node(&paths, &kernel)).expect("loop");
+        let cache = PoolUsageCache::default();
+        let state = MetricsState::new(
+            handle.subscribe(),
+            Arc::default(),
+            Arc::default(),
+            Vec::new(),
+            Arc::new(kernel.fake.clone()),
+        )
+        .with_pool_usage(Arc::clone(&cache));
+        let empty = state.render().expect("render");
+        assert!(
+            empty.contains("# TYPE weir_ipam_pool_addresses_allocated gauge")
+                && !empty.contains("weir_ipam_pool_addresses_allocated{"),
+            "{empty}"
+        );
+        *cache.lock().expect("cache") = vec![
+            PoolUsage {
+                pool: "default-ipv4".into(),
+                allocated: 3,
+                capacity: 65_536,
+            },
+            PoolUsage {
+                pool: "default-ipv6".into(),
+                allocated: 2,
+                capacity: 1 << 64,
+            },
+        ];
+        let text = state.render().expect("render");
+        let value = |line: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {line} in:\n{text}"))
+        };
+        assert_eq!(
+            value(r#"weir_ipam_pool_addresses_allocated{pool="default-ipv4"}"#),
+            3.0
+        );
+        assert_eq!(
+            value(r#"weir_ipam_pool_addresses_capacity{pool="default-ipv4"}"#),
+            65_536.0
+        );
+        assert_eq!(
+            value(r#"weir_ipam_pool_addresses_capacity{pool="default-ipv6"}"#),
+            2f64.powi(64)
+        );
+        // The Prometheus text format: a counter's TYPE names its samples (`_total`), no `# EOF`;
+        // OpenMetrics names the family without the suffix and ends with `# EOF`.
+        assert!(
+            text.contains("# TYPE weir_applies_total counter") && !text.contains("# EOF"),
+            "{text}"
+        );
+        let open = state.render_openmetrics().expect("render");
+        assert!(
+            open.contains("# TYPE weir_applies counter") && open.trim_end().ends_with("# EOF"),
+            "{open}"
         );
         handle.stop();
         thread.join().expect("join");
