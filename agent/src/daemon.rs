@@ -416,6 +416,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             })
             .map_err(io_err("start the conntrack sweep thread"))?;
     }
+    let prefilter_reads = prefilter_driver.reads();
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
@@ -453,7 +454,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Arc::clone(&nat_stats),
         program_report.clone(),
         Arc::clone(&inspect),
-    );
+    )
+    .with_prefilter(prefilter_reads);
     tokio::spawn(metrics::serve(metrics_listener, Arc::new(metrics_state)));
 
     // Ready: tell the runtime how to use us.

@@ -249,6 +249,26 @@ impl Collector for ProgramsCollector {
     }
 }
 
+/// How often the prefilter's deny file was read, applied or refused.
+#[derive(Debug)]
+struct PrefilterCollector(Arc<crate::dataplane::prefilter::DenyFileReads>);
+
+impl Collector for PrefilterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let result = |r: &str| [("result", r.to_owned())];
+        counter_family(
+            &mut encoder,
+            "prefilter_deny_file_reads",
+            "Reads of --prefilter-deny-file (at start and after each change): applied, or refused with the last good set kept",
+            &[
+                (result("applied"), self.0.applied.load(Relaxed)),
+                (result("refused"), self.0.refused.load(Relaxed)),
+            ],
+        )
+    }
+}
+
 /// What the metrics server reads.
 pub struct MetricsState {
     registry: Registry,
@@ -276,6 +296,17 @@ impl MetricsState {
         registry.register_collector(Box::new(NatCollector(nat)));
         registry.register_collector(Box::new(ProgramsCollector(programs)));
         Self { registry, snapshot }
+    }
+
+    /// Adds the prefilter's deny-file read counters.
+    #[must_use]
+    pub fn with_prefilter(
+        mut self,
+        reads: Arc<crate::dataplane::prefilter::DenyFileReads>,
+    ) -> Self {
+        self.registry
+            .register_collector(Box::new(PrefilterCollector(reads)));
+        self
     }
 
     /// The Prometheus text of every metric.
