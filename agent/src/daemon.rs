@@ -424,6 +424,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             })
             .map_err(io_err("start the conntrack sweep thread"))?;
     }
+    let prefilter_reads = prefilter_driver.reads();
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
@@ -462,7 +463,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         program_report.clone(),
         Arc::clone(&inspect),
     )
-    .with_pool_usage(ipam.pool_usage());
+    .with_pool_usage(ipam.pool_usage())
+    .with_prefilter(prefilter_reads);
     tokio::spawn(metrics_server::serve(
         metrics_listener,
         Arc::new(metrics_state),

@@ -195,3 +195,70 @@ pub fn counter_from_bpftool(map_pin: &Path, index: u32) -> (u64, u64) {
     }
     panic!("counter slot {index} not found in {}", map_pin.display())
 }
+
+/// One tc attachment as `bpftool net show` lists it inside a namespace (clsact filters; this
+/// bpftool predates tcx, whose links are checked through their pins and `bpftool link`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TcAttachment {
+    /// The interface.
+    pub dev: String,
+    /// Where: `clsact/ingress` or `clsact/egress`.
+    pub kind: String,
+    /// The program's kernel id.
+    pub prog_id: u64,
+}
+
+/// Every tc attachment in `ns`, read with `bpftool -j net show` there.
+#[must_use]
+pub fn tc_attachments(ns: &crate::netns::NetNs) -> Vec<TcAttachment> {
+    let out = ns.exec(&["bpftool", "-j", "net", "show"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool net printed no JSON: {e}"));
+    shown
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|entry| entry["tc"].as_array().cloned().unwrap_or_default())
+        .map(|tc| TcAttachment {
+            dev: tc["devname"].as_str().unwrap_or_default().to_owned(),
+            kind: tc["kind"].as_str().unwrap_or_default().to_owned(),
+            prog_id: tc["id"]
+                .as_u64()
+                .or_else(|| tc["prog_id"].as_u64())
+                .unwrap_or_else(|| panic!("bpftool net lists a tc entry with no id: {tc}")),
+        })
+        .collect()
+}
+
+/// The kernel id of the program pinned at `pin`, read with bpftool.
+#[must_use]
+pub fn pinned_prog_id(pin: &Path) -> u64 {
+    let shown = bpftool(&["prog", "show", "pinned", &pin.display().to_string()]);
+    shown["id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("bpftool shows no id for {}: {shown}", pin.display()))
+}
+
+/// `(pin, id)` of every map and program pinned in `paths`' `maps/` and `progs/`, each read with
+/// `bpftool map|prog show pinned`, sorted: what a restart over unchanged state must keep.
+#[must_use]
+pub fn pinned_ids(paths: &agent::paths::Paths) -> Vec<(String, u64)> {
+    let mut ids = Vec::new();
+    for (dir, kind) in [(paths.maps_dir(), "map"), (paths.progs_dir(), "prog")] {
+        let entries =
+            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for entry in entries.map(|e| e.expect("a directory entry")) {
+            if !entry.file_type().expect("file type").is_file() {
+                continue;
+            }
+            let pin = entry.path();
+            let shown = bpftool(&[kind, "show", "pinned", &pin.display().to_string()]);
+            let id = shown["id"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("bpftool shows no id for {}: {shown}", pin.display()));
+            ids.push((format!("{kind} {}", pin.display()), id));
+        }
+    }
+    ids.sort();
+    ids
+}

@@ -78,6 +78,17 @@ impl Proto {
     }
 }
 
+/// One side's judgement of a flow (the source's egress or the destination's ingress).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Side {
+    /// No policy selects the pod in this direction: everything passes, no rule decides.
+    NotIsolated,
+    /// Isolated, and these rules admit the flow (`namespace/name ingress[i]`, in policy order).
+    Allowed(Vec<String>),
+    /// Isolated, and no rule admits the flow.
+    Denied,
+}
+
 /// Namespaces (with labels), the named ports every pod declares, and policies.
 #[derive(Debug, Clone, Default)]
 pub struct Model {
@@ -232,8 +243,7 @@ impl Model {
     }
 
     /// Whether the policies selecting `subject` in one direction admit `peer` on `proto`/`port`
-    /// (a subject selected by none is not isolated there). The destination, on which a named port
-    /// resolves, is the subject for ingress and the peer for egress.
+    /// (a subject selected by none is not isolated there).
     fn side_allows(
         &self,
         subject: &ModelPod,
@@ -242,13 +252,31 @@ impl Model {
         port: u16,
         ingress: bool,
     ) -> bool {
+        self.side_rules(subject, peer, proto, port, ingress)
+            .is_none_or(|rules| !rules.is_empty())
+    }
+
+    /// The rules admitting `peer` on `proto`/`port` among the policies selecting `subject` in one
+    /// direction, named as the agent names them (`namespace/name ingress[i]`, `… egress[i]`):
+    /// `None` when no policy selects `subject` there (not isolated: everything passes), empty
+    /// when it is isolated and no rule admits the flow. The destination, on which a named port
+    /// resolves, is the subject for ingress and the peer for egress.
+    fn side_rules(
+        &self,
+        subject: &ModelPod,
+        peer: Who<'_>,
+        proto: Proto,
+        port: u16,
+        ingress: bool,
+    ) -> Option<Vec<String>> {
         let mut policies = self.selecting(subject, ingress).peekable();
-        if policies.peek().is_none() {
-            return true;
-        }
+        policies.peek()?;
         let dest = if ingress { Who::Pod(subject) } else { peer };
-        policies.any(|p| {
+        let direction = if ingress { "ingress" } else { "egress" };
+        let mut admitting = Vec::new();
+        for p in policies {
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+            let name = p.metadata.name.as_deref().unwrap_or_default();
             let spec = p.spec.as_ref().expect("spec");
             let rules: Vec<_> = if ingress {
                 spec.ingress
@@ -263,13 +291,32 @@ impl Model {
                     .map(|r| (r.ports.as_ref(), r.to.as_ref()))
                     .collect()
             };
-            rules.into_iter().any(|(ports, peers)| {
-                self.port_matches(ports, proto, port, dest)
+            for (index, (ports, peers)) in rules.into_iter().enumerate() {
+                if self.port_matches(ports, proto, port, dest)
                     && peers.is_none_or(|peers| {
                         peers.is_empty() || peers.iter().any(|pp| self.peer_matches(pp, ns, peer))
                     })
-            })
-        })
+                {
+                    admitting.push(format!("{ns}/{name} {direction}[{index}]"));
+                }
+            }
+        }
+        Some(admitting)
+    }
+
+    /// How each side judges a `proto` flow from pod `from` to pod `to`'s `port`: the source's
+    /// egress, then the destination's ingress (see [`Side`]).
+    #[must_use]
+    pub fn sides(&self, from: &ModelPod, to: &ModelPod, proto: Proto, port: u16) -> [Side; 2] {
+        let side = |rules: Option<Vec<String>>| match rules {
+            None => Side::NotIsolated,
+            Some(rules) if rules.is_empty() => Side::Denied,
+            Some(rules) => Side::Allowed(rules),
+        };
+        [
+            side(self.side_rules(from, Who::Pod(to), proto, port, false)),
+            side(self.side_rules(to, Who::Pod(from), proto, port, true)),
+        ]
     }
 
     /// Whether a TCP connection from `from` to `to`'s `port` is allowed.

@@ -144,6 +144,7 @@ fn a_flush_during_a_sweep_is_not_counted_as_evictions_on_real_maps() {
         pause: Mutex::new(Some((read_tx, go_rx))),
     };
     let flushed = AtomicBool::new(false);
+    let (calling_tx, calling_rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let sweeping = s.spawn(|| {
             let mut io = paused;
@@ -153,10 +154,13 @@ fn a_flush_during_a_sweep_is_not_counted_as_evictions_on_real_maps() {
         // Owned here: should an assertion below fail, dropping it lets the paused sweep end.
         let go_tx = go_tx;
         let flushing = s.spawn(|| {
+            calling_tx.send(()).expect("the test waits");
             let n = upkeep.flush(&mut real());
             flushed.store(true, Ordering::SeqCst);
             n
         });
+        // The flush is called (so a flush that did not wait would be done within the window).
+        calling_rx.recv().expect("the flush thread runs");
         std::thread::sleep(Duration::from_millis(300));
         assert!(
             !flushed.load(Ordering::SeqCst),

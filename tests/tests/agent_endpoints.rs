@@ -120,7 +120,7 @@ fn registered_endpoints_pass_unregistered_drop_and_restarts_write_nothing() {
 
     // Stopping the agent changes neither.
     let ids_before = (
-        agent.map_ids(),
+        tests::bpf::pinned_ids(&root.paths()),
         link_ids(&node, &root, &w1),
         link_ids(&node, &root, &w2),
     );
@@ -142,7 +142,7 @@ fn registered_endpoints_pass_unregistered_drop_and_restarts_write_nothing() {
         "the endpoint is restored from the registry"
     );
     let ids_after = (
-        agent.map_ids(),
+        tests::bpf::pinned_ids(&root.paths()),
         link_ids(&node, &root, &w1),
         link_ids(&node, &root, &w2),
     );

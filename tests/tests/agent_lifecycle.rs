@@ -16,6 +16,23 @@ fn xdp_prog_id(ns: &NetNs, ifname: &str) -> Option<u64> {
 }
 
 /// Program ids as bpftool reads them from the pins.
+/// Every map of `maps_schema` with the kernel id of its pin (bpftool).
+fn map_ids(root: &PinRoot) -> Vec<(&'static str, u64)> {
+    let paths = root.paths();
+    maps_schema::maps::ALL
+        .iter()
+        .map(|name| {
+            let shown = bpftool(&[
+                "map",
+                "show",
+                "pinned",
+                &paths.map_pin(name).display().to_string(),
+            ]);
+            (*name, shown["id"].as_u64().expect("map id"))
+        })
+        .collect()
+}
+
 fn agent_programs(root: &PinRoot) -> Vec<u64> {
     let paths = root.paths();
     maps_schema::programs::ALL
@@ -51,12 +68,13 @@ fn agent_loads_pins_and_survives_restart() {
         Some(&node),
         &["--prefilter-interfaces", &told.a],
     );
-    let first_maps = agent.map_ids();
     assert_eq!(
-        first_maps.len(),
+        agent.map_ids().len(),
         maps_schema::maps::ALL.len(),
         "every map is reported"
     );
+    // The ids a restart must keep, read from the pins with bpftool (not from the agent's report).
+    let first_maps = map_ids(&root);
     for name in maps_schema::maps::ALL {
         let shown = bpftool(&[
             "map",
@@ -111,7 +129,7 @@ fn agent_loads_pins_and_survives_restart() {
         &["--prefilter-interfaces", &told.a],
     );
     assert_eq!(
-        agent.map_ids(),
+        map_ids(&root),
         first_maps,
         "a restart reuses the pinned maps"
     );

@@ -13,7 +13,7 @@ use std::{
 
 use maps_schema::programs::XDP_PREFILTER;
 use tests::{
-    agent_proc::{AgentDirs, AgentProcess},
+    agent_proc::{AgentDirs, AgentProcess, metrics_get},
     bpf::{PinRoot, bpftool},
     netns::{NetNs, VethPair},
     privileged::require_root,
@@ -80,6 +80,19 @@ fn wait_dropped(sender: &NetNs, src: Ipv4Addr, rx: &UdpSocket) -> bool {
         }
     }
     false
+}
+
+/// `weir_prefilter_deny_file_reads_total{result}` from the agent's metrics (call inside its
+/// namespace).
+fn deny_file_reads(result: &str) -> u64 {
+    let text = metrics_get("/metrics");
+    let prefix = format!("weir_prefilter_deny_file_reads_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix} in the agent's metrics"))
+        .trim()
+        .parse()
+        .expect("a count")
 }
 
 fn write(path: &Path, text: &str) {
@@ -166,9 +179,26 @@ fn a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_i
         "traffic from outside the deny CIDR passes"
     );
 
-    // A bad file (which would lift the deny if it were applied): the last good set stays.
+    // A bad file (which would lift the deny if it were applied): the last good set stays. The
+    // agent's count of refused reads says when it has read the file; the drop is checked after.
+    assert_eq!(
+        node.run(|| deny_file_reads("refused")),
+        0,
+        "no refusal before the bad file"
+    );
+    assert!(
+        node.run(|| deny_file_reads("applied")) >= 2,
+        "the start's file and the deny were read and applied"
+    );
     write(&deny, "192.0.2.0/24\nnot-a-cidr\n");
-    std::thread::sleep(Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.run(|| deny_file_reads("refused")) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not count the bad file as refused within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         received_from(&sender, DENIED, &rx, Duration::from_millis(1500)),
         0,

@@ -252,33 +252,73 @@ fn weir_links(node: &CniNode) -> Vec<String> {
         .collect()
 }
 
-/// Kernel links (bpftool) running one of this node's pinned tc programs.
-fn program_links(node: &CniNode) -> Vec<Value> {
-    let programs: Vec<u64> = ["from_endpoint", "to_endpoint"]
-        .iter()
-        .filter_map(|p| {
-            let v = bpf::bpftool(&[
-                "prog",
-                "show",
-                "pinned",
-                &node.root.path().join("progs").join(p).display().to_string(),
-            ]);
-            v["id"].as_u64()
+/// The kernel ids of this node's pinned `from_endpoint` and `to_endpoint` (bpftool).
+fn endpoint_program_ids(node: &CniNode) -> [u64; 2] {
+    ["from_endpoint", "to_endpoint"]
+        .map(|p| bpf::pinned_prog_id(&node.root.path().join("progs").join(p)))
+}
+
+/// What of the node's endpoint programs is attached where the agent's mechanism puts it: with
+/// filters (the default), the node's tc filters running them (`bpftool net`); with tcx, the link
+/// pins under the pin root and the kernel links running them (`bpftool link`).
+fn endpoint_attachments(node: &CniNode, tcx: bool) -> Vec<String> {
+    let programs = endpoint_program_ids(node);
+    if !tcx {
+        return bpf::tc_attachments(&node.ns)
+            .into_iter()
+            .filter(|a| programs.contains(&a.prog_id))
+            .map(|a| format!("{} {} prog {}", a.dev, a.kind, a.prog_id))
+            .collect();
+    }
+    let mut found: Vec<String> = std::fs::read_dir(node.root.path().join("links"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| format!("pin {}", e.file_name().to_string_lossy()))
+                .collect()
         })
-        .collect();
-    assert_eq!(programs.len(), 2, "both programs are pinned");
+        .unwrap_or_default();
     let links = bpf::bpftool(&["link", "show"]);
-    links
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|l| {
-            l["prog_id"]
-                .as_u64()
-                .is_some_and(|id| programs.contains(&id))
-        })
-        .cloned()
-        .collect()
+    found.extend(
+        links
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| {
+                l["prog_id"]
+                    .as_u64()
+                    .is_some_and(|id| programs.contains(&id))
+            })
+            .map(|l| format!("link {l}")),
+    );
+    found
+}
+
+/// Precondition of the leak check: each of the node's workload veths runs `from_endpoint` at
+/// ingress and `to_endpoint` at egress, as the mechanism attaches them.
+fn attached_to_every_veth(node: &CniNode, tcx: bool, veths: &[String]) {
+    let found = endpoint_attachments(node, tcx);
+    let [from, to] = endpoint_program_ids(node);
+    for veth in veths {
+        let want: Vec<String> = if tcx {
+            vec![
+                format!("pin {veth}:from_endpoint"),
+                format!("pin {veth}:to_endpoint"),
+            ]
+        } else {
+            vec![
+                format!("{veth} clsact/ingress prog {from}"),
+                format!("{veth} clsact/egress prog {to}"),
+            ]
+        };
+        for w in want {
+            assert!(found.contains(&w), "{w} is not attached: {found:?}");
+        }
+    }
+    assert_eq!(
+        found.len(),
+        if tcx { 4 } else { 2 } * veths.len(),
+        "two attachments (and with tcx two kernel links) per veth: {found:?}"
+    );
 }
 
 fn namespace_only_from(ns: &str, team: &str) -> NetworkPolicy {
@@ -307,7 +347,20 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
     if !require_root("twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing") {
         return;
     }
-    let (node, cri) = node_and_cri(&[]);
+    twenty_sandboxes(&[], false);
+}
+
+/// The same with tcx links, whose pins outlive their device: the leak check reads pins and links.
+#[test]
+fn twenty_cri_sandboxes_on_tcx_leave_no_link_pin_and_no_link() {
+    if !require_root("twenty_cri_sandboxes_on_tcx_leave_no_link_pin_and_no_link") {
+        return;
+    }
+    twenty_sandboxes(&["--tc-attach", "tcx"], true);
+}
+
+fn twenty_sandboxes(agent_flags: &[&str], tcx: bool) {
+    let (node, cri) = node_and_cri(agent_flags);
     let conflist: Value = serde_json::from_str(
         &std::fs::read_to_string(node.dirs.path("net.d/04-weir.conflist"))
             .expect("the agent wrote its conflist"),
@@ -316,6 +369,11 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
     assert_eq!(
         conflist["cniVersion"], "1.0.0",
         "the agent's default conflist is one containerd 1.6 reads"
+    );
+    assert_eq!(
+        conflist["plugins"][0]["tcAttach"],
+        if tcx { "tcx" } else { "filter" },
+        "the conflist tells weir-cni the agent's mechanism"
     );
 
     // 20 pods over 3 namespaces, created in parallel as kubelet would on a busy node.
@@ -392,6 +450,11 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
     );
     expect_connectivity(&node, &cri, &pods, &model, "beta admits only alpha");
 
+    // What the leak checks below look for is there while the pods run.
+    let veths = weir_links(&node);
+    assert_eq!(veths.len(), 20, "one weir veth per sandbox: {veths:?}");
+    attached_to_every_veth(&node, tcx, &veths);
+
     // Stop and remove every sandbox, as kubelet does when pods are deleted.
     std::thread::scope(|scope| {
         for pod in &pods {
@@ -406,6 +469,11 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
     });
     let ids: Vec<String> = pods.iter().map(|p| p.id.clone()).collect();
     drop(pods);
+    let left = endpoint_attachments(&node, tcx);
+    assert!(
+        left.is_empty(),
+        "nothing runs the node's endpoint programs any more (tcx: {tcx}): {left:?}"
+    );
     assert!(
         endpoint_ids(&node).is_empty(),
         "no endpoint is left: {}",
@@ -421,15 +489,6 @@ fn twenty_cri_sandboxes_reach_each_other_follow_policy_and_leave_nothing() {
         weir_links(&node).is_empty(),
         "no weir veth is left: {:?}",
         weir_links(&node)
-    );
-    let pins: Vec<_> = std::fs::read_dir(node.root.path().join("links"))
-        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(pins.is_empty(), "no link pin is left: {pins:?}");
-    assert!(
-        program_links(&node).is_empty(),
-        "no kernel link runs the node's programs: {:?}",
-        program_links(&node)
     );
     assert_eq!(
         node.addresses_in_use(),

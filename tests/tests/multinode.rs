@@ -12,7 +12,8 @@
 //! - `kill -9` of one agent with the policies in force: new flows to and from its pods follow the matrix
 //!   while it is down; without them, an established cross-node connection keeps carrying data while it is down; it
 //!   restarts writing nothing (no route event under weir's protocol and no neighbour event on the device in
-//!   `ip monitor`; the device's ifindex, forwarding and neighbour entries, map and program ids unchanged);
+//!   `ip monitor` until its status says it has reconciled; the device's ifindex, forwarding and neighbour
+//!   entries, and the map, program and attached program ids (bpftool) unchanged);
 //! - a node removed (agent stopped, record deleted) has its routes and VXLAN entries swept on the others
 //!   and its blocks reported by `weir ipam check`; `weir ipam release-node` frees them; a node added gets routes everywhere.
 
@@ -560,8 +561,8 @@ fn scenario(mode: Mode) {
         matrix_holds(&cluster, &model, &pod_labels, &pairs),
         "the policy matrix does not follow a label change on node 0"
     );
-    // Identity agreement: node 1 knows node 0's pods by the identities node 0 gives them
-    // (`weir status --all-addresses`, the operator's view).
+    // Identity agreement: every node knows every other node's pods by the identities their node gives
+    // them (`weir status --all-addresses`, the operator's view).
     identities_agree(&cluster);
     // `kill -9` of node 0's agent with the policies in force: new flows to and from its pods still follow
     // them (programs and maps stay pinned), allowed and denied alike.
@@ -603,7 +604,7 @@ fn scenario(mode: Mode) {
         assert_eq!(buf, what.as_bytes());
     };
     echo(&mut conn, "before");
-    let (maps_before, programs_before) = ids(cluster.node(0));
+    let ids_before = ids(cluster.node(0));
     let routes_before = cluster.node(0).weir_routes();
     let device_before = device_details(cluster.node(0));
     let entries_before = vxlan_entries_if_any(cluster.node(0));
@@ -616,8 +617,8 @@ fn scenario(mode: Mode) {
         "a new connection while the agent is down"
     );
     cluster.node_mut(0).cni.restart_agent();
-    // Let the restarted agent list the nodes and reconcile.
-    std::thread::sleep(Duration::from_secs(3));
+    // The restarted agent's reconcile done (its status says so) before anything is compared.
+    reconciled(&cluster, 0);
     echo(&mut conn, "after");
     let events = monitor.stop();
     assert!(
@@ -639,7 +640,11 @@ fn scenario(mode: Mode) {
             "nothing to compare"
         );
     }
-    assert_eq!(ids(cluster.node(0)), (maps_before, programs_before));
+    assert_eq!(
+        ids(cluster.node(0)),
+        ids_before,
+        "the restart kept every pinned map and program and every tc attachment (bpftool)"
+    );
     drop(conn);
 
     // Node 2 leaves: its agent stops, its record is deleted; the others sweep its routes.
@@ -725,8 +730,23 @@ fn vxlan_entries_if_any(node: &Node) -> (Vec<String>, Vec<String>) {
     }
 }
 
+/// Every node knows every other node's pods by the identities their own node gives them.
 fn identities_agree(cluster: &Cluster) {
-    let (a, b) = (cluster.node(0), cluster.node(1));
+    let nodes: Vec<&Node> = cluster.live().collect();
+    assert_eq!(nodes.len(), 3, "every node is compared");
+    for a in &nodes {
+        for b in nodes.iter().filter(|b| b.name != a.name) {
+            wait_until(
+                &format!("{} knows {}'s pods by their identities", b.name, a.name),
+                CONVERGE,
+                || identities_seen(a, b),
+            );
+        }
+    }
+}
+
+/// `b`'s view (`weir status --all-addresses`, the operator's view) of `a`'s pods is `a`'s own.
+fn identities_seen(a: &Node, b: &Node) -> Result<(), String> {
     let own: Vec<Value> = a
         .cni
         .agent
@@ -746,7 +766,7 @@ fn identities_agree(cluster: &Cluster) {
                 .filter_map(move |ip| ip.as_str().map(|ip| (ip.to_owned(), id)))
         })
         .collect();
-    assert_eq!(own.len(), PODS, "node 0's own endpoints");
+    assert_eq!(own.len(), PODS, "{}'s own endpoints", a.name);
     let socket = b.cni.socket();
     let out = b.cni.ns.exec(&[
         bin::weir().to_str().expect("utf-8 path"),
@@ -762,22 +782,31 @@ fn identities_agree(cluster: &Cluster) {
     let (pods, node_addresses): (Vec<&Value>, Vec<&Value>) = listed
         .iter()
         .partition(|x| x["pod"].as_str().is_some_and(|p| !p.is_empty()));
-    assert!(
-        node_addresses.iter().any(|x| x["node"] == a.name.as_str()
+    if !node_addresses.iter().any(|x| {
+        x["node"] == a.name.as_str()
             && x["ip"] == a.address.as_str()
-            && x["identity"] == u64::from(maps_schema::identity::REMOTE_NODE)),
-        "node 1 knows node 0's address as remote-node: {node_addresses:?}"
-    );
+            && x["identity"] == u64::from(maps_schema::identity::REMOTE_NODE)
+    }) {
+        return Err(format!(
+            "{} does not know {}'s address as remote-node: {node_addresses:?}",
+            b.name, a.name
+        ));
+    }
     let seen: std::collections::BTreeMap<String, u64> = pods
         .iter()
         .filter(|x| x["node"] == a.name.as_str())
-        .filter_map(|a| Some((a["ip"].as_str()?.to_owned(), a["identity"].as_u64()?)))
+        .filter_map(|x| Some((x["ip"].as_str()?.to_owned(), x["identity"].as_u64()?)))
         .collect();
-    assert_eq!(seen, own, "node 1's view of node 0's pods: {listed:?}");
-    assert!(
-        listed.iter().any(|x| x["node"] == b.name.as_str()),
-        "node 1 lists its own pods too"
-    );
+    if seen != own {
+        return Err(format!(
+            "{}'s view of {}'s pods {seen:?} is not their own {own:?}",
+            b.name, a.name
+        ));
+    }
+    if !listed.iter().any(|x| x["node"] == b.name.as_str()) {
+        return Err(format!("{} does not list its own pods", b.name));
+    }
+    Ok(())
 }
 
 const APPS: [&str; 3] = ["web", "db", "api"];
@@ -921,36 +950,85 @@ fn matrix_holds(
     true
 }
 
-/// Map ids and program ids of a node's agent, from its pins (bpftool).
-type Ids = Vec<(String, u64)>;
+/// A node's pinned maps and programs with their kernel ids, and the programs its tc attachments run
+/// (device, hook, program id), all read with bpftool from outside the agent.
+type Ids = (Vec<(String, u64)>, Vec<tests::bpf::TcAttachment>);
 
-fn ids(node: &Node) -> (Ids, Ids) {
-    let agent = node.cni.agent.as_ref().expect("running");
-    let mut maps = agent.map_ids();
-    maps.sort();
-    let mut programs: Vec<(String, u64)> = agent.started["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| {
-            (
-                p[0].as_str().unwrap_or_default().to_owned(),
-                p[1].as_u64().unwrap_or_default(),
-            )
-        })
-        .collect();
-    programs.sort();
-    (maps, programs)
+fn ids(node: &Node) -> Ids {
+    let pinned = tests::bpf::pinned_ids(&node.cni.root.paths());
+    let mut attached = tests::bpf::tc_attachments(&node.cni.ns);
+    attached.sort();
+    // What is compared is there: the agent's maps and programs, and its programs on every pod's veth.
+    assert!(
+        pinned.iter().any(|(pin, _)| pin.starts_with("map ")),
+        "bpftool shows the agent's pinned maps: {pinned:?}"
+    );
+    for program in ["/from_endpoint", "/to_endpoint"] {
+        let id = pinned
+            .iter()
+            .find(|(pin, _)| pin.starts_with("prog ") && pin.ends_with(program))
+            .unwrap_or_else(|| panic!("no pinned {program}: {pinned:?}"))
+            .1;
+        assert_eq!(
+            attached.iter().filter(|a| a.prog_id == id).count(),
+            node.pods.len(),
+            "{program} runs on every pod's veth: {attached:?}"
+        );
+    }
+    (pinned, attached)
 }
 
-/// `ip -o monitor route` inside a namespace, collected until stopped.
+/// Waits (bounded) until node `i`'s agent says in its status that it has reconciled: ready (an apply after
+/// its sources' first in-sync succeeded), no route error, and every other live node listed alive with the
+/// routes it wants (the loop writes routes in the apply that publishes the nodes it has listed).
+fn reconciled(cluster: &Cluster, i: usize) {
+    let node = cluster.node(i);
+    let others: BTreeSet<String> = cluster
+        .live()
+        .filter(|n| n.name != node.name)
+        .map(|n| n.name.clone())
+        .collect();
+    assert!(!others.is_empty(), "other nodes to list");
+    let agent = node.cni.agent.as_ref().expect("running");
+    wait_until("the restarted agent reconciles", CONVERGE, || {
+        let status: Value = agent
+            .api(Method::GET, "/v1/status", None)
+            .map_err(|e| e.to_string())?;
+        let applied = &status["applied"];
+        if applied["ready"] != true || !applied["routes_error"].is_null() {
+            return Err(format!("not ready: {applied}"));
+        }
+        let listed: BTreeSet<String> = status["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["health"] == "alive" && n["routes"].as_u64() > Some(0))
+            .filter_map(|n| n["name"].as_str().map(str::to_owned))
+            .collect();
+        if listed == others {
+            Ok(())
+        } else {
+            Err(format!(
+                "nodes listed alive with routes: {listed:?}, want {others:?}"
+            ))
+        }
+    });
+}
+
+/// `ip -o monitor route neigh` inside a namespace, collected until stopped.
 struct RouteMonitor {
     child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
+
+/// A route the monitor must see before it counts (its positive control): a blackhole in the
+/// test's own node namespace, added and removed at once.
+const MARKER: &str = "198.51.100.250";
 
 impl RouteMonitor {
     fn start(ns: &NetNs) -> Self {
-        let child = Command::new("ip")
+        let mut child = Command::new("ip")
             .args([
                 "netns",
                 "exec",
@@ -965,19 +1043,59 @@ impl RouteMonitor {
             .stderr(Stdio::null())
             .spawn()
             .expect("ip monitor");
-        // It must be listening before anything happens.
-        std::thread::sleep(Duration::from_millis(300));
-        Self { child }
+        let stdout = child.stdout.take().expect("stdout piped");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&lines);
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        let monitor = Self {
+            child,
+            lines,
+            reader: Some(reader),
+        };
+        // Listening before anything happens: it shows a route added and removed after it started.
+        let marker = format!("{MARKER}/32");
+        for (op, seen) in [("add", "blackhole"), ("del", "Deleted")] {
+            ns.exec(&["ip", "route", op, "blackhole", &marker]);
+            wait_until(
+                &format!("ip monitor shows the marker route's {op}"),
+                Duration::from_secs(10),
+                || {
+                    let lines = monitor.lines.lock().expect("lines");
+                    if lines
+                        .iter()
+                        .any(|l| l.contains(MARKER) && l.starts_with(seen))
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!("{lines:?}"))
+                    }
+                },
+            );
+        }
+        monitor
     }
 
+    /// Every event after the marker's.
     fn stop(mut self) -> Vec<String> {
         let _ = self.child.kill();
-        let mut out = String::new();
-        if let Some(mut stdout) = self.child.stdout.take() {
-            let _ = stdout.read_to_string(&mut out);
-        }
         let _ = self.child.wait();
-        out.lines().map(str::to_owned).collect()
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let lines = self.lines.lock().expect("lines");
+        let after = lines
+            .iter()
+            .rposition(|l| l.contains(MARKER))
+            .map_or(0, |i| i + 1);
+        lines[after..].to_vec()
     }
 }
 

@@ -2,20 +2,24 @@
 //! - a policy rule's hit counter rises by exactly the packets it decided (one per new flow on the
 //!   isolated side; the established packets of a flow are not counted), in `weir policy get` and
 //!   `/metrics`, and a denied attempt shows in `/metrics` as `weir_drop_count_total` by reason;
-//! - `weir policy trace` through the loaded programs agrees with real traffic for 20 cases (IPv4
-//!   and IPv6, TCP and UDP, a spoofed source, a conntrack-established reply), names the deciding
-//!   rule, says when the user-space explanation disagrees, and leaves conntrack and the counters
-//!   untouched.
+//! - `weir policy trace` through the loaded programs agrees with real traffic for 50 cases: 48
+//!   generated from the policies (every ordered pod pair × every served port, IPv4 and IPv6, TCP
+//!   and UDP) with each side's verdict and deciding rule computed by `tests::netpol`'s model and
+//!   asserted, a spoofed source and a conntrack-established reply; it says when the user-space
+//!   explanation disagrees, and leaves conntrack and the counters untouched.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     io::{Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     time::{Duration, Instant},
 };
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 use tests::{
     agent_proc::AgentProcess,
+    netpol::{Labels, Model, ModelPod, Proto, Side, labels},
     observe::{Pod, metric, node_and_agent, pod, start_agent, weir, weir_json},
     privileged::require_root,
 };
@@ -198,6 +202,49 @@ fn rule_hits_count_the_packets_a_rule_decided_and_metrics_show_drops_by_reason()
     assert!(agent.terminate().success());
 }
 
+/// The model's view of a test pod (namespace `default`, label `app` = its name).
+fn model_pod(p: &Pod<'_>) -> ModelPod {
+    ModelPod {
+        namespace: "default".into(),
+        labels: labels(&[("app", p.name.as_str())]),
+    }
+}
+
+fn verdict(allowed: bool) -> &'static str {
+    if allowed { "allow" } else { "deny" }
+}
+
+/// Every (protocol, port) a rule of the model's policies names.
+fn policy_ports(model: &Model) -> BTreeSet<(Proto, u16)> {
+    let mut ports = BTreeSet::new();
+    for policy in &model.policies {
+        let spec = policy.spec.as_ref().expect("spec");
+        let rules = spec
+            .ingress
+            .iter()
+            .flatten()
+            .filter_map(|r| r.ports.as_ref())
+            .chain(
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.ports.as_ref()),
+            );
+        for p in rules.flatten() {
+            let proto = match p.protocol.as_deref().unwrap_or("TCP") {
+                "TCP" => Proto::Tcp,
+                "UDP" => Proto::Udp,
+                other => panic!("the test's policies name no {other} port"),
+            };
+            let Some(IntOrString::Int(port)) = p.port else {
+                panic!("the test's policies name numeric ports");
+            };
+            ports.insert((proto, u16::try_from(port).expect("a port")));
+        }
+    }
+    ports
+}
+
 /// One traced case and how real traffic went.
 struct Case {
     what: String,
@@ -207,7 +254,7 @@ struct Case {
 
 #[expect(
     clippy::too_many_lines,
-    reason = "one scenario: 20 cases in packet order"
+    reason = "one scenario: 50 cases in packet order"
 )]
 #[test]
 fn kernel_trace_agrees_with_real_traffic() {
@@ -261,55 +308,65 @@ fn kernel_trace_agrees_with_real_traffic() {
         args.extend(extra);
         weir_json(&agent, &args)
     };
-    let mut cases = Vec::new();
-    // New flows, IPv4 and IPv6: (from, to, tcp?, port).
-    let flows: &[(&Pod<'_>, &Pod<'_>, bool, u16, bool)] = &[
-        (&client, &web, true, 8080, false),
-        (&client, &web, true, 8081, false),
-        (&client, &web, false, 9000, false),
-        (&client, &web, false, 9001, false),
-        (&other, &web, true, 8080, false),
-        (&other, &web, true, 8081, false),
-        (&other, &web, false, 9000, false),
-        (&other, &client, true, 8080, false),
-        (&client, &other, true, 8080, false),
-        (&web, &client, true, 8080, false),
-        (&web, &other, false, 9000, false),
-        (&other, &client, false, 9001, false),
-        (&client, &web, true, 8080, true),
-        (&client, &web, false, 9001, true),
-        (&other, &web, true, 8080, true),
-        (&web, &client, false, 9000, true),
-        (&other, &web, true, 8081, true),
-        (&client, &other, false, 9000, true),
+    // New flows generated from the policies: every ordered pod pair × every port the pods serve
+    // (each port a policy names, and UDP 9001, which none names) × IPv4 and IPv6, each with the
+    // verdict and the deciding rule of each side as the model computes them from the policies.
+    let model = Model {
+        namespaces: BTreeMap::from([("default".to_owned(), Labels::new())]),
+        policies: [WEB_POLICY, OTHER_POLICY]
+            .iter()
+            .map(|text| serde_norway::from_str(text).expect("the test's policy parses"))
+            .collect(),
+        ..Model::default()
+    };
+    let served = [
+        (Proto::Tcp, 8080u16),
+        (Proto::Tcp, 8081),
+        (Proto::Udp, 9000),
+        (Proto::Udp, 9001),
     ];
-    for &(from, to, tcp, port, v6) in flows {
-        let (src, dst) = if v6 {
-            (from.ip6, to.ip6)
-        } else {
-            (from.ip, to.ip)
-        };
-        let real = if tcp {
-            tcp_connects(from, dst, port)
-        } else {
-            udp_delivers(
-                from,
-                None,
-                SocketAddr::new(dst, port),
-                &udp[&(to.name.clone(), port)],
-            )
-        };
-        let proto = if tcp { "tcp" } else { "udp" };
-        cases.push(Case {
-            what: format!(
-                "{} -> {} {proto} {port} ({src} -> {dst})",
-                from.name, to.name
-            ),
-            real,
-            trace: trace(src, dst, proto, port, &[]),
-        });
+    let named = policy_ports(&model);
+    assert!(
+        named.len() == 3 && named.iter().all(|p| served.contains(p)),
+        "the pods serve every port the policies name: {named:?}"
+    );
+    let mut cases = Vec::new();
+    let mut expected = Vec::new();
+    for v6 in [false, true] {
+        for from in pods {
+            for to in pods.iter().filter(|to| to.name != from.name) {
+                for (proto, port) in served {
+                    let (src, dst) = if v6 {
+                        (from.ip6, to.ip6)
+                    } else {
+                        (from.ip, to.ip)
+                    };
+                    let tcp = proto == Proto::Tcp;
+                    let real = if tcp {
+                        tcp_connects(from, dst, port)
+                    } else {
+                        udp_delivers(
+                            from,
+                            None,
+                            SocketAddr::new(dst, port),
+                            &udp[&(to.name.clone(), port)],
+                        )
+                    };
+                    let name = if tcp { "tcp" } else { "udp" };
+                    cases.push(Case {
+                        what: format!(
+                            "{} -> {} {name} {port} ({src} -> {dst})",
+                            from.name, to.name
+                        ),
+                        real,
+                        trace: trace(src, dst, name, port, &[]),
+                    });
+                    expected.push(model.sides(&model_pod(from), &model_pod(to), proto, port));
+                }
+            }
+        }
     }
-
+    assert_eq!(cases.len(), 48);
     // A spoofed source: client sends from an address that is not its own, to `other`, which no
     // policy isolates for ingress (so policy alone would allow it).
     let spoofed: IpAddr = "10.99.0.5".parse().expect("ip");
@@ -349,11 +406,11 @@ fn kernel_trace_agrees_with_real_traffic() {
         })
         .expect("web reaches other");
     let web_port = stream.local_addr().expect("local").port();
-    // other's 8080 backlog also holds client's earlier connection: take web's.
+    // other's 8080 backlog also holds the cases' earlier connections: take this one.
     let other_listener = &listeners[4];
     let mut server = loop {
         let (s, peer) = other_listener.accept().expect("accept");
-        if peer.ip().to_canonical() == web.ip {
+        if peer.ip().to_canonical() == web.ip && peer.port() == web_port {
             break s;
         }
     };
@@ -389,7 +446,7 @@ fn kernel_trace_agrees_with_real_traffic() {
     assert_eq!(t["kernel"]["agrees"], false, "{t}");
 
     // The kernel's verdict is real traffic's, case by case.
-    assert_eq!(cases.len(), 20);
+    assert_eq!(cases.len(), 50);
     let mut report = String::new();
     for c in &cases {
         let kernel = c.trace["kernel"]["verdict"].as_str().unwrap_or("none");
@@ -410,32 +467,78 @@ fn kernel_trace_agrees_with_real_traffic() {
         allows >= 6 && cases.len() - allows >= 6,
         "both outcomes are exercised:\n{report}"
     );
-    // The deciding rule is named: client -> web tcp 8080 by web's ingress rule, other -> web 8081
-    // leaves other by other-egress's rule and drops at web with no rule.
-    let rule_of = |c: &Case, step: usize| c.trace["kernel"]["steps"][step]["rule"].clone();
-    assert_eq!(
-        rule_of(&cases[0], 1),
-        "default/web ingress[0]",
-        "{}",
-        cases[0].trace
-    );
-    assert_eq!(
-        rule_of(&cases[5], 0),
-        "default/other-egress egress[0]",
-        "{}",
-        cases[5].trace
-    );
-    assert_eq!(
-        cases[5].trace["kernel"]["steps"][1]["reason"],
-        "policy-denied"
-    );
-    assert_eq!(cases[5].trace["kernel"]["steps"][1]["rule_id"], 0);
-    assert_eq!(
-        rule_of(&cases[12], 1),
-        "default/web ingress[0]",
-        "IPv6: {}",
-        cases[12].trace
-    );
+    // Each generated case: the model's verdict, and each program's step as the model has that
+    // side decide it (the deciding rule named, or none), the user-space explanation agreeing.
+    let mut outcomes = BTreeMap::new();
+    for (c, sides) in cases.iter().zip(&expected) {
+        let t = &c.trace;
+        let allowed = sides.iter().all(|s| *s != Side::Denied);
+        assert_eq!(
+            c.real, allowed,
+            "{}: the model disagrees with real traffic: {t}",
+            c.what
+        );
+        assert_eq!(
+            t["verdict"],
+            verdict(allowed),
+            "{}: user space: {t}",
+            c.what
+        );
+        assert_eq!(t["kernel"]["agrees"], true, "{}: {t}", c.what);
+        let steps = t["kernel"]["steps"].as_array().cloned().unwrap_or_default();
+        // The programs stop at the first drop.
+        let ran = if sides[0] == Side::Denied { 1 } else { 2 };
+        assert_eq!(steps.len(), ran, "{}: steps: {t}", c.what);
+        for ((step, side), program) in steps
+            .iter()
+            .zip(sides)
+            .zip(["from_endpoint", "to_endpoint"])
+        {
+            assert_eq!(step["program"], program, "{}: {t}", c.what);
+            let (want_verdict, want_reason) = match side {
+                Side::NotIsolated => ("allow", "pass"),
+                Side::Allowed(_) => ("allow", "pass-policy"),
+                Side::Denied => ("deny", "policy-denied"),
+            };
+            assert_eq!(step["verdict"], want_verdict, "{}: {program}: {t}", c.what);
+            assert_eq!(step["reason"], want_reason, "{}: {program}: {t}", c.what);
+            match side {
+                Side::Allowed(rules) => {
+                    assert_eq!(rules.len(), 1, "{}: one rule admits it: {rules:?}", c.what);
+                    assert_eq!(
+                        step["rule"],
+                        rules[0].as_str(),
+                        "{}: {program}: {t}",
+                        c.what
+                    );
+                    assert_ne!(step["rule_id"], 0, "{}: {program}: {t}", c.what);
+                }
+                Side::NotIsolated | Side::Denied => {
+                    assert!(
+                        step.get("rule").is_none(),
+                        "{}: {program} names no rule: {t}",
+                        c.what
+                    );
+                    assert_eq!(step["rule_id"], 0, "{}: {program}: {t}", c.what);
+                }
+            }
+            *outcomes.entry((program, want_reason)).or_insert(0) += 1;
+        }
+    }
+    // Every kind of step is exercised on both sides where the policies make it possible.
+    for kind in [
+        ("from_endpoint", "pass"),
+        ("from_endpoint", "pass-policy"),
+        ("from_endpoint", "policy-denied"),
+        ("to_endpoint", "pass"),
+        ("to_endpoint", "pass-policy"),
+        ("to_endpoint", "policy-denied"),
+    ] {
+        assert!(
+            outcomes.contains_key(&kind),
+            "no case has {kind:?}: {outcomes:?}"
+        );
+    }
 
     // Trace runs write nothing: no conntrack entry with the trace's source port 40000, and the
     // denial counter moves only for a real denied packet (the positive control).

@@ -290,6 +290,16 @@ pub enum PrefilterError {
     Apply(#[from] ApplyError),
 }
 
+/// How often the deny file was read and used or refused (the metric
+/// `weir_prefilter_deny_file_reads_total`): the signal that a change to the file was seen.
+#[derive(Debug, Default)]
+pub struct DenyFileReads {
+    /// Reads whose set was applied.
+    pub applied: std::sync::atomic::AtomicU64,
+    /// Reads refused (the last good set stays).
+    pub refused: std::sync::atomic::AtomicU64,
+}
+
 /// The prefilter as the agent runs it: the deny set from the flag and the file, the driver, and
 /// the file's last fingerprint.
 pub struct Prefilter {
@@ -297,6 +307,7 @@ pub struct Prefilter {
     flag: Vec<IpNetwork>,
     file: Option<PathBuf>,
     seen: Option<(std::time::SystemTime, u64)>,
+    reads: std::sync::Arc<DenyFileReads>,
 }
 
 /// How often the deny file is looked at, and how often the kernel state is read back in full.
@@ -334,13 +345,18 @@ impl Prefilter {
             flag,
             file,
             seen: None,
+            reads: std::sync::Arc::default(),
         };
         match &this.file {
             Some(path) => {
                 this.seen = fingerprint(path);
                 match read_deny_file(path) {
-                    Ok(set) => this.set(&set),
+                    Ok(set) => {
+                        this.set(&set);
+                        this.count(true);
+                    }
                     Err(e) => {
+                        this.count(false);
                         // The last good set is what the pinned maps hold: left as it is until
                         // the file is fixed.
                         tracing::error!(error = %e, "prefilter deny file refused; the deny maps keep what they hold until it is fixed");
@@ -353,6 +369,21 @@ impl Prefilter {
         this.driver.apply()?;
         let modes = this.driver.modes();
         Ok((this, modes))
+    }
+
+    /// The deny file's read counters, for the metrics.
+    #[must_use]
+    pub fn reads(&self) -> std::sync::Arc<DenyFileReads> {
+        std::sync::Arc::clone(&self.reads)
+    }
+
+    fn count(&self, applied: bool) {
+        let counter = if applied {
+            &self.reads.applied
+        } else {
+            &self.reads.refused
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn set(&mut self, from_file: &[IpNetwork]) {
@@ -375,9 +406,11 @@ impl Prefilter {
             Ok(set) => {
                 self.driver.hold_deny(false);
                 self.set(&set);
+                self.count(true);
                 tracing::info!(path = %path.display(), cidrs = self.driver.deny_len(), "prefilter deny file reloaded");
             }
             Err(e) => {
+                self.count(false);
                 tracing::warn!(error = %e, "prefilter deny file refused; the last good deny set stays in force");
             }
         }
@@ -676,9 +709,16 @@ mod tests {
         let (mut p, _) = Prefilter::start_with(d, &[], &[], Some(path.clone())).expect("starts");
         assert_eq!(deny4.contents().len(), 1, "the pinned set is kept");
         assert_eq!(deny4.mutations(), 0);
+        let reads = p.reads();
+        let counts = || {
+            use std::sync::atomic::Ordering::Relaxed;
+            (reads.applied.load(Relaxed), reads.refused.load(Relaxed))
+        };
+        assert_eq!(counts(), (0, 1), "the refusal is counted");
         fs::write(&path, "10.1.0.0/16\n").expect("write");
         p.seen = None;
         p.reload();
+        assert_eq!(counts(), (1, 1), "and so is the good file");
         p.driver.apply().expect("apply");
         assert_eq!(
             deny4.contents(),

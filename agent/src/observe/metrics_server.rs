@@ -365,6 +365,26 @@ impl Collector for LoopCollector {
     }
 }
 
+/// How often the prefilter's deny file was read, applied or refused.
+#[derive(Debug)]
+struct PrefilterCollector(Arc<crate::dataplane::prefilter::DenyFileReads>);
+
+impl Collector for PrefilterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let result = |r: &str| [("result", r.to_owned())];
+        counter_family(
+            &mut encoder,
+            "prefilter_deny_file_reads",
+            "Reads of --prefilter-deny-file (at start and after each change): applied, or refused with the last good set kept",
+            &[
+                (result("applied"), self.0.applied.load(Relaxed)),
+                (result("refused"), self.0.refused.load(Relaxed)),
+            ],
+        )
+    }
+}
+
 /// The IPAM pools' usage, as cached by the IPAM service.
 #[derive(Debug)]
 struct IpamCollector(PoolUsageCache);
@@ -430,6 +450,17 @@ impl MetricsState {
         registry.register_collector(Box::new(NatCollector(nat)));
         registry.register_collector(Box::new(ProgramsCollector(programs)));
         Self { registry, snapshot }
+    }
+
+    /// Adds the prefilter's deny-file read counters.
+    #[must_use]
+    pub fn with_prefilter(
+        mut self,
+        reads: Arc<crate::dataplane::prefilter::DenyFileReads>,
+    ) -> Self {
+        self.registry
+            .register_collector(Box::new(PrefilterCollector(reads)));
+        self
     }
 
     /// Adds the IPAM pools' usage, read from `cache` at scrape time.

@@ -172,12 +172,18 @@ fn object_ref(kind: &str, value: &serde_norway::Value) -> Option<ObjectRef> {
     }
 }
 
-/// Line (1-based) at which each YAML document of `text` starts.
+/// Line (1-based) at which each YAML document of `text` starts: the line after its `---`, or
+/// line 1 for a first document with none.
 fn document_lines(text: &str) -> Vec<usize> {
     let mut starts = vec![1];
     for (i, line) in text.lines().enumerate() {
-        if line.trim_end() == "---" && i > 0 {
-            starts.push(i + 2);
+        if line.trim_end() == "---" {
+            if i == 0 {
+                // A leading separator opens the first document; it is not a second one.
+                starts[0] = 2;
+            } else {
+                starts.push(i + 2);
+            }
         }
     }
     starts
@@ -215,12 +221,8 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
         warnings: _,
     } = loaded;
     let starts = document_lines(text);
-    let leading_separator = text.lines().next().is_some_and(|l| l.trim_end() == "---");
     for (index, document) in serde_norway::Deserializer::from_str(text).enumerate() {
-        let doc_line = starts
-            .get(index + usize::from(leading_separator))
-            .copied()
-            .unwrap_or(1);
+        let doc_line = starts.get(index).copied().unwrap_or(1);
         let err = |line: usize, reason: String| PolicyFileError {
             file: file.to_owned(),
             line,
@@ -430,7 +432,8 @@ spec:
                 "operator",
             ),
             ("kind: Deployment\nmetadata: {name: x}\n", "not supported"),
-            ("a: [unclosed\n", "not valid YAML"),
+            // A syntax error is reported where the parser finds it, not at its document's start.
+            ("a: [unclosed\nb: c\n", "not valid YAML"),
             (
                 "kind: NetworkPolicy\nmetadata: {name: x}\nspec: {podSelector: {}, ingress: [{ports: [{protocol: ICMP}]}]}\n",
                 "protocol",
@@ -443,8 +446,12 @@ spec:
             )
             .expect_err(needle);
             let message = errors[0].to_string();
+            // The bad document starts on line 5 (after a leading `---` and a valid Namespace);
+            // the YAML error is where the parser meets `b: c` inside the open `[`, line 6.
+            let line = if needle == "not valid YAML" { 6 } else { 5 };
+            assert_eq!(errors[0].line, line, "{message}");
             assert!(
-                message.starts_with("bad.yaml:5:") || message.starts_with("bad.yaml:"),
+                message.starts_with(&format!("bad.yaml:{line}: ")),
                 "{message}"
             );
             assert!(
