@@ -14,6 +14,7 @@
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
 //! - `netpol_lab`, `netpol_probe`, `netpol_policies`: the upstream conformance topology on a real
 //!   agent (x, y, z × a, b, c; outside hosts), its TCP/UDP/SCTP servers and probes, policy builders.
+//! - `netpol_cases`: the conformance cases, one copy for both conformance tests.
 //! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `multinode`: the 3-node cluster harness (etcd, agents, pods through weir-cni).
@@ -48,6 +49,7 @@ pub mod names;
 pub mod netfilter;
 pub mod netns;
 pub mod netpol;
+pub mod netpol_cases;
 pub mod netpol_lab;
 pub mod netpol_policies;
 pub mod netpol_probe;
