@@ -15,6 +15,7 @@
 //! - `netpol_lab`, `netpol_probe`, `netpol_policies`: the upstream conformance topology on a real
 //!   agent (x, y, z × a, b, c; outside hosts), its TCP/UDP/SCTP servers and probes, policy builders.
 //! - `netpol_cases`: the conformance cases, one copy for both conformance tests.
+//! - `echo`: a one-byte TCP echo server, its clients and the peers it accepted (masquerade tests).
 //! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `multinode`: the 3-node cluster harness (etcd, agents, pods through weir-cni).
@@ -39,6 +40,7 @@ pub mod csum;
 pub mod ct;
 pub mod datapath;
 pub mod demo;
+pub mod echo;
 pub mod etcd_netns;
 pub mod hooks;
 pub mod image;

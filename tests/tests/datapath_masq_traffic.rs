@@ -6,10 +6,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    sync::mpsc,
-    time::Duration,
+    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
 };
 
 use aya::{
@@ -23,6 +20,7 @@ use maps_schema::{
 };
 use tests::{
     bpf::{PinRoot, load_weir, tc},
+    echo::{connect, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -35,67 +33,6 @@ const FLOWS_PER_POD: usize = 100;
 
 fn pod_addr(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 246, 0, 10 + u8::try_from(i).expect("few pods"))
-}
-
-/// A TCP server: each connection gets one byte back once it sent one; the peer addresses it
-/// accepted go to the returned channel.
-fn serve(listener: TcpListener) -> mpsc::Receiver<SocketAddr> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let Ok(peer) = stream.peer_addr() else {
-                continue;
-            };
-            if tx.send(peer).is_err() {
-                return;
-            }
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).is_ok() {
-                    let _ = stream.write_all(&b);
-                }
-            });
-        }
-    });
-    rx
-}
-
-fn connect(ns: &NetNs, to: SocketAddr, n: usize) -> Vec<TcpStream> {
-    ns.run(move || {
-        (0..n)
-            .map(|_| {
-                let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("connect to {to}: {e}"));
-                s.set_read_timeout(Some(Duration::from_secs(10)))
-                    .expect("timeout");
-                s
-            })
-            .collect()
-    })
-}
-
-/// Sends a byte on each stream and reads it back: every flow completes.
-fn round_trip(streams: &mut [TcpStream]) {
-    for s in streams.iter_mut() {
-        s.write_all(b"w").expect("send");
-    }
-    for s in streams.iter_mut() {
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b)
-            .expect("the reply comes back through the reverse translation");
-        assert_eq!(&b, b"w");
-    }
-}
-
-fn peers(rx: &mpsc::Receiver<SocketAddr>, n: usize) -> Vec<IpAddr> {
-    (0..n)
-        .map(|_| {
-            rx.recv_timeout(Duration::from_secs(10))
-                .expect("accepted")
-                .ip()
-        })
-        .collect()
 }
 
 #[test]

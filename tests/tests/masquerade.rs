@@ -9,17 +9,15 @@
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
     process::Command,
-    sync::mpsc,
-    time::Duration,
 };
 
 use serde_json::{Value, json};
 use tests::{
     bin,
     cni::{CniNode, Pod},
+    echo::{connect, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -29,64 +27,6 @@ const OUTSIDE: Ipv4Addr = Ipv4Addr::new(192, 168, 78, 1);
 const POOL: &str = "10.247.0.0/16";
 const PODS: usize = 10;
 const FLOWS_PER_POD: usize = 100;
-
-/// Accepts connections; each gets its byte back. Peer addresses go to the channel.
-fn serve(listener: TcpListener) -> mpsc::Receiver<SocketAddr> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let Ok(peer) = stream.peer_addr() else {
-                continue;
-            };
-            if tx.send(peer).is_err() {
-                return;
-            }
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).is_ok() {
-                    let _ = stream.write_all(&b);
-                }
-            });
-        }
-    });
-    rx
-}
-
-fn connect(ns: &NetNs, to: SocketAddr, n: usize) -> Vec<TcpStream> {
-    ns.run(move || {
-        (0..n)
-            .map(|_| {
-                let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("connect to {to}: {e}"));
-                s.set_read_timeout(Some(Duration::from_secs(10)))
-                    .expect("timeout");
-                s
-            })
-            .collect()
-    })
-}
-
-fn round_trip(streams: &mut [TcpStream]) {
-    for s in streams.iter_mut() {
-        s.write_all(b"w").expect("send");
-    }
-    for s in streams.iter_mut() {
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b)
-            .expect("the reply comes back through the reverse translation");
-    }
-}
-
-fn peers(rx: &mpsc::Receiver<SocketAddr>, n: usize) -> Vec<IpAddr> {
-    (0..n)
-        .map(|_| {
-            rx.recv_timeout(Duration::from_secs(10))
-                .expect("accepted")
-                .ip()
-        })
-        .collect()
-}
 
 fn weir(node: &CniNode, args: &[&str]) -> Value {
     let out = Command::new(bin::weir())
