@@ -26,6 +26,7 @@
 //! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
 //! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
 //! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
+//! - `wait`: bounded waits on a condition (poll until it holds, fail naming it after the bound).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_pod;
@@ -63,3 +64,4 @@ pub mod pod_doc;
 pub mod podnet;
 pub mod privileged;
 pub mod svc_maps;
+pub mod wait;

@@ -54,21 +54,7 @@ const CONVERGE: Duration = Duration::from_secs(45);
 
 /// The blocks node `node` reports for itself (`GET /v1/nodes`).
 fn own_blocks(node: &Node) -> BTreeSet<String> {
-    let nodes: Value = node
-        .cni
-        .agent
-        .as_ref()
-        .expect("running")
-        .api(Method::GET, "/v1/nodes", None)
-        .expect("nodes");
-    nodes
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["name"] == node.name.as_str())
-        .flat_map(|n| n["blocks"].as_array().cloned().unwrap_or_default())
-        .filter_map(|b| b.as_str().map(str::to_owned))
-        .collect()
+    node.own_blocks()
 }
 
 /// The routes `node` must have: every other live node's blocks via that node's address.
@@ -86,26 +72,11 @@ fn expected_routes(cluster: &Cluster, node: &Node) -> BTreeSet<String> {
 
 /// `dest via next-hop` of weir's routes on `node`.
 fn routes_of(node: &Node) -> BTreeSet<String> {
-    node.weir_routes()
-        .iter()
-        .map(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            format!("{} via {}", words[0], words.get(2).copied().unwrap_or("?"))
-        })
-        .collect()
+    node.routes()
 }
 
-fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + bound;
-    loop {
-        match done() {
-            Ok(()) => return,
-            Err(why) if Instant::now() >= deadline => {
-                panic!("{what} within {} s: {why}", bound.as_secs())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
+fn wait_until(what: &str, bound: Duration, done: impl FnMut() -> Result<(), String>) {
+    tests::wait::until_ok(what, bound, done);
 }
 
 fn routes_converge(cluster: &Cluster) {

@@ -16,7 +16,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
@@ -172,12 +172,8 @@ fn round_trip(ns: &NetNs, to: SocketAddr) -> bool {
     })
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), ok);
 }
 
 const POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: client}}}]\n    ports: [{protocol: TCP, port: 8080}]\n";

@@ -173,12 +173,8 @@ fn listed(agent: &AgentProcess) -> BTreeMap<String, Vec<(String, String)>> {
     out
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), ok);
 }
 
 /// Waits until the TCP frontend of `service` lists exactly `want` (address:port, state).
