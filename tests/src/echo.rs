@@ -51,6 +51,25 @@ pub fn connect(ns: &NetNs, to: SocketAddr, n: usize) -> Vec<TcpStream> {
     })
 }
 
+/// `per_ns` connections to `to` from each of `namespaces`, all opened at once (a thread each).
+#[must_use]
+pub fn connect_from_each<'a>(
+    namespaces: impl IntoIterator<Item = &'a NetNs>,
+    to: SocketAddr,
+    per_ns: usize,
+) -> Vec<TcpStream> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = namespaces
+            .into_iter()
+            .map(|ns| scope.spawn(move || connect(ns, to, per_ns)))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("connects"))
+            .collect()
+    })
+}
+
 /// Sends a byte on each stream and reads it back: every flow completes.
 pub fn round_trip(streams: &mut [TcpStream]) {
     for s in streams.iter_mut() {

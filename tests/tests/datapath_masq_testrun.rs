@@ -26,7 +26,7 @@ use tests::{
     bpf::{PinRoot, load_weir, tc},
     csum,
     netns::NetNs,
-    packet::{ACK, ICMP, SYN, TCP, UDP, eth, ipv4, tcp, udp},
+    packet::{ACK, ICMP, SYN, TCP, UDP, dst_of, eth, ipv4, src_of, tcp, udp},
     privileged::require_root,
 };
 
@@ -48,16 +48,6 @@ fn icmp_echo(ty: u8, id: u16) -> Vec<u8> {
     let mut h = vec![ty, 0, 0, 0, 0, 0, 0, 1, b'w', b'e', b'i', b'r'];
     h[4..6].copy_from_slice(&id.to_be_bytes());
     h
-}
-
-fn src_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[26..30].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[34], f[35]]))
-}
-
-fn dst_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[30..34].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[36], f[37]]))
 }
 
 struct Lab {

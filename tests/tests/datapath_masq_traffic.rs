@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpListener},
 };
 
 use aya::{
@@ -20,7 +20,7 @@ use maps_schema::{
 };
 use tests::{
     bpf::{PinRoot, load_weir, tc},
-    echo::{connect, peers, round_trip, serve},
+    echo::{connect, connect_from_each, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -162,16 +162,7 @@ fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
     round_trip(&mut p2p);
 
     // 1,000 concurrent flows from 10 pods: all open at once, all from the node's address.
-    let mut streams: Vec<TcpStream> = std::thread::scope(|scope| {
-        let handles: Vec<_> = pods
-            .iter()
-            .map(|pod| scope.spawn(move || connect(pod, server, FLOWS_PER_POD)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("connects"))
-            .collect()
-    });
+    let mut streams = connect_from_each(&pods, server, FLOWS_PER_POD);
     let total = PODS * FLOWS_PER_POD;
     assert_eq!(streams.len(), total);
     let seen = peers(&accepted, total);

@@ -9,7 +9,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpListener},
     process::Command,
 };
 
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tests::{
     bin,
     cni::{CniNode, Pod},
-    echo::{connect, peers, round_trip, serve},
+    echo::{connect, connect_from_each, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -126,16 +126,7 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     round_trip(&mut p2p);
 
     // 1,000 concurrent flows from 10 pods.
-    let mut streams: Vec<TcpStream> = std::thread::scope(|scope| {
-        let handles: Vec<_> = pods
-            .iter()
-            .map(|(pod, _)| scope.spawn(move || connect(&pod.ns, server, FLOWS_PER_POD)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("connects"))
-            .collect()
-    });
+    let mut streams = connect_from_each(pods.iter().map(|(pod, _)| &pod.ns), server, FLOWS_PER_POD);
     let total = PODS * FLOWS_PER_POD;
     assert!(
         peers(&accepted, total)
