@@ -25,11 +25,10 @@ use std::{
 };
 
 use hyper::Method;
-use ipam::{Ipam, store::etcd::EtcdStore};
+use ipam::Ipam;
 use serde_json::Value;
 use tests::{
     bin,
-    etcd_netns::PORT,
     multinode::{Cluster, Node},
     netns::NetNs,
     netpol::{Model, ModelPod, Proto, Source, labels, match_labels},
@@ -419,20 +418,11 @@ fn weir_ipam(ns: &NetNs, args: &[&str]) -> std::process::Output {
 }
 
 fn delete_record(infra: &NetNs, name: &str) {
-    infra.run(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let store = EtcdStore::connect(&[format!("http://127.0.0.1:{PORT}")])
-                .await
-                .expect("connect to etcd");
-            assert!(
-                Ipam::new(store).delete_node(name).await.expect("delete"),
-                "{name} had a record"
-            );
-        });
+    tests::etcd_netns::with_store(infra, |store| async move {
+        assert!(
+            Ipam::new(store).delete_node(name).await.expect("delete"),
+            "{name} had a record"
+        );
     });
 }
 
