@@ -44,16 +44,14 @@ fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
     let node = NetNs::new();
     let outside = NetNs::new();
     node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    let wire = VethPair::new(&node, "m", &outside, "x");
-    node.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.a]);
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &node,
+        "m",
+        &format!("{NODE}/24"),
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.b,
-    ]);
+    );
     // The outside could reach the pools through the node, so an untranslated flow would work too.
     outside.exec(&[
         "ip",

@@ -74,16 +74,14 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     }
     let outside = NetNs::new();
     let node_ns = NetNs::new();
-    let wire = VethPair::new(&outside, "x", &node_ns, "m");
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.a,
-    ]);
-    node_ns.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.b]);
+        &node_ns,
+        "m",
+        &format!("{NODE}/24"),
+    );
     // The outside could reach the pools through the node: an untranslated flow would work.
     outside.exec(&["ip", "route", "add", POOL, "via", &NODE.to_string()]);
     let node = CniNode::start_in(

@@ -170,16 +170,14 @@ fn weir_writes_no_iptables_or_nftables_rule() {
     let host_before = snapshot(None);
     let outside = NetNs::new();
     let node_ns = NetNs::new();
-    let wire = VethPair::new(&outside, "x", &node_ns, "m");
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.a,
-    ]);
-    node_ns.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.b]);
+        &node_ns,
+        "m",
+        &format!("{NODE}/24"),
+    );
     let pods: Vec<(&str, Pod)> = ["web", "client", "other"]
         .into_iter()
         .map(|app| (app, Pod::k8s("default", app)))
