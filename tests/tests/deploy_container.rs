@@ -19,7 +19,11 @@
 //! run here (the ConfigMap's `WEIR_DATASTORE=kubernetes` and `WEIR_SOURCE=kubernetes` are dropped;
 //! `ipam/tests/kubernetes.rs` covers that store, `kube_source.rs` that source).
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 use tests::{
@@ -105,8 +109,16 @@ fn tail(text: &str, n: usize) -> String {
 }
 
 /// Waits until `check` holds, bounded by [`WAIT`].
-fn eventually(what: &str, check: impl FnMut() -> bool, diagnostics: impl Fn() -> String) {
-    tests::wait::until_or_show(what, WAIT, check, diagnostics);
+fn eventually(what: &str, mut check: impl FnMut() -> bool, diagnostics: impl Fn() -> String) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {WAIT:?}:\n{}",
+            diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn get(node: &NetNs, path: &str) -> Option<u16> {
