@@ -185,18 +185,18 @@ fn wait_listed(agent: &AgentProcess, service: &str, cluster_ip: &str, want: &[(S
         .map(|(a, s)| (format!("{a}:{TCP_PORT}"), (*s).to_owned()))
         .collect();
     want.sort();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = listed(agent);
-        if got.get(&key) == Some(&want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: the agent lists {got:#?}, want {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_ok(
+        &format!("{key}: the agent lists {want:?}"),
+        Duration::from_secs(20),
+        || {
+            let got = listed(agent);
+            if got.get(&key) == Some(&want) {
+                Ok(())
+            } else {
+                Err(format!("it lists {got:#?}"))
+            }
+        },
+    );
 }
 
 fn node_with_agent(root: &PinRoot, dirs: &AgentDirs) -> (NetNs, AgentProcess) {
