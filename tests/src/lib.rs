@@ -26,6 +26,7 @@
 //! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
 //! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
 //! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
+//! - `prefilter`: the XDP prefilter tests' wire (sources, target) and datagrams counted by source.
 //! - `wait`: bounded waits on a condition (poll until it holds, fail naming it after the bound).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
@@ -62,6 +63,7 @@ pub mod packet;
 pub mod pod;
 pub mod pod_doc;
 pub mod podnet;
+pub mod prefilter;
 pub mod privileged;
 pub mod svc_maps;
 pub mod wait;
