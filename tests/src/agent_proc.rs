@@ -293,6 +293,30 @@ impl Drop for AgentProcess {
     }
 }
 
+/// Runs `weir <args> --api-socket <socket> -o json`, which must succeed, and decodes what it
+/// printed.
+#[must_use]
+pub fn weir_json(socket: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin::weir())
+        .args(args)
+        .arg("--api-socket")
+        .arg(socket)
+        .args(["-o", "json"])
+        .output()
+        .expect("run weir");
+    assert!(
+        out.status.success(),
+        "weir {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "weir {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
 /// True when `path` exists (pins are checked this way and with bpftool).
 #[must_use]
 pub fn pinned(path: &Path) -> bool {

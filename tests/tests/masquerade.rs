@@ -10,12 +10,10 @@
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, TcpListener},
-    process::Command,
 };
 
 use serde_json::{Value, json};
 use tests::{
-    bin,
     cni::{CniNode, Pod},
     echo::{connect, connect_from_each, peers, round_trip, serve},
     netns::{NetNs, VethPair},
@@ -29,19 +27,7 @@ const PODS: usize = 10;
 const FLOWS_PER_POD: usize = 100;
 
 fn weir(node: &CniNode, args: &[&str]) -> Value {
-    let out = Command::new(bin::weir())
-        .args(args)
-        .arg("--api-socket")
-        .arg(node.socket())
-        .args(["-o", "json"])
-        .output()
-        .expect("run weir");
-    assert!(
-        out.status.success(),
-        "weir {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    tests::agent_proc::weir_json(&node.socket(), args)
 }
 
 /// The masquerade programs of the node's agent that run on `ifname`'s tcx hooks (read from the
