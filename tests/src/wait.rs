@@ -48,7 +48,7 @@ pub fn until_or_show(
     context: impl Fn() -> String,
 ) {
     if poll(within, || if ok() { Ok(()) } else { Err(String::new()) }).is_err() {
-        panic!("{what} within {within:?}\n{}", context());
+        panic!("{what} within {within:?}{}", shown(&context));
     }
 }
 
@@ -83,8 +83,74 @@ pub fn until_eq_or_show<T, W>(
     });
     if let Err(got) = last {
         panic!(
-            "{what} within {within:?}: got {got}, want {want:#?}\n{}",
-            context()
+            "{what} within {within:?}: got {got}, want {want:#?}{}",
+            shown(&context)
         );
+    }
+}
+
+/// `context()` on a line of its own, or nothing when it is empty.
+fn shown(context: &impl Fn() -> String) -> String {
+    let text = context();
+    if text.is_empty() {
+        text
+    } else {
+        format!("\n{text}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{panic, time::Duration};
+
+    use super::{until, until_eq, until_ok, until_some};
+
+    const SHORT: Duration = Duration::from_millis(300);
+
+    /// The panic message of `f`, which must panic.
+    fn panic_message(f: impl FnOnce() + panic::UnwindSafe) -> String {
+        let payload = panic::catch_unwind(f).expect_err("it panics");
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_condition_that_comes_true_returns_its_value() {
+        let mut calls = 0;
+        let got = until_ok("the third call", SHORT * 10, || {
+            calls += 1;
+            if calls == 3 {
+                Ok(calls)
+            } else {
+                Err(format!("call {calls}"))
+            }
+        });
+        assert_eq!(got, 3);
+        let mut left = 2;
+        assert_eq!(
+            until_some("a value", SHORT * 10, || {
+                left -= 1;
+                (left == 0).then_some("v")
+            }),
+            "v"
+        );
+    }
+
+    #[test]
+    fn a_condition_that_never_holds_fails_naming_it_and_its_last_state() {
+        let message = panic_message(|| until("the never condition", SHORT, || false));
+        assert!(
+            message.starts_with("the never condition within"),
+            "{message}"
+        );
+        let message = panic_message(|| until_eq("the count", SHORT, &2, || 1));
+        assert!(message.contains("the count within"), "{message}");
+        assert!(message.contains("got 1, want 2"), "{message}");
+        let message = panic_message(|| {
+            until_ok::<()>("the reason", SHORT, || Err("still 7".to_owned()));
+        });
+        assert!(message.ends_with(": still 7"), "{message}");
     }
 }
