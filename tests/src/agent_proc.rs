@@ -5,7 +5,7 @@ use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc,
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
@@ -20,6 +20,9 @@ pub struct AgentProcess {
     /// Its API socket.
     pub socket: PathBuf,
 }
+
+/// The log (stderr) lines of an agent started by [`AgentProcess::start_logged`], as they come.
+pub type AgentLog = Arc<Mutex<Vec<String>>>;
 
 /// Where an agent keeps its files (all temporary).
 #[derive(Debug)]
@@ -146,14 +149,51 @@ impl AgentProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn(root, dirs, netns, extra, env, None)
+    }
+
+    /// As [`Self::start`], with the agent's log (its stderr) kept for the test to read.
+    #[must_use]
+    pub fn start_logged(
+        root: &PinRoot,
+        dirs: &AgentDirs,
+        netns: Option<&NetNs>,
+        extra: &[&str],
+    ) -> (Self, AgentLog) {
+        let log = AgentLog::default();
+        let agent = Self::spawn(root, dirs, netns, extra, &[], Some(&log));
+        (agent, log)
+    }
+
+    fn spawn(
+        root: &PinRoot,
+        dirs: &AgentDirs,
+        netns: Option<&NetNs>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&AgentLog>,
+    ) -> Self {
         let weir = bin::weir();
         let mut cmd = Self::command(root, dirs, netns, extra);
         cmd.envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            });
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", weir.display()));
+        if let Some(log) = log {
+            let stderr = child.stderr.take().expect("stderr piped");
+            let sink = Arc::clone(log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    sink.lock().expect("log").push(line);
+                }
+            });
+        }
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -184,7 +224,10 @@ impl AgentProcess {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("weir agent exited before starting: {status}");
+                panic!(
+                    "weir agent exited before starting: {status}; log: {:?}",
+                    log.map(|l| l.lock().expect("log").clone())
+                );
             }
         }
         panic!("weir agent did not report start within 60 s");
@@ -248,6 +291,30 @@ impl Drop for AgentProcess {
             let _ = child.wait();
         }
     }
+}
+
+/// Runs `weir <args> --api-socket <socket> -o json`, which must succeed, and decodes what it
+/// printed.
+#[must_use]
+pub fn weir_json(socket: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin::weir())
+        .args(args)
+        .arg("--api-socket")
+        .arg(socket)
+        .args(["-o", "json"])
+        .output()
+        .expect("run weir");
+    assert!(
+        out.status.success(),
+        "weir {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "weir {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// True when `path` exists (pins are checked this way and with bpftool).

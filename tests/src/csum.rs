@@ -13,10 +13,14 @@ fn fold(mut sum: u32, data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// The L4 checksum over the pseudo header and the segment (0 when the frame's is valid).
+/// The L4 checksum over the pseudo header and the segment (TCP, UDP) or over the message (ICMP),
+/// 0 when the frame's is valid.
 fn l4_sum(frame: &[u8]) -> u16 {
     let ip = &frame[14..];
     let l4 = &ip[20..];
+    if ip[9] == crate::packet::ICMP {
+        return fold(0, l4);
+    }
     let mut pseudo = Vec::new();
     pseudo.extend_from_slice(&ip[12..20]);
     pseudo.extend_from_slice(&[0, ip[9]]);
@@ -33,6 +37,7 @@ fn csum_offset(frame: &[u8]) -> usize {
     14 + 20
         + match frame[14 + 9] {
             crate::packet::TCP => 16,
+            crate::packet::ICMP => 2,
             _ => 6,
         }
 }
@@ -46,7 +51,7 @@ pub fn with_ip_checksum(mut frame: Vec<u8>) -> Vec<u8> {
     frame
 }
 
-/// `frame` with valid IPv4 header and TCP/UDP checksums.
+/// `frame` with valid IPv4 header and TCP, UDP or ICMP checksums.
 #[must_use]
 pub fn with_checksums(mut frame: Vec<u8>) -> Vec<u8> {
     frame[24..26].copy_from_slice(&[0, 0]);

@@ -2,15 +2,39 @@
 //! client port is 2379 inside that namespace only, so tests never collide.
 
 use std::{
+    future::Future,
     net::TcpStream,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
+use ipam::store::etcd::EtcdStore;
+
 use crate::netns::NetNs;
 
 /// The client port inside the namespace.
 pub const PORT: u16 = 2379;
+
+/// Runs `f` with a client of the etcd in `infra`, from inside that namespace on a runtime of its own.
+pub fn with_store<T, F, Fut>(infra: &NetNs, f: F) -> T
+where
+    T: Send,
+    F: FnOnce(EtcdStore) -> Fut + Send,
+    Fut: Future<Output = T>,
+{
+    infra.run(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let store = EtcdStore::connect(&[format!("http://127.0.0.1:{PORT}")])
+                .await
+                .expect("connect to etcd");
+            f(store).await
+        })
+    })
+}
 
 /// etcd running in a namespace.
 #[derive(Debug)]

@@ -14,6 +14,8 @@
 //! - `netpol`: a model of upstream NetworkPolicy semantics that computes expected connectivity.
 //! - `netpol_lab`, `netpol_probe`, `netpol_policies`: the upstream conformance topology on a real
 //!   agent (x, y, z × a, b, c; outside hosts), its TCP/UDP/SCTP servers and probes, policy builders.
+//! - `netpol_cases`: the conformance cases, one copy for both conformance tests.
+//! - `echo`: a one-byte TCP echo server, its clients and the peers it accepted (masquerade tests).
 //! - `demo`: `cargo xtask demo` (agent, three pods, a policy, counters, a trace), also a test.
 //! - `observe`: dual-stack pods on a real agent and the operator's view (`weir …`, `/metrics`).
 //! - `multinode`: the 3-node cluster harness (etcd, agents, pods through weir-cni).
@@ -24,6 +26,8 @@
 //! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
 //! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
 //! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
+//! - `prefilter`: the XDP prefilter tests' wire (sources, target) and datagrams counted by source.
+//! - `wait`: bounded waits on a condition (poll until it holds, fail naming it after the bound).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
 pub mod agent_pod;
@@ -38,6 +42,7 @@ pub mod csum;
 pub mod ct;
 pub mod datapath;
 pub mod demo;
+pub mod echo;
 pub mod etcd_netns;
 pub mod hooks;
 pub mod image;
@@ -48,6 +53,7 @@ pub mod names;
 pub mod netfilter;
 pub mod netns;
 pub mod netpol;
+pub mod netpol_cases;
 pub mod netpol_lab;
 pub mod netpol_policies;
 pub mod netpol_probe;
@@ -57,5 +63,7 @@ pub mod packet;
 pub mod pod;
 pub mod pod_doc;
 pub mod podnet;
+pub mod prefilter;
 pub mod privileged;
 pub mod svc_maps;
+pub mod wait;

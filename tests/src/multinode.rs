@@ -3,8 +3,9 @@
 //! agent (pin root, socket, state directory) on that etcd, and pods made through `weir-cni`. Nodes are
 //! numbered from 0; node `i` is `wt-node-<i>` at `10.99.0.<11 + i>`, etcd at `10.99.0.1`.
 
-use std::process::Output;
+use std::{collections::BTreeSet, process::Output};
 
+use hyper::Method;
 use serde_json::Value;
 
 use crate::{
@@ -49,6 +50,42 @@ impl Node {
             .collect();
         lines.sort();
         lines
+    }
+
+    /// The nodes this node's agent lists (`GET /v1/nodes`).
+    #[must_use]
+    pub fn nodes(&self) -> Vec<Value> {
+        let nodes: Value = self
+            .cni
+            .agent
+            .as_ref()
+            .expect("running")
+            .api(Method::GET, "/v1/nodes", None)
+            .expect("nodes");
+        nodes.as_array().cloned().unwrap_or_default()
+    }
+
+    /// The blocks this node reports for itself (`GET /v1/nodes`).
+    #[must_use]
+    pub fn own_blocks(&self) -> BTreeSet<String> {
+        self.nodes()
+            .iter()
+            .filter(|n| n["name"] == self.name.as_str())
+            .flat_map(|n| n["blocks"].as_array().cloned().unwrap_or_default())
+            .filter_map(|b| b.as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// `dest via next-hop` of weir's routes on this node.
+    #[must_use]
+    pub fn routes(&self) -> BTreeSet<String> {
+        self.weir_routes()
+            .iter()
+            .map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                format!("{} via {}", words[0], words.get(2).copied().unwrap_or("?"))
+            })
+            .collect()
     }
 
     /// The pods' MTU in the conflist the agent wrote (`None`: weir-cni's default).

@@ -130,6 +130,22 @@ impl<'a> VethPair<'a> {
         )
     }
 
+    /// [`VethPair::new`] with address `addr_a` on `a` and `addr_b` on `b` (`address/prefix`).
+    #[must_use]
+    pub fn addressed(
+        ns_a: &'a NetNs,
+        suffix_a: &str,
+        addr_a: &str,
+        ns_b: &NetNs,
+        suffix_b: &str,
+        addr_b: &str,
+    ) -> Self {
+        let pair = Self::new(ns_a, suffix_a, ns_b, suffix_b);
+        ns_a.exec(&["ip", "addr", "add", addr_a, "dev", &pair.a]);
+        ns_b.exec(&["ip", "addr", "add", addr_b, "dev", &pair.b]);
+        pair
+    }
+
     /// Creates a pair with explicit names (a test that means a `weir*` workload link uses this).
     #[must_use]
     pub fn named(ns_a: &'a NetNs, a: &str, ns_b: &NetNs, b: &str) -> Self {

@@ -30,6 +30,7 @@ use crate::{
     names,
     netns::NetNs,
     netpol::{Labels, Model, ModelPod, Proto, Source, Target, labels},
+    netpol_cases::Case,
     netpol_probe::{Probe, Servers, probe},
     pod::{GATEWAY, workload_name},
 };
@@ -328,6 +329,13 @@ impl Lab {
         let mut new = namespace_labels(namespace);
         new.extend(labels(extra));
         self.namespaces.insert(namespace.to_owned(), new);
+    }
+
+    /// Runs each of `cases` in order ([`Lab::case`]).
+    pub fn run(&mut self, cases: impl IntoIterator<Item = Case>) {
+        for c in cases {
+            self.case(c.name, &c.policies);
+        }
     }
 
     /// Runs one case: `policies` replace the ones in force; the matrix must come to equal the

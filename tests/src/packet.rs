@@ -229,6 +229,20 @@ pub fn echo(ty: u8, id: u16) -> Vec<u8> {
     icmp(ty, 0, [a, b, 0, 1], &[0xab; 8])
 }
 
+/// The IPv4 source address and L4 source port of an Ethernet + 20-byte IPv4 `frame`.
+#[must_use]
+pub fn src_of(frame: &[u8]) -> (std::net::Ipv4Addr, u16) {
+    let a: [u8; 4] = frame[26..30].try_into().expect("4 bytes");
+    (a.into(), u16::from_be_bytes([frame[34], frame[35]]))
+}
+
+/// The IPv4 destination address and L4 destination port of an Ethernet + 20-byte IPv4 `frame`.
+#[must_use]
+pub fn dst_of(frame: &[u8]) -> (std::net::Ipv4Addr, u16) {
+    let a: [u8; 4] = frame[30..34].try_into().expect("4 bytes");
+    (a.into(), u16::from_be_bytes([frame[36], frame[37]]))
+}
+
 /// An ARP request frame.
 #[must_use]
 pub fn arp(sender: [u8; 4], target: [u8; 4]) -> Vec<u8> {

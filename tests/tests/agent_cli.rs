@@ -20,24 +20,7 @@ use tests::{
 };
 
 fn weir(agent: &AgentProcess, args: &[&str]) -> Value {
-    let out = Command::new(bin::weir())
-        .args(args)
-        .arg("--api-socket")
-        .arg(&agent.socket)
-        .args(["-o", "json"])
-        .output()
-        .expect("run weir");
-    assert!(
-        out.status.success(),
-        "weir {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "weir {args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    tests::agent_proc::weir_json(&agent.socket, args)
 }
 
 fn has_flow(list: &Value, ip: &str) -> bool {

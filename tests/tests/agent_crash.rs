@@ -96,14 +96,8 @@ fn kill_9_during_apply_always_restarts_to_the_desired_state() {
         let host = workload_name();
         veths.push(VethPair::named(&node, &host, &pod, &format!("p{i}")));
         let handle = format!("wt-net.k{i}");
-        let alloc: Value = agent
-            .api(
-                Method::POST,
-                "/v1/ipam/allocate",
-                Some(&json!({"handle": handle, "ipv4": 1})),
-            )
-            .expect("allocate");
-        let body = json!({"container_id": format!("k{i}"), "ifname": "eth0", "host_ifname": host, "namespace": "default", "pod": format!("k{i}"), "handle": handle, "ips": [alloc["ips"][0]]});
+        let ip = tests::agent_pod::allocate_ipv4(&agent, &handle);
+        let body = json!({"container_id": format!("k{i}"), "ifname": "eth0", "host_ifname": host, "namespace": "default", "pod": format!("k{i}"), "handle": handle, "ips": [ip]});
         let _: Value = agent
             .api(
                 Method::PUT,

@@ -155,17 +155,10 @@ fn metric(node: &NetNs, name: &str) -> Option<u64> {
 }
 
 fn wait_metric(node: &NetNs, name: &str, ok: impl Fn(u64) -> bool) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let value = metric(node, name);
-        if let Some(v) = value
-            && ok(v)
-        {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{name} is {value:?} after 30 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    tests::wait::until_ok(name, Duration::from_secs(30), || match metric(node, name) {
+        Some(v) if ok(v) => Ok(v),
+        value => Err(format!("it is {value:?}")),
+    })
 }
 
 #[test]

@@ -44,12 +44,8 @@ fn link_ids(node: &NetNs, root: &PinRoot, ifname: &str) -> [Option<u64>; 2] {
     ids
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), f);
 }
 
 #[test]

@@ -27,18 +27,12 @@ fn expect(
     other_ok: bool,
     what: &str,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (c, o) = (connects(client, web), connects(other, web));
-        if c == client_ok && o == other_ok {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: client reached web: {c} (want {client_ok}), other: {o} (want {other_ok})"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_eq(
+        &format!("{what}: (client, other) reaching web"),
+        Duration::from_secs(15),
+        &(client_ok, other_ok),
+        || (connects(client, web), connects(other, web)),
+    );
 }
 
 /// Replaces `file` as an operator's tooling (or a ConfigMap update) does: a temporary file renamed

@@ -58,17 +58,7 @@ fn xdp_links_running(prog: u64) -> usize {
 
 /// Datagrams from `src` that reach the receiver within `wait`.
 fn received_from(sender: &NetNs, src: Ipv4Addr, rx: &UdpSocket, wait: Duration) -> usize {
-    let tx = sender.run(move || UdpSocket::bind((src, 0)).expect("bind sender"));
-    let port = rx.local_addr().expect("addr").port();
-    let deadline = Instant::now() + wait;
-    let (mut got, mut buf) = (0, [0u8; 16]);
-    while Instant::now() < deadline && got < 3 {
-        tx.send_to(b"weir", (TARGET, port)).expect("send");
-        if let Ok((_, from)) = rx.recv_from(&mut buf) {
-            got += usize::from(from.ip() == src);
-        }
-    }
-    got
+    tests::prefilter::received_from(sender, src, TARGET, rx, wait)
 }
 
 /// Waits (bounded) until traffic from `src` no longer arrives.
@@ -114,22 +104,16 @@ fn a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_i
     let (node, sender) = (NetNs::new(), NetNs::new());
     let told = VethPair::new(&node, "p", &sender, "q");
     let kept = VethPair::new(&node, "k", &sender, "l");
-    for src in [DENIED, ALLOWED] {
-        sender.exec(&["ip", "addr", "add", &format!("{src}/32"), "dev", &told.b]);
-    }
-    sender.exec(&[
-        "ip",
-        "route",
-        "add",
-        &format!("{TARGET}/32"),
-        "dev",
+    tests::prefilter::plumb(
+        &sender,
         &told.b,
-    ]);
-    node.exec(&["ip", "addr", "add", &format!("{TARGET}/32"), "dev", &told.a]);
-    node.exec(&["ip", "route", "add", "10.246.0.0/15", "dev", &told.a]);
-    let rx = node.run(|| UdpSocket::bind((TARGET, 0)).expect("bind receiver"));
-    rx.set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("timeout");
+        &[DENIED, ALLOWED],
+        &node,
+        &told.a,
+        TARGET,
+        "10.246.0.0/15",
+    );
+    let rx = tests::prefilter::receiver_socket(&node, TARGET);
 
     let deny = dirs.path("prefilter-deny");
     write(&deny, "# nothing denied yet\n");

@@ -91,16 +91,7 @@ fn delivered(node: &CniNode, pod: &Pod, ip: &str, port: u16, within: Duration) -
     (up, down)
 }
 
-fn wait_until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use tests::wait::until_some as wait_until;
 
 /// No link pins: the attachment is the filter, seen by bpftool in the node.
 fn assert_filters(node: &CniNode, host: &str) -> [u64; 2] {

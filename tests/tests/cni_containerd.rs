@@ -221,16 +221,8 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
 }
 
 /// Waits (bounded) for `check` to hold.
-fn wait_for(what: &str, mut check: impl FnMut() -> bool, context: impl Fn() -> String) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {WAIT:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, check: impl FnMut() -> bool, context: impl Fn() -> String) {
+    tests::wait::until_or_show(what, WAIT, check, context);
 }
 
 #[test]

@@ -18,18 +18,12 @@ fn pool_free(node: &CniNode) -> Option<u64> {
 }
 
 fn wait_free(node: &CniNode, want: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if pool_free(node) == Some(want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: the pool has {:?} free, want {want}",
-            pool_free(node)
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    tests::wait::until_eq(
+        &format!("{what}: the pool's free addresses"),
+        Duration::from_secs(60),
+        &Some(want),
+        || pool_free(node),
+    );
 }
 
 fn weir_links(node: &CniNode) -> usize {

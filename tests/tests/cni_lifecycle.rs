@@ -404,19 +404,14 @@ fn wait_ready(node: &CniNode, conf: &Value) {
         ifname: None,
         args: None,
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    tests::wait::until_ok("STATUS turns ready", Duration::from_secs(30), || {
         let out = node.exec(&call, conf);
         if out.status.success() {
-            return;
+            Ok(())
+        } else {
+            Err(format!("STATUS says {}", out.stdout))
         }
-        assert!(
-            Instant::now() < deadline,
-            "STATUS never turned ready: {}",
-            out.stdout
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
 }
 
 fn pool_free(node: &CniNode) -> u64 {

@@ -7,7 +7,7 @@
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
@@ -65,20 +65,22 @@ fn expect(
     want: (bool, bool),
     what: &str,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = (connects(client, web), connects(other, web));
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: (client, other) reached web: {got:?}, want {want:?}\nendpoints: {}\nstatus: {}",
-            node.api_get("/v1/endpoints"),
-            node.api_get("/v1/status")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_eq_or_show(
+        &format!("{what}: (client, other) reaching web"),
+        Duration::from_secs(20),
+        &want,
+        || (connects(client, web), connects(other, web)),
+        || agent_state(node),
+    );
+}
+
+/// The agent's endpoints and status, for a failure's message.
+fn agent_state(node: &CniNode) -> String {
+    format!(
+        "endpoints: {}\nstatus: {}",
+        node.api_get("/v1/endpoints"),
+        node.api_get("/v1/status")
+    )
 }
 
 fn policy(allowed_app: &str) -> String {
@@ -171,21 +173,13 @@ fn reaches(from: &Labelled, to: &Labelled, port: u16) -> bool {
 
 /// Waits (bounded) until `client` reaches `web` on (8080, 8081) as `want` says.
 fn expect_ports(node: &CniNode, web: &Labelled, client: &Labelled, want: (bool, bool), what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = (reaches(client, web, PORT), reaches(client, web, PORT + 1));
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: client reached web on ({PORT}, {}): {got:?}, want {want:?}\nendpoints: {}\nstatus: {}",
-            PORT + 1,
-            node.api_get("/v1/endpoints"),
-            node.api_get("/v1/status")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_eq_or_show(
+        &format!("{what}: client reaching web on ({PORT}, {})", PORT + 1),
+        Duration::from_secs(20),
+        &want,
+        || (reaches(client, web, PORT), reaches(client, web, PORT + 1)),
+        || agent_state(node),
+    );
 }
 
 #[test]

@@ -5,11 +5,7 @@
 //! every pool, an address in use, a value that is not a JSON list) fails ADD with a message naming
 //! it, and leaves nothing behind.
 
-use std::{
-    net::IpAddr,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{net::IpAddr, process::Command, time::Duration};
 
 use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
@@ -89,18 +85,18 @@ fn wait_for_documents(node: &CniNode) {
         "zz-marker.yaml",
         "kind: NetworkPolicy\nmetadata: {name: marker, namespace: default}\nspec: {podSelector: {matchLabels: {none: none}}}\n",
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let status = node.api_get("/v1/status");
-        if status["state"]["policies"].as_u64() == Some(1) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not read the documents: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    tests::wait::until_ok(
+        "the agent reads the documents",
+        Duration::from_secs(15),
+        || {
+            let status = node.api_get("/v1/status");
+            if status["state"]["policies"].as_u64() == Some(1) {
+                Ok(())
+            } else {
+                Err(format!("status: {status}"))
+            }
+        },
+    );
 }
 
 /// A Pod document: namespace, name, annotations.

@@ -24,8 +24,9 @@ use maps_schema::{
 };
 use tests::{
     bpf::{PinRoot, load_weir, tc},
+    csum,
     netns::NetNs,
-    packet::{ACK, ICMP, SYN, TCP, UDP, eth, ipv4, tcp, udp},
+    packet::{ACK, ICMP, SYN, TCP, UDP, dst_of, eth, ipv4, src_of, tcp, udp},
     privileged::require_root,
 };
 
@@ -38,79 +39,15 @@ const POD: Ipv4Addr = Ipv4Addr::new(10, 246, 3, 5);
 const OTHER_POD: Ipv4Addr = Ipv4Addr::new(10, 246, 9, 7);
 const REMOTE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 
-/// The ones' complement sum of `data` folded to 16 bits (checksum of a header that includes its
-/// checksum field is 0 when valid).
-fn fold(mut sum: u32, data: &[u8]) -> u16 {
-    for c in data.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// The frame's L4 checksum computed over the pseudo header (TCP, UDP) or the message (ICMP).
-fn l4_sum(frame: &[u8]) -> u16 {
-    let ip = &frame[14..];
-    let l4 = &ip[20..];
-    let proto = ip[9];
-    if proto == ICMP {
-        return fold(0, l4);
-    }
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&ip[12..20]);
-    pseudo.extend_from_slice(&[0, proto]);
-    pseudo.extend_from_slice(&u16::try_from(l4.len()).expect("fits").to_be_bytes());
-    let mut sum = 0u32;
-    for c in pseudo.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    fold(sum, l4)
-}
-
-/// Offset of the L4 checksum in a frame with a 20-byte IPv4 header.
-fn csum_offset(proto: u8) -> usize {
-    14 + 20
-        + match proto {
-            TCP => 16,
-            UDP => 6,
-            _ => 2,
-        }
-}
-
 /// A frame with valid IPv4 and L4 checksums.
 fn frame(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
-    let mut f = eth(0x0800, &ipv4(src.octets(), dst.octets(), proto, l4));
-    let ip = fold(0, &f[14..34]);
-    f[24..26].copy_from_slice(&ip.to_be_bytes());
-    let off = csum_offset(proto);
-    let sum = l4_sum(&f);
-    f[off..off + 2].copy_from_slice(&sum.to_be_bytes());
-    f
-}
-
-/// Both checksums of a frame verify.
-#[track_caller]
-fn assert_checksums(f: &[u8]) {
-    assert_eq!(fold(0, &f[14..34]), 0, "IPv4 header checksum");
-    assert_eq!(l4_sum(f), 0, "L4 checksum");
+    csum::with_checksums(eth(0x0800, &ipv4(src.octets(), dst.octets(), proto, l4)))
 }
 
 fn icmp_echo(ty: u8, id: u16) -> Vec<u8> {
     let mut h = vec![ty, 0, 0, 0, 0, 0, 0, 1, b'w', b'e', b'i', b'r'];
     h[4..6].copy_from_slice(&id.to_be_bytes());
     h
-}
-
-fn src_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[26..30].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[34], f[35]]))
-}
-
-fn dst_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[30..34].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[36], f[37]]))
 }
 
 struct Lab {
@@ -228,7 +165,7 @@ fn masquerade_translates_and_reverses_tcp_udp_and_echo() {
             "proto {proto}: source translated"
         );
         assert_eq!(dst_of(&out), (REMOTE, dport), "destination unchanged");
-        assert_checksums(&out);
+        csum::assert_valid("translated", &out);
         assert_eq!(lab.counter(PASS_MASQUERADED), before + 1);
         let fwd = lab
             .nat()
@@ -260,7 +197,7 @@ fn masquerade_translates_and_reverses_tcp_udp_and_echo() {
             "proto {proto}: reply reversed"
         );
         assert_eq!(src_of(&back), (REMOTE, dport));
-        assert_checksums(&back);
+        csum::assert_valid("reversed", &back);
         assert_eq!(lab.counter(PASS_REVERSE_NAT), before + 1);
     }
 
@@ -269,7 +206,7 @@ fn masquerade_translates_and_reverses_tcp_udp_and_echo() {
     let (_, out) = lab.run(MASQ_EGRESS, &frame(POD, REMOTE, ICMP, &icmp_echo(8, 77)));
     assert_eq!(src_of(&out).0, NODE);
     assert_eq!(u16::from_be_bytes([out[38], out[39]]), expected, "echo id");
-    assert_checksums(&out);
+    csum::assert_valid("translated", &out);
     let (_, back) = lab.run(
         MASQ_INGRESS,
         &frame(REMOTE, NODE, ICMP, &icmp_echo(0, expected)),
@@ -280,7 +217,7 @@ fn masquerade_translates_and_reverses_tcp_udp_and_echo() {
         77,
         "echo id reversed"
     );
-    assert_checksums(&back);
+    csum::assert_valid("reversed", &back);
 }
 
 #[test]

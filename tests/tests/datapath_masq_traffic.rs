@@ -6,10 +6,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    sync::mpsc,
-    time::Duration,
+    net::{IpAddr, Ipv4Addr, TcpListener},
 };
 
 use aya::{
@@ -23,6 +20,7 @@ use maps_schema::{
 };
 use tests::{
     bpf::{PinRoot, load_weir, tc},
+    echo::{connect, connect_from_each, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -37,67 +35,6 @@ fn pod_addr(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 246, 0, 10 + u8::try_from(i).expect("few pods"))
 }
 
-/// A TCP server: each connection gets one byte back once it sent one; the peer addresses it
-/// accepted go to the returned channel.
-fn serve(listener: TcpListener) -> mpsc::Receiver<SocketAddr> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let Ok(peer) = stream.peer_addr() else {
-                continue;
-            };
-            if tx.send(peer).is_err() {
-                return;
-            }
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).is_ok() {
-                    let _ = stream.write_all(&b);
-                }
-            });
-        }
-    });
-    rx
-}
-
-fn connect(ns: &NetNs, to: SocketAddr, n: usize) -> Vec<TcpStream> {
-    ns.run(move || {
-        (0..n)
-            .map(|_| {
-                let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("connect to {to}: {e}"));
-                s.set_read_timeout(Some(Duration::from_secs(10)))
-                    .expect("timeout");
-                s
-            })
-            .collect()
-    })
-}
-
-/// Sends a byte on each stream and reads it back: every flow completes.
-fn round_trip(streams: &mut [TcpStream]) {
-    for s in streams.iter_mut() {
-        s.write_all(b"w").expect("send");
-    }
-    for s in streams.iter_mut() {
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b)
-            .expect("the reply comes back through the reverse translation");
-        assert_eq!(&b, b"w");
-    }
-}
-
-fn peers(rx: &mpsc::Receiver<SocketAddr>, n: usize) -> Vec<IpAddr> {
-    (0..n)
-        .map(|_| {
-            rx.recv_timeout(Duration::from_secs(10))
-                .expect("accepted")
-                .ip()
-        })
-        .collect()
-}
-
 #[test]
 fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
     if !require_root("pod_traffic_leaves_with_the_node_address_and_replies_come_back") {
@@ -107,16 +44,14 @@ fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
     let node = NetNs::new();
     let outside = NetNs::new();
     node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    let wire = VethPair::new(&node, "m", &outside, "x");
-    node.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.a]);
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &node,
+        "m",
+        &format!("{NODE}/24"),
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.b,
-    ]);
+    );
     // The outside could reach the pools through the node, so an untranslated flow would work too.
     outside.exec(&[
         "ip",
@@ -225,16 +160,7 @@ fn pod_traffic_leaves_with_the_node_address_and_replies_come_back() {
     round_trip(&mut p2p);
 
     // 1,000 concurrent flows from 10 pods: all open at once, all from the node's address.
-    let mut streams: Vec<TcpStream> = std::thread::scope(|scope| {
-        let handles: Vec<_> = pods
-            .iter()
-            .map(|pod| scope.spawn(move || connect(pod, server, FLOWS_PER_POD)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("connects"))
-            .collect()
-    });
+    let mut streams = connect_from_each(&pods, server, FLOWS_PER_POD);
     let total = PODS * FLOWS_PER_POD;
     assert_eq!(streams.len(), total);
     let seen = peers(&accepted, total);

@@ -3,7 +3,7 @@
 
 use std::{
     net::{Ipv4Addr, UdpSocket},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use maps_schema::{
@@ -25,17 +25,7 @@ const TARGET: Ipv4Addr = Ipv4Addr::new(10, 248, 0, 1);
 
 /// Datagrams from `src` that reach the receiver within `wait`.
 fn received_from(sender: &NetNs, src: Ipv4Addr, rx: &UdpSocket, wait: Duration) -> usize {
-    let tx = sender.run(move || UdpSocket::bind((src, 0)).expect("bind sender"));
-    let port = rx.local_addr().expect("addr").port();
-    let deadline = Instant::now() + wait;
-    let (mut got, mut buf) = (0, [0u8; 16]);
-    while Instant::now() < deadline && got < 3 {
-        tx.send_to(b"weir", (TARGET, port)).expect("send");
-        if let Ok((_, from)) = rx.recv_from(&mut buf) {
-            got += usize::from(from.ip() == src);
-        }
-    }
-    got
+    tests::prefilter::received_from(sender, src, TARGET, rx, wait)
 }
 
 #[test]
@@ -46,19 +36,15 @@ fn prefilter_drops_deny_cidr_and_passes_the_rest() {
     let root = PinRoot::new();
     let (sender, receiver) = (NetNs::new(), NetNs::new());
     let veth = VethPair::new(&sender, "s", &receiver, "r");
-    for src in [DENIED, ALLOWED] {
-        sender.exec(&["ip", "addr", "add", &format!("{src}/32"), "dev", &veth.a]);
-    }
-    sender.exec(&[
-        "ip",
-        "route",
-        "add",
-        &format!("{TARGET}/32"),
-        "dev",
+    tests::prefilter::plumb(
+        &sender,
         &veth.a,
-    ]);
-    receiver.exec(&["ip", "addr", "add", &format!("{TARGET}/32"), "dev", &veth.b]);
-    receiver.exec(&["ip", "route", "add", "10.246.0.0/15", "dev", &veth.b]);
+        &[DENIED, ALLOWED],
+        &receiver,
+        &veth.b,
+        TARGET,
+        "10.246.0.0/15",
+    );
     let mut ebpf = load_weir(&root);
     write_prefilter(&mut ebpf, "10.246.0.0".parse().expect("addr"), 24);
     let pin = root.path().join("xdp_link");
@@ -66,9 +52,7 @@ fn prefilter_drops_deny_cidr_and_passes_the_rest() {
     receiver
         .run(|| agent::attach::attach_xdp(prog, XDP_PREFILTER, &veth.b, &pin))
         .unwrap_or_else(|e| panic!("attach xdp: {e}"));
-    let rx = receiver.run(|| UdpSocket::bind((TARGET, 0)).expect("bind receiver"));
-    rx.set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("timeout");
+    let rx = tests::prefilter::receiver_socket(&receiver, TARGET);
 
     assert!(
         received_from(&sender, ALLOWED, &rx, Duration::from_secs(10)) > 0,

@@ -29,7 +29,7 @@ use maps_schema::{
 use tests::{
     csum,
     datapath::{Fam, IDENTITIES, Lab, Peer, TC_ACT_OK, TC_ACT_REDIRECT, expect},
-    packet::{ACK, PSH, SYN, TCP, UDP},
+    packet::{ACK, PSH, SYN, TCP, UDP, dst_of, src_of},
     svc_maps::{self, Frontend},
 };
 
@@ -60,16 +60,6 @@ fn frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, proto: u8, flags:
         tests::packet::ETH_P_IP,
         &tests::packet::ipv4(src.octets(), dst.octets(), proto, &l4),
     ))
-}
-
-fn src_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[26..30].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[34], f[35]]))
-}
-
-fn dst_of(f: &[u8]) -> (Ipv4Addr, u16) {
-    let a: [u8; 4] = f[30..34].try_into().expect("4 bytes");
-    (a.into(), u16::from_be_bytes([f[36], f[37]]))
 }
 
 /// Writes a frontend `vip:PORT/proto` (service `id`) with `backends` (backend id, pod) in slot

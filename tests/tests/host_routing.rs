@@ -148,20 +148,18 @@ fn stream(cluster: &Cluster, to: Ipv4Addr) -> Stream {
 fn wait_for_routes(cluster: &Cluster) {
     for (me, other) in [(0, 1), (1, 0)] {
         let via = format!("via {}", cluster.node(other).address);
-        let deadline = Instant::now() + ROUTES_BOUND;
-        while !cluster
-            .node(me)
-            .weir_routes()
-            .iter()
-            .any(|r| r.contains(&via))
-        {
-            assert!(
-                Instant::now() < deadline,
-                "node {me} has no weir route {via} after {ROUTES_BOUND:?}: {:?}",
-                cluster.node(me).weir_routes()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        tests::wait::until_ok(
+            &format!("node {me} has a weir route {via}"),
+            ROUTES_BOUND,
+            || {
+                let routes = cluster.node(me).weir_routes();
+                if routes.iter().any(|r| r.contains(&via)) {
+                    Ok(())
+                } else {
+                    Err(format!("its routes: {routes:?}"))
+                }
+            },
+        );
     }
 }
 

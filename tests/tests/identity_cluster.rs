@@ -10,7 +10,7 @@ use std::{
 };
 
 use hyper::Method;
-use ipam::{identity::IdentityAllocator, store::etcd::EtcdStore};
+use ipam::identity::IdentityAllocator;
 use serde_json::Value;
 use tests::{
     agent_pod::pod,
@@ -23,23 +23,14 @@ use tests::{
 
 /// Identity number → label set, as etcd holds them (read from inside the infra namespace).
 fn etcd_identities(infra: &NetNs) -> BTreeMap<u32, BTreeMap<String, String>> {
-    infra.run(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let store = EtcdStore::connect(&[format!("http://127.0.0.1:{PORT}")])
-                .await
-                .expect("connect to etcd");
-            IdentityAllocator::new(store, "wt-reader", 256..=65_535, 3_600)
-                .list()
-                .await
-                .expect("list identities")
-                .into_iter()
-                .map(|i| (i.id, i.labels))
-                .collect()
-        })
+    tests::etcd_netns::with_store(infra, |store| async move {
+        IdentityAllocator::new(store, "wt-reader", 256..=65_535, 3_600)
+            .list()
+            .await
+            .expect("list identities")
+            .into_iter()
+            .map(|i| (i.id, i.labels))
+            .collect()
     })
 }
 

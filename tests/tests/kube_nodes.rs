@@ -76,58 +76,15 @@ fn add_pod(cluster: &mut Cluster, api: &KubeApi, i: usize, name: &str, app: &str
     ip
 }
 
-fn nodes_of(node: &Node) -> Vec<Value> {
-    let nodes: Value = node
-        .cni
-        .agent
-        .as_ref()
-        .expect("running")
-        .api(Method::GET, "/v1/nodes", None)
-        .expect("nodes");
-    nodes.as_array().cloned().unwrap_or_default()
-}
-
-/// The blocks `node` reports for itself.
-fn own_blocks(node: &Node) -> BTreeSet<String> {
-    nodes_of(node)
-        .iter()
-        .filter(|n| n["name"] == node.name.as_str())
-        .flat_map(|n| n["blocks"].as_array().cloned().unwrap_or_default())
-        .filter_map(|b| b.as_str().map(str::to_owned))
-        .collect()
-}
-
-/// `dest via next-hop` of weir's routes on `node`.
-fn routes_of(node: &Node) -> BTreeSet<String> {
-    node.weir_routes()
-        .iter()
-        .map(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            format!("{} via {}", words[0], words.get(2).copied().unwrap_or("?"))
-        })
-        .collect()
-}
-
 /// The routes the other node must have to `to`'s blocks.
 fn expected_routes(to: &Node) -> BTreeSet<String> {
-    own_blocks(to)
+    to.own_blocks()
         .into_iter()
         .map(|b| format!("{b} via {}", to.address))
         .collect()
 }
 
-fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + bound;
-    loop {
-        match done() {
-            Ok(()) => return,
-            Err(why) if Instant::now() >= deadline => {
-                panic!("{what} within {} s: {why}", bound.as_secs())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
-}
+use tests::wait::until_ok as wait_until;
 
 /// `weir ipam --datastore <the cluster's etcd> -o json <args…>`, the Node objects from `kubeconfig`.
 fn ipam_with_node_objects(
@@ -261,10 +218,10 @@ fn node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries() {
     let through_device = |cluster: &Cluster| {
         let (a, b) = (cluster.node(0), cluster.node(1));
         for (from, to) in [(a, b), (b, a)] {
-            if own_blocks(to).is_empty() {
+            if to.own_blocks().is_empty() {
                 return Err(format!("{} does not list its own blocks yet", to.name));
             }
-            let (want, have) = (expected_routes(to), routes_of(from));
+            let (want, have) = (expected_routes(to), from.routes());
             if want != have {
                 return Err(format!("{}: want {want:?}, have {have:?}", from.name));
             }
@@ -310,8 +267,7 @@ fn node_objects_route_through_vxlan_and_their_deletion_sweeps_the_entries() {
         "A sweeps its routes and VXLAN entries for B",
         NODE_CHANGE,
         || {
-            let (routes, (fdb, neigh)) =
-                (routes_of(cluster.node(0)), vxlan_entries(cluster.node(0)));
+            let (routes, (fdb, neigh)) = (cluster.node(0).routes(), vxlan_entries(cluster.node(0)));
             if routes.is_empty() && fdb.is_empty() && neigh.is_empty() {
                 Ok(())
             } else {
@@ -359,12 +315,12 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     let converged = |cluster: &Cluster| {
         let (a, b) = (cluster.node(0), cluster.node(1));
         for node in [a, b] {
-            if own_blocks(node).is_empty() {
+            if node.own_blocks().is_empty() {
                 return Err(format!("{} does not list its own blocks yet", node.name));
             }
         }
         for (from, to) in [(a, b), (b, a)] {
-            let (want, have) = (expected_routes(to), routes_of(from));
+            let (want, have) = (expected_routes(to), from.routes());
             if want != have {
                 return Err(format!("{}: want {want:?}, have {have:?}", from.name));
             }
@@ -376,7 +332,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     });
 
     // The node list: the two good Nodes, from Kubernetes, with their addresses InternalIP first.
-    let listed = nodes_of(cluster.node(0));
+    let listed = cluster.node(0).nodes();
     let names: BTreeSet<&str> = listed.iter().filter_map(|n| n["name"].as_str()).collect();
     assert_eq!(
         names,
@@ -430,7 +386,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     assert_eq!(on_a["identity"], on_b["identity"], "A: {on_a}, B: {on_b}");
 
     // With B's Node there, `weir ipam check --node-objects` reports none of its blocks.
-    let b_blocks = own_blocks(cluster.node(1));
+    let b_blocks = cluster.node(1).own_blocks();
     let about_b = |leaks: &[String]| -> Vec<String> {
         leaks
             .iter()
@@ -469,7 +425,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     assert!(api.delete("Node", "", b_name), "B's Node existed");
     let swept_from = Instant::now();
     wait_until("A sweeps its routes to B", NODE_CHANGE, || {
-        let have = routes_of(cluster.node(0));
+        let have = cluster.node(0).routes();
         if have.is_empty() {
             Ok(())
         } else {
@@ -479,11 +435,13 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     let swept_in = swept_from.elapsed();
     assert!(!connects(client, &web), "no route, no connection");
     assert_eq!(
-        routes_of(cluster.node(1)),
+        cluster.node(1).routes(),
         expected_routes(cluster.node(0)),
         "B still routes A's blocks (A's Node is there)"
     );
-    let names: BTreeSet<String> = nodes_of(cluster.node(0))
+    let names: BTreeSet<String> = cluster
+        .node(0)
+        .nodes()
         .iter()
         .filter_map(|n| n["name"].as_str().map(str::to_owned))
         .collect();
@@ -531,7 +489,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         assert_eq!(
-            routes_of(cluster.node(0)),
+            cluster.node(0).routes(),
             expected_routes(cluster.node(1)),
             "B not Ready for a moment keeps its routes"
         );
@@ -542,7 +500,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
         "A sweeps the routes of B, not Ready for 60 s",
         NODE_CHANGE,
         || {
-            let have = routes_of(cluster.node(0));
+            let have = cluster.node(0).routes();
             if have.is_empty() {
                 Ok(())
             } else {
@@ -550,7 +508,9 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
             }
         },
     );
-    let b_entry = nodes_of(cluster.node(0))
+    let b_entry = cluster
+        .node(0)
+        .nodes()
         .into_iter()
         .find(|n| n["name"] == b_name)
         .expect("B is listed while it exists");

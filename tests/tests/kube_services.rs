@@ -5,10 +5,7 @@
 //! status with its field and left out while the others apply, and applies once fixed; a deleted
 //! slice leaves its Service without backends, a deleted Service goes; a 410 relist keeps them.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use hyper::Method;
 use serde_json::{Value, json};
@@ -81,18 +78,12 @@ fn rows(agent: &AgentProcess) -> Vec<String> {
 
 /// Waits (bounded) until the agent lists `want`.
 fn expect_rows(agent: &AgentProcess, want: &[&str], what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = rows(agent);
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: the agent lists {got:#?}, want {want:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_eq(
+        &format!("{what}: the agent's listing"),
+        Duration::from_secs(20),
+        want,
+        || rows(agent),
+    );
 }
 
 fn policy_errors(agent: &AgentProcess) -> Vec<String> {
@@ -105,12 +96,8 @@ fn policy_errors(agent: &AgentProcess) -> Vec<String> {
         .collect()
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), ok);
 }
 
 const READY_1: &str = "default/web 10.96.0.10:80/tcp 10.244.0.1:8080 ready";

@@ -53,18 +53,12 @@ fn start_agent(root: &PinRoot, dirs: &AgentDirs, node: &NetNs, api: &KubeApi) ->
 
 /// Waits (bounded) until `client` and `other` reach `web` as expected.
 fn expect(web: &Pod<'_>, client: &Pod<'_>, other: &Pod<'_>, want: (bool, bool), what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = (connects(client, web), connects(other, web));
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: (client, other) reached web: {got:?}, want {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_eq(
+        &format!("{what}: (client, other) reaching web"),
+        Duration::from_secs(20),
+        &want,
+        || (connects(client, web), connects(other, web)),
+    );
 }
 
 /// The verdicts stay `want` for `hold` (checked repeatedly).
@@ -121,13 +115,7 @@ fn readyz(node: &NetNs) -> String {
     })
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use tests::wait::until as wait_for;
 
 #[test]
 fn nothing_is_written_before_every_initial_list_and_a_410_relist_writes_nothing() {

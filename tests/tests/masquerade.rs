@@ -9,17 +9,13 @@
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    process::Command,
-    sync::mpsc,
-    time::Duration,
+    net::{IpAddr, Ipv4Addr, TcpListener},
 };
 
 use serde_json::{Value, json};
 use tests::{
-    bin,
     cni::{CniNode, Pod},
+    echo::{connect, connect_from_each, peers, round_trip, serve},
     netns::{NetNs, VethPair},
     privileged::require_root,
 };
@@ -30,78 +26,8 @@ const POOL: &str = "10.247.0.0/16";
 const PODS: usize = 10;
 const FLOWS_PER_POD: usize = 100;
 
-/// Accepts connections; each gets its byte back. Peer addresses go to the channel.
-fn serve(listener: TcpListener) -> mpsc::Receiver<SocketAddr> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let Ok(peer) = stream.peer_addr() else {
-                continue;
-            };
-            if tx.send(peer).is_err() {
-                return;
-            }
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).is_ok() {
-                    let _ = stream.write_all(&b);
-                }
-            });
-        }
-    });
-    rx
-}
-
-fn connect(ns: &NetNs, to: SocketAddr, n: usize) -> Vec<TcpStream> {
-    ns.run(move || {
-        (0..n)
-            .map(|_| {
-                let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("connect to {to}: {e}"));
-                s.set_read_timeout(Some(Duration::from_secs(10)))
-                    .expect("timeout");
-                s
-            })
-            .collect()
-    })
-}
-
-fn round_trip(streams: &mut [TcpStream]) {
-    for s in streams.iter_mut() {
-        s.write_all(b"w").expect("send");
-    }
-    for s in streams.iter_mut() {
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b)
-            .expect("the reply comes back through the reverse translation");
-    }
-}
-
-fn peers(rx: &mpsc::Receiver<SocketAddr>, n: usize) -> Vec<IpAddr> {
-    (0..n)
-        .map(|_| {
-            rx.recv_timeout(Duration::from_secs(10))
-                .expect("accepted")
-                .ip()
-        })
-        .collect()
-}
-
 fn weir(node: &CniNode, args: &[&str]) -> Value {
-    let out = Command::new(bin::weir())
-        .args(args)
-        .arg("--api-socket")
-        .arg(node.socket())
-        .args(["-o", "json"])
-        .output()
-        .expect("run weir");
-    assert!(
-        out.status.success(),
-        "weir {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    tests::agent_proc::weir_json(&node.socket(), args)
 }
 
 /// The masquerade programs of the node's agent that run on `ifname`'s tcx hooks (read from the
@@ -134,16 +60,14 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     }
     let outside = NetNs::new();
     let node_ns = NetNs::new();
-    let wire = VethPair::new(&outside, "x", &node_ns, "m");
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.a,
-    ]);
-    node_ns.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.b]);
+        &node_ns,
+        "m",
+        &format!("{NODE}/24"),
+    );
     // The outside could reach the pools through the node: an untranslated flow would work.
     outside.exec(&["ip", "route", "add", POOL, "via", &NODE.to_string()]);
     let node = CniNode::start_in(
@@ -186,16 +110,7 @@ fn pods_reach_the_outside_as_the_node_and_each_flow_gets_its_own_port() {
     round_trip(&mut p2p);
 
     // 1,000 concurrent flows from 10 pods.
-    let mut streams: Vec<TcpStream> = std::thread::scope(|scope| {
-        let handles: Vec<_> = pods
-            .iter()
-            .map(|(pod, _)| scope.spawn(move || connect(&pod.ns, server, FLOWS_PER_POD)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("connects"))
-            .collect()
-    });
+    let mut streams = connect_from_each(pods.iter().map(|(pod, _)| &pod.ns), server, FLOWS_PER_POD);
     let total = PODS * FLOWS_PER_POD;
     assert!(
         peers(&accepted, total)

@@ -26,11 +26,10 @@ use std::{
 };
 
 use hyper::Method;
-use ipam::{Ipam, store::etcd::EtcdStore};
+use ipam::Ipam;
 use serde_json::Value;
 use tests::{
     bin,
-    etcd_netns::PORT,
     multinode::{Cluster, Node},
     netns::NetNs,
     netpol::{Model, ModelPod, Proto, Source, labels, match_labels},
@@ -55,21 +54,7 @@ const CONVERGE: Duration = Duration::from_secs(45);
 
 /// The blocks node `node` reports for itself (`GET /v1/nodes`).
 fn own_blocks(node: &Node) -> BTreeSet<String> {
-    let nodes: Value = node
-        .cni
-        .agent
-        .as_ref()
-        .expect("running")
-        .api(Method::GET, "/v1/nodes", None)
-        .expect("nodes");
-    nodes
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["name"] == node.name.as_str())
-        .flat_map(|n| n["blocks"].as_array().cloned().unwrap_or_default())
-        .filter_map(|b| b.as_str().map(str::to_owned))
-        .collect()
+    node.own_blocks()
 }
 
 /// The routes `node` must have: every other live node's blocks via that node's address.
@@ -87,26 +72,11 @@ fn expected_routes(cluster: &Cluster, node: &Node) -> BTreeSet<String> {
 
 /// `dest via next-hop` of weir's routes on `node`.
 fn routes_of(node: &Node) -> BTreeSet<String> {
-    node.weir_routes()
-        .iter()
-        .map(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            format!("{} via {}", words[0], words.get(2).copied().unwrap_or("?"))
-        })
-        .collect()
+    node.routes()
 }
 
-fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + bound;
-    loop {
-        match done() {
-            Ok(()) => return,
-            Err(why) if Instant::now() >= deadline => {
-                panic!("{what} within {} s: {why}", bound.as_secs())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
+fn wait_until(what: &str, bound: Duration, done: impl FnMut() -> Result<(), String>) {
+    tests::wait::until_ok(what, bound, done);
 }
 
 fn routes_converge(cluster: &Cluster) {
@@ -449,20 +419,11 @@ fn weir_ipam(ns: &NetNs, args: &[&str]) -> std::process::Output {
 }
 
 fn delete_record(infra: &NetNs, name: &str) {
-    infra.run(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let store = EtcdStore::connect(&[format!("http://127.0.0.1:{PORT}")])
-                .await
-                .expect("connect to etcd");
-            assert!(
-                Ipam::new(store).delete_node(name).await.expect("delete"),
-                "{name} had a record"
-            );
-        });
+    tests::etcd_netns::with_store(infra, |store| async move {
+        assert!(
+            Ipam::new(store).delete_node(name).await.expect("delete"),
+            "{name} had a record"
+        );
     });
 }
 

@@ -15,8 +15,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
@@ -137,29 +136,6 @@ fn control() {
     }
 }
 
-/// Accepts connections, echoing one byte each; the peers' addresses go to the channel.
-fn serve(listener: TcpListener) -> mpsc::Receiver<IpAddr> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let Ok(peer) = stream.peer_addr() else {
-                continue;
-            };
-            if tx.send(peer.ip()).is_err() {
-                return;
-            }
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).is_ok() {
-                    let _ = stream.write_all(&b);
-                }
-            });
-        }
-    });
-    rx
-}
-
 /// One byte there and back from `ns` to `to`, bounded.
 fn round_trip(ns: &NetNs, to: SocketAddr) -> bool {
     ns.run(move || {
@@ -172,12 +148,8 @@ fn round_trip(ns: &NetNs, to: SocketAddr) -> bool {
     })
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), ok);
 }
 
 const POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: client}}}]\n    ports: [{protocol: TCP, port: 8080}]\n";
@@ -198,16 +170,14 @@ fn weir_writes_no_iptables_or_nftables_rule() {
     let host_before = snapshot(None);
     let outside = NetNs::new();
     let node_ns = NetNs::new();
-    let wire = VethPair::new(&outside, "x", &node_ns, "m");
-    outside.exec(&[
-        "ip",
-        "addr",
-        "add",
+    let wire = VethPair::addressed(
+        &outside,
+        "x",
         &format!("{OUTSIDE}/24"),
-        "dev",
-        &wire.a,
-    ]);
-    node_ns.exec(&["ip", "addr", "add", &format!("{NODE}/24"), "dev", &wire.b]);
+        &node_ns,
+        "m",
+        &format!("{NODE}/24"),
+    );
     let pods: Vec<(&str, Pod)> = ["web", "client", "other"]
         .into_iter()
         .map(|app| (app, Pod::k8s("default", app)))
@@ -238,7 +208,7 @@ fn weir_writes_no_iptables_or_nftables_rule() {
 
     // Each feature at work: the policy, the masquerade, the Service taken by the agent.
     let web = SocketAddr::new(ip(0), PORT);
-    let _web_accepted = serve(
+    let _web_accepted = tests::echo::serve(
         pods[0]
             .1
             .ns
@@ -249,16 +219,14 @@ fn weir_writes_no_iptables_or_nftables_rule() {
     });
     let server = outside.run(|| TcpListener::bind((OUTSIDE, 0)).expect("bind"));
     let server_addr = server.local_addr().expect("addr");
-    let accepted = serve(server);
+    let accepted = tests::echo::serve(server);
     assert!(
         round_trip(&pods[1].1.ns, server_addr),
         "client reaches the outside"
     );
     assert_eq!(
-        accepted
-            .recv_timeout(Duration::from_secs(10))
-            .expect("accepted"),
-        IpAddr::V4(NODE),
+        tests::echo::peers(&accepted, 1),
+        vec![IpAddr::V4(NODE)],
         "masqueraded: the outside sees the node's address"
     );
     let want_backend = SocketAddr::new(ip(0), PORT).to_string();

@@ -90,12 +90,8 @@ fn rule_hits(agent: &AgentProcess, policy: &str, direction: &str, index: u64) ->
     )
 }
 
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_until(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(15), ok);
 }
 
 const WEB_POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: default}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: client}}}]\n    ports: [{protocol: TCP, port: 8080}, {protocol: UDP, port: 9000}]\n";

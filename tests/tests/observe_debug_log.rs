@@ -3,18 +3,15 @@
 //! (`tracing`, target `datapath`); the default object carries no log at all.
 
 use std::{
-    io::{BufRead as _, BufReader},
     net::{SocketAddr, UdpSocket},
     path::Path,
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use hyper::Method;
 use serde_json::{Value, json};
 use tests::{
-    agent_proc::{AgentDirs, call_api},
+    agent_proc::{AgentDirs, AgentLog, AgentProcess, call_api},
     bpf::PinRoot,
     netns::{NetNs, VethPair},
     pod::{GATEWAY, workload_name},
@@ -23,97 +20,35 @@ use tests::{
 
 /// A `weir agent` whose stderr (its log) the test reads.
 struct LoggingAgent {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
+    _agent: AgentProcess,
+    log: AgentLog,
 }
 
 impl LoggingAgent {
     fn start(root: &PinRoot, dirs: &AgentDirs, node: &NetNs, object: &Path) -> Self {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", node.name()))
-            .arg("--")
-            .arg(tests::bin::weir())
-            .arg("agent")
-            .args(["--node", "wt-node", "--log", "info"])
-            .arg("--bpf-root")
-            .arg(root.path())
-            .arg("--state-dir")
-            .arg(dirs.path("state"))
-            .arg("--api-socket")
-            .arg(dirs.path("weir.sock"))
-            .arg("--policy-dir")
-            .arg(dirs.path("policies"))
-            .arg("--cni-conf-dir")
-            .arg(dirs.path("net.d"))
-            .args(["--metrics", "127.0.0.1:9972"])
-            .arg("--ebpf-object")
-            .arg(object)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start weir agent");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().expect("log").push(line);
-            }
-        });
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            assert!(Instant::now() < deadline, "the agent did not start in 60 s");
-            let line = rx
-                .recv_timeout(Duration::from_millis(200))
-                .unwrap_or_default();
-            if serde_json::from_str::<Value>(&line).is_ok_and(|v| v["event"] == "started") {
-                break;
-            }
-            assert!(
-                child.try_wait().expect("wait").is_none(),
-                "the agent exited: {:?}",
-                log.lock().expect("log")
-            );
-        }
-        Self { child, log }
+        let object = object.to_str().expect("a UTF-8 object path");
+        let (agent, log) = AgentProcess::start_logged(
+            root,
+            dirs,
+            Some(node),
+            &["--log", "info", "--ebpf-object", object],
+        );
+        Self { _agent: agent, log }
     }
 
     /// Waits (bounded) for a log line containing every one of `parts`.
     fn wait_for(&self, parts: &[&str]) -> String {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(line) = self
-                .log
-                .lock()
-                .expect("log")
-                .iter()
-                .find(|l| parts.iter().all(|p| l.contains(p)))
-            {
-                return line.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {parts:?}; log: {:?}",
-                self.log.lock().expect("log")
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for LoggingAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        tests::wait::until_ok(
+            &format!("a log line with {parts:?}"),
+            Duration::from_secs(15),
+            || {
+                let log = self.log.lock().expect("log");
+                log.iter()
+                    .find(|l| parts.iter().all(|p| l.contains(p)))
+                    .cloned()
+                    .ok_or_else(|| format!("log: {log:?}"))
+            },
+        )
     }
 }
 

@@ -173,12 +173,8 @@ fn listed(agent: &AgentProcess) -> BTreeMap<String, Vec<(String, String)>> {
     out
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    tests::wait::until(what, Duration::from_secs(20), ok);
 }
 
 /// Waits until the TCP frontend of `service` lists exactly `want` (address:port, state).
@@ -189,18 +185,18 @@ fn wait_listed(agent: &AgentProcess, service: &str, cluster_ip: &str, want: &[(S
         .map(|(a, s)| (format!("{a}:{TCP_PORT}"), (*s).to_owned()))
         .collect();
     want.sort();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = listed(agent);
-        if got.get(&key) == Some(&want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: the agent lists {got:#?}, want {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tests::wait::until_ok(
+        &format!("{key}: the agent lists {want:?}"),
+        Duration::from_secs(20),
+        || {
+            let got = listed(agent);
+            if got.get(&key) == Some(&want) {
+                Ok(())
+            } else {
+                Err(format!("it lists {got:#?}"))
+            }
+        },
+    );
 }
 
 fn node_with_agent(root: &PinRoot, dirs: &AgentDirs) -> (NetNs, AgentProcess) {
