@@ -19,6 +19,7 @@ const EBPF_VARIANTS: &[&[&str]] = &[
 pub(crate) fn run(ws: &Path) -> Result<()> {
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
         .context("formatting differs: run `cargo fmt --all`")?;
+    crate::bench::summary::check(ws)?;
     util::run(
         ws,
         "cargo",

@@ -14,6 +14,32 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
+use super::judge::{Cmp, Target, Threshold};
+
+/// The targets (BENCHMARKS.md, CNI): weir-cni against Debian's `bridge` + `host-local`, same run.
+pub(crate) const TARGETS: &[Target] = &[
+    Target::new(
+        "weir_add_p50_ms",
+        Cmp::Le,
+        Threshold::Figure {
+            key: "bridge_add_p50_ms",
+            factor: 1.0,
+        },
+        "a pod's ADD is no slower than the reference plugins'",
+        "BENCHMARKS.md: CNI",
+    ),
+    Target::new(
+        "weir_add_p99_ms",
+        Cmp::Le,
+        Threshold::Figure {
+            key: "bridge_add_p99_ms",
+            factor: 2.0,
+        },
+        "the ADD tail stays within 2x the reference plugins'",
+        "BENCHMARKS.md: CNI",
+    ),
+];
+
 const DEBIAN_CNI: &str = "/usr/lib/cni";
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {

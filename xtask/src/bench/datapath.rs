@@ -10,6 +10,41 @@ use serde_json::Value;
 
 use crate::ebpf_build::EbpfBuild;
 
+use super::judge::{Cmp, Target};
+
+/// The targets (BENCHMARKS.md, Datapath): the datapath's cost over the empty program's floor, flat
+/// in the configuration's size, and far below iptables'.
+pub(crate) const TARGETS: &[Target] = &[
+    Target::full(
+        "established_ratio",
+        Cmp::Le,
+        3.0,
+        "an established flow costs at most 3x the empty tc program (the floor)",
+        "BENCHMARKS.md: Datapath",
+    ),
+    Target::full(
+        "new_flow_ratio",
+        Cmp::Le,
+        12.0,
+        "a new allowed flow costs at most 12x its floor (distinct packets)",
+        "BENCHMARKS.md: Datapath",
+    ),
+    Target::full(
+        "flatness_ratio",
+        Cmp::Le,
+        1.15,
+        "the cost stays flat from the smallest to the largest configuration",
+        "BENCHMARKS.md: Datapath",
+    ),
+    Target::full(
+        "iptables_nft_over_weir",
+        Cmp::Ge,
+        100.0,
+        "on real traffic iptables-nft adds at least 100x what weir adds",
+        "BENCHMARKS.md: Datapath",
+    ),
+];
+
 /// Figures printed, with the target each one is measured against.
 const ROWS: &[(&str, &str)] = &[
     ("floor_ns", "floor: empty tc program, ns/packet"),

@@ -11,6 +11,54 @@ use serde_json::Value;
 
 use crate::ebpf_build::EbpfBuild;
 
+use super::judge::{Cmp, Target};
+
+/// The targets (issue 13; BENCHMARKS.md, Services).
+pub(crate) const TARGETS: &[Target] = &[
+    Target::full(
+        "established_ratio",
+        Cmp::Le,
+        1.3,
+        "an established translated flow costs at most 1.3x a plain one",
+        "issue 13",
+    ),
+    Target::full(
+        "new_ratio",
+        Cmp::Le,
+        1.5,
+        "a new translated flow costs at most 1.5x a plain one",
+        "issue 13",
+    ),
+    Target::full(
+        "flatness_ratio",
+        Cmp::Le,
+        1.15,
+        "flat from the fewest to the most Services",
+        "issue 13",
+    ),
+    Target::full(
+        "iptables_over_weir_10k",
+        Cmp::Ge,
+        100.0,
+        "kube-proxy's iptables mode adds at least 100x weir's cost at 10,000 Services",
+        "issue 13",
+    ),
+    Target::full(
+        "nft_over_weir_10k",
+        Cmp::Gt,
+        1.0,
+        "weir adds less than kube-proxy's nftables mode at 10,000 Services",
+        "issue 13",
+    ),
+    Target::full(
+        "service_update_ms",
+        Cmp::Le,
+        10.0,
+        "one Service added at 10,000 Services reaches the kernel within 10 ms",
+        "issue 13",
+    ),
+];
+
 /// Figures printed, with the target each one is measured against.
 const ROWS: &[(&str, &str)] = &[
     (
