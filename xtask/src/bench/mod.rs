@@ -258,3 +258,43 @@ fn run_one(
     }
     Ok(judge::failures(bench.name, &judged))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_benchmark_declares_well_formed_targets() {
+        for bench in BENCHES {
+            assert!(
+                !bench.targets.is_empty(),
+                "{} declares no target",
+                bench.name
+            );
+            for t in bench.targets {
+                assert!(!t.figure.is_empty() && !t.why.is_empty() && !t.source.is_empty());
+                match t.threshold {
+                    judge::Threshold::Value(v) => assert!(v.is_finite(), "{}", t.rule()),
+                    judge::Threshold::Figure { key, factor }
+                    | judge::Threshold::ValueOrFigure { key, factor, .. } => {
+                        assert!(key != t.figure && factor > 0.0, "{}", t.rule());
+                    }
+                }
+            }
+        }
+        let mut names = names();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BENCHES.len(), "a benchmark name repeats");
+    }
+
+    #[test]
+    fn the_break_target_is_added_to_the_named_benchmark_only() {
+        let attach = BENCHES.iter().find(|b| b.name == "attach").unwrap();
+        assert_eq!(targets_for(attach, None).len(), attach.targets.len());
+        assert_eq!(targets_for(attach, Some("cni")).len(), attach.targets.len());
+        let broken = targets_for(attach, Some("attach"));
+        assert_eq!(broken.len(), attach.targets.len() + 1);
+        assert_eq!(broken.last().unwrap().source, "WEIR_BENCH_BREAK_TARGET");
+    }
+}
