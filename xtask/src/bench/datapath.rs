@@ -37,10 +37,10 @@ pub(crate) const TARGETS: &[Target] = &[
         "BENCHMARKS.md: Datapath",
     ),
     Target::full(
-        "iptables_nft_over_weir",
+        "iptables_nft_over_weir_per_run",
         Cmp::Ge,
         100.0,
-        "on real traffic iptables-nft adds at least 100x what weir adds",
+        "on real traffic iptables-nft adds at least 100x what weir adds (median of the interleaved runs' ratios)",
         "BENCHMARKS.md: Datapath",
     ),
 ];
@@ -88,8 +88,14 @@ const ROWS: &[(&str, &str)] = &[
     ),
     (
         "iptables_nft_over_weir",
-        "  iptables-nft over weir (target >= 100)",
+        "  iptables-nft over weir (medians)",
     ),
+    (
+        "iptables_nft_over_weir_per_run",
+        "  the same, median of the runs' ratios (target >= 100)",
+    ),
+    ("iptables_nft_over_weir_per_run_min", "    its lowest run"),
+    ("iptables_nft_over_weir_per_run_max", "    its highest run"),
 ];
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
