@@ -4,7 +4,7 @@
 //! after, `smoke`, `commit` and `date` back into the JSON.
 //!
 //! A full run judges the real thresholds. A smoke run (tiny sizes) judges only that each real
-//! target's figure is there and sane (finite, and > 0 where it is a positive quantity); targets
+//! target's figure is there and sane (finite, and > 0 unless declared otherwise); targets
 //! declared [`Scope::Always`] (invariants such as "no duplicate addresses") keep their threshold in
 //! smoke runs too. A target whose figure is missing is `absent`, which `--check` counts as a failure.
 
@@ -121,9 +121,38 @@ pub(crate) struct Target {
     /// Where the target comes from (an issue, or the BENCHMARKS.md section that states it).
     pub(crate) source: &'static str,
     pub(crate) scope: Scope,
-    /// In a smoke run the figure must be > 0 (a duration, a rate); `false` where tiny smoke sizes
-    /// may round it to 0.
-    pub(crate) positive: bool,
+    /// What a smoke run holds the figure to.
+    pub(crate) sanity: Sanity,
+}
+
+/// What a smoke run requires of a real target's figure besides being present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sanity {
+    /// Finite and > 0: a duration, a rate, a ratio of two durations.
+    Positive,
+    /// Finite and ≥ 0: a figure tiny smoke sizes may round to 0.
+    NonNegative,
+    /// Finite: a ratio of two differences, which the noise of a smoke run may turn negative.
+    Finite,
+}
+
+impl Sanity {
+    fn holds(self, value: f64) -> bool {
+        value.is_finite()
+            && match self {
+                Self::Positive => value > 0.0,
+                Self::NonNegative => value >= 0.0,
+                Self::Finite => true,
+            }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Self::Positive => "present, finite, > 0",
+            Self::NonNegative => "present, finite, ≥ 0",
+            Self::Finite => "present, finite",
+        }
+    }
 }
 
 impl Target {
@@ -153,7 +182,7 @@ impl Target {
             why,
             source,
             scope: Scope::Full,
-            positive: true,
+            sanity: Sanity::Positive,
         }
     }
 
@@ -168,7 +197,16 @@ impl Target {
     /// The same target, whose figure may be 0 in a smoke run.
     pub(crate) const fn may_be_zero(self) -> Self {
         Self {
-            positive: false,
+            sanity: Sanity::NonNegative,
+            ..self
+        }
+    }
+
+    /// The same target, whose figure may have either sign in a smoke run (a ratio of two
+    /// differences against a baseline).
+    pub(crate) const fn any_sign(self) -> Self {
+        Self {
+            sanity: Sanity::Finite,
             ..self
         }
     }
@@ -249,13 +287,8 @@ pub(crate) fn judge_one(target: &Target, figures: &Value, smoke: bool) -> Judged
     if smoke && target.scope == Scope::Full {
         // Smoke sizes say nothing about the real threshold: the figure must only be sane, and a
         // peer it is measured against must be there too.
-        let applied = if target.positive {
-            "present, finite, > 0"
-        } else {
-            "present, finite, ≥ 0"
-        };
-        let sane = value.is_finite() && (value > 0.0 || (!target.positive && value == 0.0));
-        if !sane {
+        let applied = target.sanity.text();
+        if !target.sanity.holds(value) {
             return judged(
                 applied.to_owned(),
                 Verdict::Missed,
@@ -543,6 +576,31 @@ mod tests {
                 Verdict::Missed,
                 Verdict::Met
             ]
+        );
+    }
+
+    #[test]
+    fn smoke_sanity_follows_the_declaration() {
+        let figures = json!({"d": -2.0, "z": 0.0});
+        let t = |figure| Target::full(figure, Cmp::Ge, 100.0, "w", "test");
+        assert_eq!(judge_one(&t("d"), &figures, true).verdict, Verdict::Missed);
+        assert_eq!(
+            judge_one(&t("d").any_sign(), &figures, true).verdict,
+            Verdict::Met
+        );
+        assert_eq!(judge_one(&t("z"), &figures, true).verdict, Verdict::Missed);
+        assert_eq!(
+            judge_one(&t("z").may_be_zero(), &figures, true).verdict,
+            Verdict::Met
+        );
+        assert_eq!(
+            judge_one(&t("d").may_be_zero(), &figures, true).verdict,
+            Verdict::Missed
+        );
+        // A full run judges the threshold whatever the declaration.
+        assert_eq!(
+            judge_one(&t("d").any_sign(), &figures, false).verdict,
+            Verdict::Missed
         );
     }
 
