@@ -55,7 +55,7 @@ enum Task {
     Lint,
     /// Every test: unit, packet, privileged, black-box; then checks nothing was left behind.
     Test,
-    /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
+    /// What CI runs: setup, lint, test, and `bench all --smoke --check` (every benchmark, judged).
     Ci,
     /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root).
     Demo,
