@@ -3,7 +3,8 @@
 //! `ipam-bench [--smoke] [--only a|b|c|d] --weir PATH`: (a) embedded store, one host, 8 clients allocate+release, and one client
 //! alone; (b) etcd, one host, 8 clients; (c) 1, 8 and 32 hosts at once on etcd, with duplicates counted;
 //! (d) `weir ipam allocate` + `release` processes against Debian's host-local ADD + DEL: through the agent on
-//! `--agent-socket` (which holds `--agent-datastore`) and, without it, on a file of their own;
+//! `--agent-socket` (which holds `--agent-datastore`) and, without it, on a file of their own; through the agent
+//! and host-local run interleaved over 3 rounds, `cli_over_hostlocal` the median of the rounds' ratios;
 //! (e) 200 allocations at once through the agent's API (`POST /v1/ipam/allocate`), three bursts.
 //! Every write is durable: redb commits with `Durability::Immediate` (group commit), etcd fsyncs as configured.
 
@@ -194,6 +195,9 @@ fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f6
 }
 
 /// Runs `ops` operations of `op` on `threads` threads; returns operations per second.
+/// Rounds of (d)'s comparison, through the agent then host-local in each (odd: the median is a round's).
+const D_ROUNDS: usize = 3;
+
 fn processes(
     ops: usize,
     threads: usize,
@@ -237,10 +241,10 @@ fn run_ok(cmd: &mut Command, stdin: Option<&[u8]>) -> Res<()> {
 }
 
 /// `weir ipam allocate` + `release` processes on `ds` (through the agent on `socket` when it holds `ds`).
-fn cli_processes(weir: &Path, ds: &str, socket: &str, ops: usize, threads: usize) -> Res<f64> {
-    let (w, d, s) = (weir.to_owned(), ds.to_owned(), socket.to_owned());
+/// `weir ipam pool add` of the pool [`cli_processes`] allocates from.
+fn cli_pool(weir: &Path, ds: &str, socket: &str) -> Res<()> {
     run_ok(
-        Command::new(&w).args([
+        Command::new(weir).args([
             "ipam",
             "pool",
             "add",
@@ -248,12 +252,16 @@ fn cli_processes(weir: &Path, ds: &str, socket: &str, ops: usize, threads: usize
             "--cidr",
             "10.64.0.0/16",
             "--datastore",
-            &d,
+            ds,
             "--api-socket",
-            &s,
+            socket,
         ]),
         None,
-    )?;
+    )
+}
+
+fn cli_processes(weir: &Path, ds: &str, socket: &str, ops: usize, threads: usize) -> Res<f64> {
+    let (w, d, s) = (weir.to_owned(), ds.to_owned(), socket.to_owned());
     let weir_op = Arc::new(move |i: usize| -> Res<()> {
         let h = format!("c{i}");
         run_ok(
@@ -530,16 +538,51 @@ async fn main() -> Res<()> {
 
     // (d) exec to exec: through the agent, on a file of their own, and host-local.
     if let Some(weir) = weir.filter(|_| part("d")) {
-        if let Some((socket, datastore)) = &agent {
-            let cli = cli_processes(&weir, &format!("embedded:{datastore}"), socket, d_ops, 8)?;
-            out.insert("cli_allocs_per_s".into(), json!(cli.round()));
-        }
         let file = format!("embedded:{}", dir.path().join("cli.redb").display());
         let none = dir.path().join("no-agent.sock").display().to_string();
+        cli_pool(&weir, &file, &none)?;
         let cli_file = cli_processes(&weir, &file, &none, d_ops, 8)?;
         out.insert("cli_file_allocs_per_s".into(), json!(cli_file.round()));
-        let hl = host_local(dir.path(), d_ops, 8)?;
-        out.insert("hostlocal_allocs_per_s".into(), json!(hl.round()));
+        // Through the agent against host-local, interleaved A B A B: D_ROUNDS rounds of d_ops / D_ROUNDS
+        // each; the rates are over all rounds, the ratio is the median of the rounds' ratios.
+        let per_round = d_ops / D_ROUNDS;
+        let through_agent = agent
+            .as_ref()
+            .map(|(socket, datastore)| {
+                let ds = format!("embedded:{datastore}");
+                cli_pool(&weir, &ds, socket).map(|()| (ds, socket.clone()))
+            })
+            .transpose()?;
+        let (mut cli_s, mut hl_s, mut ratios) = (0.0, 0.0, Vec::new());
+        for _ in 0..D_ROUNDS {
+            let cli = match &through_agent {
+                Some((ds, socket)) => Some(cli_processes(&weir, ds, socket, per_round, 8)?),
+                None => None,
+            };
+            let hl = host_local(dir.path(), per_round, 8)?;
+            if let Some(cli) = cli {
+                cli_s += per_round as f64 / cli;
+                ratios.push(cli / hl);
+            }
+            hl_s += per_round as f64 / hl;
+        }
+        let ops = (per_round * D_ROUNDS) as f64;
+        if through_agent.is_some() {
+            out.insert("cli_allocs_per_s".into(), json!((ops / cli_s).round()));
+            ratios.sort_by(f64::total_cmp);
+            let round = |v: f64| (v * 1000.0).round() / 1000.0;
+            out.insert(
+                "cli_over_hostlocal".into(),
+                json!(round(ratios[ratios.len() / 2])),
+            );
+            out.insert("cli_over_hostlocal_min".into(), json!(round(ratios[0])));
+            out.insert(
+                "cli_over_hostlocal_max".into(),
+                json!(round(ratios[ratios.len() - 1])),
+            );
+            out.insert("d_rounds".into(), json!(D_ROUNDS));
+        }
+        out.insert("hostlocal_allocs_per_s".into(), json!((ops / hl_s).round()));
     }
     out.insert("smoke".into(), Value::Bool(smoke));
     println!("{}", Value::Object(out));

@@ -3,7 +3,10 @@
 //! through the same containerd build, in one run, each on a node namespace and containerd of its
 //! own (`tests::cri`). Latency: `RunPodSandbox`, then `StopPodSandbox` + `RemovePodSandbox`, over
 //! N sandboxes one at a time (they stay up until all have started). Churn: W parallel loops of
-//! run + stop + remove for S seconds; cycles per second, errors, and what was left behind.
+//! run + stop + remove for S seconds; cycles per second, errors, and what was left behind. The two
+//! run interleaved over R rounds (5; 3 with `--smoke`), weir then bridge in each, with N / R
+//! sandboxes and S / R seconds of churn per round; `run_p50_ratio` and `churn_ratio` are the
+//! medians of the rounds' weir-over-bridge ratios, with their min and max as the spread.
 //!
 //! Usage: `cri-bench --out FILE [--smoke]` (`WEIR_BIN`, `WEIR_CNI_BIN` name the binaries).
 
@@ -52,7 +55,11 @@ fn add_phases(log: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+#[derive(Clone, Copy)]
 struct Sizes {
+    /// Interleaved rounds (weir, then bridge, in each).
+    rounds: usize,
+    /// Sandboxes per plugin over all rounds.
     sandboxes: usize,
     workers: usize,
     churn: Duration,
@@ -72,6 +79,23 @@ fn percentile(samples: &[f64], p: f64) -> f64 {
     )]
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     (sorted[rank] * 1000.0).round() / 1000.0
+}
+
+/// The median of per-round ratios, with their min and max (the spread), rounded to 3 decimals.
+fn spread(ratios: &[f64]) -> (f64, f64, f64) {
+    let round = |v: f64| (v * 1000.0).round() / 1000.0;
+    let mut sorted: Vec<f64> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
+    if sorted.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        f64::midpoint(sorted[n / 2 - 1], sorted[n / 2])
+    };
+    (round(median), round(sorted[0]), round(sorted[n - 1]))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -172,12 +196,14 @@ fn main() -> Result<()> {
     let smoke = args.iter().any(|a| a == "--smoke");
     let sizes = if smoke {
         Sizes {
-            sandboxes: 5,
+            rounds: 3,
+            sandboxes: 6,
             workers: 2,
             churn: Duration::from_secs(3),
         }
     } else {
         Sizes {
+            rounds: 5,
             sandboxes: 100,
             workers: 8,
             churn: Duration::from_secs(60),
@@ -225,20 +251,54 @@ fn main() -> Result<()> {
         },
     );
 
-    // Warm both (image unpack, first CNI load), then measure alternately-built phases.
+    // Warm both (image unpack, first CNI load), then measure interleaved, A B A B: each round
+    // runs weir's latency, bridge's, weir's churn, bridge's, so a change of load hits both.
     for (cri, tag) in [(&weir, "w"), (&bridge, "b")] {
         latency(cri, 2, &format!("{tag}warm"))?;
     }
-    let log_start = weir.read_inside(CNI_LOG).len();
-    let (weir_run, weir_remove) = latency(&weir, sizes.sandboxes, "w")?;
-    let phases = add_phases(
-        weir.read_inside(CNI_LOG)
-            .get(log_start..)
-            .unwrap_or_default(),
+    let per_round = sizes.sandboxes / sizes.rounds;
+    let round_sizes = Sizes {
+        churn: sizes.churn / u32::try_from(sizes.rounds)?,
+        ..sizes
+    };
+    let (mut weir_run, mut weir_remove, mut bridge_run, mut bridge_remove) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut weir_log, mut run_ratios, mut churn_ratios) = (String::new(), Vec::new(), Vec::new());
+    let (mut weir_cycles, mut bridge_cycles) = (0.0, 0.0);
+    let (mut weir_errors, mut bridge_errors) = (0, 0);
+    let (mut weir_first, mut bridge_first) = (Vec::new(), Vec::new());
+    for round in 0..sizes.rounds {
+        let log_start = weir.read_inside(CNI_LOG).len();
+        let (w_run, w_remove) = latency(&weir, per_round, &format!("w{round}"))?;
+        weir_log.push_str(
+            weir.read_inside(CNI_LOG)
+                .get(log_start..)
+                .unwrap_or_default(),
+        );
+        let (b_run, b_remove) = latency(&bridge, per_round, &format!("b{round}"))?;
+        run_ratios.push(percentile(&w_run, 50.0) / percentile(&b_run, 50.0));
+        let (w_churn, w_errors, w_first) = churn(&weir, &round_sizes, &format!("w{round}"));
+        let (b_churn, b_errors, b_first) = churn(&bridge, &round_sizes, &format!("b{round}"));
+        churn_ratios.push(w_churn / b_churn);
+        weir_run.extend(w_run);
+        weir_remove.extend(w_remove);
+        bridge_run.extend(b_run);
+        bridge_remove.extend(b_remove);
+        weir_cycles += w_churn;
+        bridge_cycles += b_churn;
+        weir_errors += w_errors;
+        bridge_errors += b_errors;
+        weir_first.extend(w_first);
+        bridge_first.extend(b_first);
+    }
+    #[expect(clippy::cast_precision_loss, reason = "a count of rounds")]
+    let (weir_churn, bridge_churn) = (
+        (weir_cycles / sizes.rounds as f64 * 10.0).round() / 10.0,
+        (bridge_cycles / sizes.rounds as f64 * 10.0).round() / 10.0,
     );
-    let (bridge_run, bridge_remove) = latency(&bridge, sizes.sandboxes, "b")?;
-    let (weir_churn, weir_errors, weir_first) = churn(&weir, &sizes, "w");
-    let (bridge_churn, bridge_errors, bridge_first) = churn(&bridge, &sizes, "b");
+    let phases = add_phases(&weir_log);
+    let (run_ratio, run_ratio_min, run_ratio_max) = spread(&run_ratios);
+    let (churn_ratio, churn_ratio_min, churn_ratio_max) = spread(&churn_ratios);
 
     // Nothing left behind: no sandbox, endpoint, address or veth.
     let endpoints = node.api_get("/v1/endpoints");
@@ -262,7 +322,14 @@ fn main() -> Result<()> {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut figures = json!({
-        "sandboxes": sizes.sandboxes,
+        "sandboxes": per_round * sizes.rounds,
+        "rounds": sizes.rounds,
+        "run_p50_ratio": run_ratio,
+        "run_p50_ratio_min": run_ratio_min,
+        "run_p50_ratio_max": run_ratio_max,
+        "churn_ratio": churn_ratio,
+        "churn_ratio_min": churn_ratio_min,
+        "churn_ratio_max": churn_ratio_max,
         "churn_workers": sizes.workers,
         "churn_seconds": sizes.churn.as_secs(),
         "weir_run_p50_ms": percentile(&weir_run, 50.0),
@@ -346,6 +413,16 @@ fn print_table(f: &Value) {
     ] {
         println!("| {name} | {} | {} |", f[w], f[b]);
     }
+    println!(
+        "weir over bridge per round ({} rounds, interleaved): RunPodSandbox p50 {} ({}–{}), churn {} ({}–{})",
+        f["rounds"],
+        f["run_p50_ratio"],
+        f["run_p50_ratio_min"],
+        f["run_p50_ratio_max"],
+        f["churn_ratio"],
+        f["churn_ratio_min"],
+        f["churn_ratio_max"]
+    );
     println!(
         "left behind: {}; load average {}",
         f["leftovers"], f["loadavg"]

@@ -21,6 +21,7 @@ pub(crate) fn run(ws: &Path) -> Result<()> {
     crate::md_lint::run(ws).context("the Markdown lint failed")?;
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
         .context("formatting differs: run `cargo fmt --all`")?;
+    crate::bench::summary::check(ws)?;
     util::run(
         ws,
         "cargo",

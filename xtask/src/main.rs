@@ -1,6 +1,6 @@
 //! `cargo xtask`: developer and CI tasks. `setup` installs what a fresh machine lacks,
 //! `build-ebpf` builds the programs, `lint` and `test` are the gates, `ci` runs them all,
-//! `bench NAME` runs a benchmark, `demo` shows the datapath to an operator.
+//! `bench NAME` runs a benchmark and judges its targets, `demo` shows the datapath to an operator.
 
 mod bench;
 mod ebpf_build;
@@ -57,22 +57,33 @@ enum Task {
     Lint,
     /// Every test: unit, packet, privileged, black-box; then checks nothing was left behind.
     Test,
-    /// What CI runs: setup, lint, test, and a smoke run of every benchmark.
+    /// What CI runs: setup, lint, test, and `bench all --smoke --check` (every benchmark, judged).
     Ci,
     /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root; builds
     /// the debug `weir` it runs first).
     Demo,
-    /// Run a benchmark: prints a table and writes target/weir-bench/NAME.json.
+    /// Run a benchmark: prints its figures and a verdict per declared target, and writes both to
+    /// target/weir-bench/NAME.json. `summary` regenerates BENCHMARKS.md's summary table.
     Bench {
-        /// Benchmark name (`all` for every one).
+        /// Benchmark name (`all` for every one in turn, `summary` for the table).
         name: String,
-        /// A quick run with tiny counts, so benchmarks never rot.
+        /// A quick run with tiny counts, so benchmarks never rot. Judges only the smoke targets:
+        /// each real target's figure present and sane; the real thresholds apply to full runs.
         #[arg(long)]
         smoke: bool,
         /// Only one part of a benchmark (datapath: `testrun` or `traffic`; services: `testrun`,
         /// `traffic`, `update`, `socket` or `sweep`).
         #[arg(long)]
         only: Option<String>,
+        /// Exit non-zero, naming each one, when a target is missed or its figure absent.
+        /// WEIR_BENCH_BREAK_TARGET=NAME adds an impossible target to benchmark NAME, so that
+        /// --check must fail (the proof that it can).
+        #[arg(long)]
+        check: bool,
+        /// Copy the judged JSON of a full run to docs/benchmarks/results/NAME.json (what the
+        /// summary table is made from); with `all`, regenerate the summary afterwards.
+        #[arg(long)]
+        record: bool,
     },
 }
 
@@ -117,7 +128,14 @@ fn main() -> Result<()> {
             util::step("setup", || setup::run(&ws, true))?;
             util::step("lint", || lint::run(&ws))?;
             util::step("test", || test::run(&ws))?;
-            util::step("bench --smoke", || bench::run(&ws, "all", true, None))?;
+            util::step("bench all --smoke --check", || {
+                let opts = bench::Options {
+                    smoke: true,
+                    check: true,
+                    ..bench::Options::default()
+                };
+                bench::run(&ws, "all", opts)
+            })?;
             println!(
                 "xtask ci: all steps passed in {:.0} s",
                 started.elapsed().as_secs_f64()
@@ -125,7 +143,21 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Demo => demo(&ws),
-        Task::Bench { name, smoke, only } => bench::run(&ws, &name, smoke, only.as_deref()),
+        Task::Bench {
+            name,
+            smoke,
+            only,
+            check,
+            record,
+        } => {
+            let opts = bench::Options {
+                smoke,
+                only: only.as_deref(),
+                check,
+                record,
+            };
+            bench::run(&ws, &name, opts)
+        }
     }
 }
 

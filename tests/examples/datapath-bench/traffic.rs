@@ -233,6 +233,23 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
     let weir = figures["weir_added_ns"].as_f64().unwrap_or(1.0);
     let nft = figures["iptables_nft_added_ns"].as_f64().unwrap_or(0.0);
     figures.insert("iptables_nft_over_weir".into(), json!(nft / weir));
+    // The same ratio run by run (each run measured every variant in turn): its median and spread.
+    let mut per_run: Vec<f64> = (0..s.traffic_runs)
+        .map(|r| {
+            let none = variants["none"][r];
+            let weir = (variants["weir"][r] - none).max(floor);
+            (variants["iptables_nft"][r] - none) / weir
+        })
+        .collect();
+    per_run.sort_by(f64::total_cmp);
+    if let (Some(min), Some(max)) = (per_run.first().copied(), per_run.last().copied()) {
+        figures.insert(
+            "iptables_nft_over_weir_per_run".into(),
+            json!(median(&mut per_run)),
+        );
+        figures.insert("iptables_nft_over_weir_per_run_min".into(), json!(min));
+        figures.insert("iptables_nft_over_weir_per_run_max".into(), json!(max));
+    }
     figures.insert("traffic_endpoints".into(), json!(s.traffic_endpoints));
     figures.insert("traffic_packets_per_run".into(), json!(packets));
     figures.insert("traffic_runs".into(), json!(s.traffic_runs));

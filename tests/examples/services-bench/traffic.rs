@@ -366,6 +366,26 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
                 figures.insert(format!("{variant}_added_ns_s{n}"), json!(m - none));
             }
         }
+        // The ratios run by run (each run measured every variant in turn): median, min, max.
+        let weir_floor = figures
+            .get("translated_new_ns")
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::MIN);
+        for peer in ["iptables", "nft"] {
+            let mut per_run: Vec<f64> = (0..s.traffic_runs)
+                .map(|r| {
+                    let none = variants["none"][r];
+                    (variants[peer][r] - none) / (variants["weir"][r] - none).max(weir_floor)
+                })
+                .collect();
+            per_run.sort_by(f64::total_cmp);
+            if let (Some(&min), Some(&max)) = (per_run.first(), per_run.last()) {
+                let key = format!("{peer}_over_weir_per_run");
+                figures.insert(format!("{key}_s{n}"), json!(median(&mut per_run)));
+                figures.insert(format!("{key}_min_s{n}"), json!(min));
+                figures.insert(format!("{key}_max_s{n}"), json!(max));
+            }
+        }
         // What the Service costs weir over its own datapath: the same flows through the same
         // programs, to the ClusterIP against straight to the backend. Its floor is the test-run
         // difference of a new translated flow over a new plain one.
@@ -403,6 +423,13 @@ pub fn run(object: &[u8], s: Sizes, figures: &mut BTreeMap<String, Value>) -> Re
         ] {
             if let Some(v) = figures.get(&format!("{key}_ns_s{n}")).cloned() {
                 figures.insert(format!("{key}_ns_{suffix}"), v);
+            }
+        }
+    }
+    for key in ["iptables_over_weir_per_run", "nft_over_weir_per_run"] {
+        for stat in ["", "_min", "_max"] {
+            if let Some(v) = figures.get(&format!("{key}{stat}_s{large}")).cloned() {
+                figures.insert(format!("{key}{stat}_10k"), v);
             }
         }
     }

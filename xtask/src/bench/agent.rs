@@ -6,6 +6,80 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 
+use super::judge::{Cmp, Target};
+
+/// The targets (BENCHMARKS.md, Agent): converge, restart, memory, reaction times, conntrack
+/// migration at 10,000 endpoints and 1,000,000 conntrack entries.
+pub(crate) const TARGETS: &[Target] = &[
+    Target::full(
+        "converge_s",
+        Cmp::Lt,
+        2.0,
+        "converge from empty in under 2 s",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "resync_s",
+        Cmp::Lt,
+        1.0,
+        "a restart resyncs in under 1 s",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "resync_writes",
+        Cmp::Le,
+        0.0,
+        "a restart rewrites nothing in the kernel",
+        "BENCHMARKS.md: Agent",
+    )
+    .always()
+    .may_be_zero(),
+    Target::full(
+        "rss_mib",
+        Cmp::Lt,
+        150.0,
+        "RSS after converging under 150 MiB",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "link_attach_ms",
+        Cmp::Le,
+        100.0,
+        "a new weir* link has both programs within 100 ms",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "policy_apply_ms",
+        Cmp::Le,
+        100.0,
+        "a policy file written reaches the kernel map within 100 ms",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "restart_max_gap_ms",
+        Cmp::Le,
+        200.0,
+        "a live flow pauses at most 200 ms across an agent restart",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "ct_migrate_1m_s",
+        Cmp::Lt,
+        3.0,
+        "conntrack migration of 1,000,000 entries in under 3 s",
+        "BENCHMARKS.md: Agent",
+    ),
+    Target::full(
+        "ct_migrate_lost",
+        Cmp::Le,
+        0.0,
+        "the migration loses no entry",
+        "BENCHMARKS.md: Agent",
+    )
+    .always()
+    .may_be_zero(),
+];
+
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     run_example_with_weir(workspace, smoke, "agent-bench", "agent")
 }

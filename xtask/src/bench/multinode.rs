@@ -9,6 +9,64 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use super::judge::{Cmp, Target, Threshold};
+
+/// The targets (BENCHMARKS.md, Multi-node): IPAM at scale on etcd, route convergence, pod-to-pod
+/// throughput against the bare underlay.
+pub(crate) const TARGETS: &[Target] = &[
+    Target::full(
+        "ipam_duplicates",
+        Cmp::Le,
+        0.0,
+        "no address is ever handed out twice",
+        "BENCHMARKS.md: Multi-node",
+    )
+    .always()
+    .may_be_zero(),
+    Target::new(
+        "ipam_p99_ms",
+        Cmp::Le,
+        Threshold::ValueOrFigure {
+            value: 20.0,
+            key: "etcd_wal_fsync_p99_ms",
+            factor: 3.0,
+        },
+        "IPAM p99 <= 20 ms, or <= 3x etcd's own WAL fsync p99 on a slower disk",
+        "BENCHMARKS.md: Multi-node",
+    ),
+    Target::full(
+        "ipam_outside_blocks",
+        Cmp::Le,
+        0.0,
+        "every address in its host's own blocks (the pool is far larger than needed)",
+        "BENCHMARKS.md: Multi-node",
+    )
+    .always()
+    .may_be_zero(),
+    Target::full(
+        "route_converge_s",
+        Cmp::Le,
+        1.0,
+        "routes to new peers' blocks converge within 1 s",
+        "BENCHMARKS.md: Multi-node",
+    )
+    .may_be_zero(),
+    Target::full(
+        "native_throughput_ratio",
+        Cmp::Ge,
+        0.9,
+        "native routing keeps 90% of the bare underlay's stream",
+        "BENCHMARKS.md: Multi-node",
+    ),
+    Target::full(
+        "vxlan_throughput_ratio",
+        Cmp::Ge,
+        0.7,
+        "vxlan keeps 70% of the bare underlay's stream",
+        "BENCHMARKS.md: Multi-node",
+    ),
+];
+
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
     // The native figure's pods come through `weir-cni`, found beside the example's profile directory.
     let mut build = vec!["build", "-p", "cni", "--bin", "weir-cni"];
