@@ -1,10 +1,11 @@
 //! `cargo xtask bench multinode`: weir across nodes on one kernel (DESIGN.md → "Nodes and routing").
 //! - IPAM at scale against a real etcd (`ipam::testing::EtcdServer`): 1,000 simulated hosts × 100
-//!   allocations, hosts as concurrent clients of the IPAM library (through one client by default; each its
-//!   own with `--ipam-client-per-host`) in bounded batches; duplicates, allocation p99, etcd's own WAL fsync
+//!   allocations, hosts as concurrent clients of the IPAM library (each its own client, as agents have; all
+//!   through one shared client with `--ipam-client-shared`) in bounded batches; duplicates, allocation p99, etcd's own WAL fsync
 //!   p99 over the same run (its `/metrics`), every address checked against its host's own blocks (affinity
 //!   `host:<name>`; borrowed addresses are counted and reported), and where the time went (rounds, lost CAS
-//!   txns, queueing, mean read and CAS txn times).
+//!   txns, queueing, mean read and CAS txn times). `--ipam-shared-extra` runs it a second time on a fresh etcd
+//!   through one shared client and adds that run's figures as `ipam_shared_client_*` (for comparison only).
 //! - Route convergence: 50 simulated peers, each a namespace with an underlay link and its own route
 //!   driver (`NodeRoutes`, native) in process holding the other peers' blocks; a new node with 4 blocks is
 //!   handed to all of them at once, and the figure is the time until every peer's driver has written its
@@ -44,8 +45,10 @@ use serde_json::{Value, json};
 use tests::{multinode::Cluster, names, netns::NetNs};
 
 struct Sizes {
-    /// Every simulated host allocates through its own client (`--ipam-client-per-host`, for comparison).
+    /// Every simulated host allocates through its own client (the default; `--ipam-client-shared` turns it off).
     per_host_client: bool,
+    /// A second IPAM run through one shared client, its figures as `ipam_shared_client_*`.
+    shared_extra: bool,
     hosts: usize,
     per_host: usize,
     batch: usize,
@@ -129,8 +132,9 @@ fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f6
 
 const BLOCK_SIZE: u8 = 26;
 
-/// IPAM at scale: `hosts` × `per_host` allocations, `batch` hosts at a time.
-fn ipam_scale(sizes: &Sizes) -> Result<Value> {
+/// IPAM at scale: `hosts` × `per_host` allocations, `batch` hosts at a time, each host through its own
+/// client when `per_host_client`, else all through one.
+fn ipam_scale(sizes: &Sizes, per_host_client: bool) -> Result<Value> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -153,15 +157,14 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
         let start = Instant::now();
         let mut lat = Vec::with_capacity(sizes.hosts * sizes.per_host);
         let mut by_host: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
-        // The hosts share one client (one connection, one group committer: their writes share rounds, up to
-        // etcd's 128 operations a txn). `--ipam-client-per-host` gives each host its own, as agents have: on
-        // this machine (etcd on the same two shared cores) that is slower, since every write is then its own
-        // txn (see BENCHMARKS.md).
+        // Each host has its own client, as every agent has its own. A shared client (one connection, one
+        // group committer: the hosts' writes share rounds, up to etcd's 128 operations a txn) is faster on
+        // this machine (etcd on the same two shared cores), but no deployment allocates that way.
         let mut sum = EtcdStats::default();
         for first in (0..sizes.hosts).step_by(sizes.batch) {
             let mut clients = Vec::new();
             for _ in first..(first + sizes.batch).min(sizes.hosts) {
-                clients.push(if sizes.per_host_client {
+                clients.push(if per_host_client {
                     Ipam::new(EtcdStore::connect(std::slice::from_ref(&url)).await?)
                 } else {
                     ipam.clone()
@@ -197,7 +200,7 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
                 let (host, ips, l, stats) = t.await??;
                 lat.extend(l);
                 by_host.insert(host, ips);
-                if sizes.per_host_client {
+                if per_host_client {
                     sum = EtcdStats {
                         jobs: sum.jobs + stats.jobs,
                         rounds: sum.rounds + stats.rounds,
@@ -212,7 +215,7 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
                 }
             }
         }
-        if !sizes.per_host_client {
+        if !per_host_client {
             sum = ipam.store().stats();
         }
         let secs = start.elapsed().as_secs_f64();
@@ -268,7 +271,7 @@ fn ipam_scale(sizes: &Sizes) -> Result<Value> {
             "ipam_borrowed": borrowed,
             "ipam_outside_blocks": outside,
             "ipam_blocks": affinity.len(),
-            "ipam_clients": if sizes.per_host_client { "one per host" } else { "one shared" },
+            "ipam_clients": if per_host_client { "one per host" } else { "one shared" },
             // Where the time went: group-commit rounds, writes per round, CAS txns lost to another writer, and
             // the mean wait of a write for its round.
             "ipam_etcd_rounds": sum.rounds,
@@ -551,10 +554,31 @@ fn tx_packets(ns: &NetNs, dev: &str) -> Result<u64> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
+/// The shared-client run's headline figures, renamed `ipam_shared_client_*` so they sit beside the
+/// per-host run's without replacing them.
+fn shared_extra_figures(run: Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for key in [
+        "ipam_duplicates",
+        "ipam_allocs_per_s",
+        "ipam_p50_ms",
+        "ipam_p99_ms",
+        "etcd_wal_fsync_p99_ms",
+        "ipam_etcd_writes_per_round",
+    ] {
+        if let Some(v) = run.get(key) {
+            let name = key.strip_prefix("ipam_").unwrap_or(key);
+            out.insert(format!("ipam_shared_client_{name}"), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let smoke = args.iter().any(|a| a == "--smoke");
-    let per_host_client = args.iter().any(|a| a == "--ipam-client-per-host");
+    let per_host_client = !args.iter().any(|a| a == "--ipam-client-shared");
+    let shared_extra = args.iter().any(|a| a == "--ipam-shared-extra");
     // Only the IPAM part (no namespaces, no root needed): for measuring it on its own.
     let ipam_only = args.iter().any(|a| a == "--ipam-only");
     // Only the throughput part: for measuring the datapath on its own.
@@ -565,11 +589,13 @@ fn main() -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from)
         .context(
-            "usage: multinode-bench --out FILE [--smoke] [--ipam-only | --throughput-only] [--ipam-client-per-host]",
+            "usage: multinode-bench --out FILE [--smoke] [--ipam-only | --throughput-only] [--ipam-client-shared] \
+             [--ipam-shared-extra]",
         )?;
     let sizes = if smoke {
         Sizes {
             per_host_client,
+            shared_extra,
             hosts: 20,
             per_host: 10,
             batch: 10,
@@ -579,6 +605,7 @@ fn main() -> Result<()> {
     } else {
         Sizes {
             per_host_client,
+            shared_extra,
             hosts: 1000,
             per_host: 100,
             batch: 50,
@@ -587,16 +614,21 @@ fn main() -> Result<()> {
         }
     };
     let mut figures = serde_json::Map::new();
+    let ipam = |sizes: &Sizes| -> Result<Vec<Value>> {
+        let mut parts = vec![ipam_scale(sizes, sizes.per_host_client)?];
+        if sizes.shared_extra && sizes.per_host_client {
+            parts.push(shared_extra_figures(ipam_scale(sizes, false)?));
+        }
+        Ok(parts)
+    };
     let parts = if ipam_only {
-        vec![ipam_scale(&sizes)?]
+        ipam(&sizes)?
     } else if throughput_only {
         vec![throughput(sizes.stream)?]
     } else {
-        vec![
-            throughput(sizes.stream)?,
-            route_convergence(sizes.peers)?,
-            ipam_scale(&sizes)?,
-        ]
+        let mut parts = vec![throughput(sizes.stream)?, route_convergence(sizes.peers)?];
+        parts.extend(ipam(&sizes)?);
+        parts
     };
     for part in parts {
         if let Value::Object(m) = part {
@@ -617,6 +649,14 @@ fn main() -> Result<()> {
         ),
         ("ipam_clients", "IPAM: clients"),
         ("ipam_p50_ms", "IPAM: allocation p50 ms"),
+        (
+            "ipam_shared_client_p99_ms",
+            "IPAM, one shared client (comparison): p99 ms",
+        ),
+        (
+            "ipam_shared_client_p50_ms",
+            "IPAM, one shared client (comparison): p50 ms",
+        ),
         (
             "ipam_etcd_writes_per_round",
             "IPAM: writes per group-commit round",
@@ -684,6 +724,13 @@ fn main() -> Result<()> {
     )?;
     if !throughput_only && figures.get("ipam_duplicates").and_then(Value::as_u64) != Some(0) {
         bail!("duplicate addresses were handed out");
+    }
+    if figures
+        .get("ipam_shared_client_duplicates")
+        .and_then(Value::as_u64)
+        .is_some_and(|d| d != 0)
+    {
+        bail!("duplicate addresses were handed out through the shared client");
     }
     Ok(())
 }
