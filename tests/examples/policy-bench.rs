@@ -9,7 +9,12 @@
 //! - one pod's label change (the API's endpoint command) until its generation is in the kernel:
 //!   latency, and the writes it caused against those a fresh full compile before and after calls
 //!   for;
-//! - one policy edit (the policy source's command) likewise;
+//! - one policy edit, from the moment the edited file is renamed into the policy directory (an operator's
+//!   atomic save landing) until its generation is in the kernel: through the agent's own policy-directory
+//!   source (`sources::policy_dir`: its stat poll, settle and parse), the loop and the map drivers; with its
+//!   writes against the reference compile as above. Separately, before that source runs, the compute-only part:
+//!   the directory parsed outside the clock, then from the source's command (`Command::Policies`) to the
+//!   kernel (`policy_compute_*`), and the parse alone (`policy_reload_parse_p50_ms`);
 //! - `GET /v1/status` over the real unix socket while the loop converges 10,000 endpoints.
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, few rounds.
@@ -43,6 +48,7 @@ use agent::{
     },
     kernel::{KernelError, LinkEvent, PinnedHash, PinnedLpm, real::programs::Programs},
     paths::Paths,
+    sources::policy_dir,
     synthetic::{self, Sizes},
 };
 use anyhow::{Context as _, Result};
@@ -140,8 +146,12 @@ fn links(sizes: Sizes) -> BTreeMap<String, u32> {
 
 /// Kernel writes and deletes of every map driver so far.
 fn writes(handle: &LoopHandle) -> u64 {
-    handle
-        .snapshot()
+    writes_in(&handle.snapshot())
+}
+
+/// Kernel writes and deletes of every map driver up to `snapshot`.
+fn writes_in(snapshot: &agent::control::snapshot::Snapshot) -> u64 {
+    snapshot
         .stats
         .maps
         .iter()
@@ -214,27 +224,43 @@ struct Changes {
     label_ms: Vec<f64>,
     label_writes: u64,
     label_expected: usize,
-    policy_ms: Vec<f64>,
-    policy_writes: u64,
-    policy_expected: usize,
+    /// Compute-only: from `Command::Policies` (parsed outside the clock) to the kernel.
+    compute_ms: Vec<f64>,
+    compute_writes: u64,
+    compute_expected: usize,
     parse_ms: Vec<f64>,
 }
 
-/// Edits `pol3`'s first port between 83 and 93 (`round` even: to 93).
-fn edit_policy(paths: &Paths, round: usize) -> Result<()> {
+/// Where an edit of the policy file is staged before it is renamed into the directory: beside the
+/// directory, on the same filesystem, so the source never sees it half-written.
+fn staging(paths: &Paths) -> PathBuf {
+    paths.policy_dir.with_file_name("synthetic.yaml.edit")
+}
+
+/// Stages an edit of `pol3`'s first port (83 to 93 or back) in [`staging`]; renaming it into the
+/// directory ([`land_edit`]) is the edit.
+fn stage_edit(paths: &Paths) -> Result<()> {
     let file = paths.policy_dir.join("synthetic.yaml");
     let text = std::fs::read_to_string(&file)?;
-    let (from, to) = if round.is_multiple_of(2) {
-        ("port: 83}", "port: 93}")
-    } else {
-        ("port: 93}", "port: 83}")
-    };
     let at = text.find("name: pol3, namespace").context("pol3")?;
-    let offset = text[at..].find(from).context("pol3's port")? + at;
+    let (offset, from, to) = match text[at..].find("port: 83}") {
+        Some(o) => (o + at, "port: 83}", "port: 93}"),
+        None => (
+            text[at..].find("port: 93}").context("pol3's port")? + at,
+            "port: 93}",
+            "port: 83}",
+        ),
+    };
     std::fs::write(
-        &file,
+        staging(paths),
         format!("{}{to}{}", &text[..offset], &text[offset + from.len()..]),
     )?;
+    Ok(())
+}
+
+/// Renames the staged edit into the policy directory, as an editor's atomic save does.
+fn land_edit(paths: &Paths) -> Result<()> {
+    std::fs::rename(staging(paths), paths.policy_dir.join("synthetic.yaml"))?;
     Ok(())
 }
 
@@ -248,9 +274,9 @@ async fn changes(
         label_ms: Vec::new(),
         label_writes: 0,
         label_expected: 0,
-        policy_ms: Vec::new(),
-        policy_writes: 0,
-        policy_expected: 0,
+        compute_ms: Vec::new(),
+        compute_writes: 0,
+        compute_expected: 0,
         parse_ms: Vec::new(),
     };
     for round in 0..rounds {
@@ -294,7 +320,8 @@ async fn changes(
         } else {
             None
         };
-        edit_policy(paths, round)?;
+        stage_edit(paths)?;
+        land_edit(paths)?;
         let t = Instant::now();
         let (set, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
         out.parse_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -304,12 +331,66 @@ async fn changes(
         let t = Instant::now();
         handle.send(Command::Policies { set, errors })?;
         wait(handle, "policy edit", |s| s.applied.generation > generation).await?;
-        out.policy_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        out.compute_ms.push(t.elapsed().as_secs_f64() * 1e3);
         if let Some(before) = before {
             let after = reference::compile(paths, links)?;
             let expected = before.diff(&after).len();
-            out.policy_writes = out.policy_writes.max(writes(handle) - w);
-            out.policy_expected = out.policy_expected.max(expected);
+            out.compute_writes = out.compute_writes.max(writes(handle) - w);
+            out.compute_expected = out.compute_expected.max(expected);
+            anyhow::ensure!(
+                writes(handle) - w == expected as u64,
+                "policy compute round {round}: {} writes, {expected} expected",
+                writes(handle) - w
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Policy edits as an operator makes them: each staged beside the directory, then renamed into it with
+/// the clock started just before the rename, through the agent's policy-directory source (started
+/// here from the directory's current state, as the agent starts it) until the loop has applied a
+/// generation after it. Returns the latencies (ms), the most writes of a checked round and the most
+/// that round's reference diff called for.
+async fn edits_through_source(
+    paths: &Paths,
+    handle: &LoopHandle,
+    links: &BTreeMap<String, u32>,
+    rounds: usize,
+) -> Result<(Vec<f64>, u64, usize)> {
+    let source = tokio::spawn(policy_dir::run(
+        handle.clone(),
+        paths.policy_dir.clone(),
+        policy_dir::first_read(&paths.policy_dir),
+    ));
+    let (mut ms, mut most_writes, mut most_expected) = (Vec::new(), 0, 0);
+    for round in 0..rounds {
+        // The first two rounds (one each way) are checked against the reference compile.
+        let before = if round < 2 {
+            Some(reference::compile(paths, links)?)
+        } else {
+            None
+        };
+        stage_edit(paths)?;
+        let generation = handle.snapshot().summary.generation;
+        let w = writes(handle);
+        let t = Instant::now();
+        land_edit(paths)?;
+        // Applied, and its writes in the kernel maps (every edit changes entries; checked below).
+        wait(handle, "policy edit through the source", |s| {
+            s.applied.generation > generation && writes_in(s) > w
+        })
+        .await?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Some(before) = before {
+            let after = reference::compile(paths, links)?;
+            let expected = before.diff(&after).len();
+            anyhow::ensure!(
+                expected > 0,
+                "policy edit round {round}: the edit changes no entry"
+            );
+            most_writes = most_writes.max(writes(handle) - w);
+            most_expected = most_expected.max(expected);
             anyhow::ensure!(
                 writes(handle) - w == expected as u64,
                 "policy edit round {round}: {} writes, {expected} expected",
@@ -317,7 +398,8 @@ async fn changes(
             );
         }
     }
-    Ok(out)
+    source.abort();
+    Ok((ms, most_writes, most_expected))
 }
 
 /// `GET /v1/status` latencies over the real socket while the loop converges `sizes`.
@@ -446,6 +528,8 @@ async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
 
     // 2. Label and policy changes.
     let changes = changes(&paths, &handle, &links, rounds).await?;
+    let (policy_ms, policy_writes, policy_expected) =
+        edits_through_source(&paths, &handle, &links, rounds).await?;
     handle.stop();
     let _joined = thread.join();
     drop(root);
@@ -490,16 +574,23 @@ async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
         ),
         (
             "policy_change_p50_ms",
-            json!(percentile(changes.policy_ms.clone(), 0.5)),
+            json!(percentile(policy_ms.clone(), 0.5)),
+        ),
+        ("policy_change_p99_ms", json!(percentile(policy_ms, 0.99))),
+        ("policy_change_writes", json!(policy_writes)),
+        ("policy_change_expected_writes", json!(policy_expected)),
+        (
+            "policy_compute_p50_ms",
+            json!(percentile(changes.compute_ms.clone(), 0.5)),
         ),
         (
-            "policy_change_p99_ms",
-            json!(percentile(changes.policy_ms, 0.99)),
+            "policy_compute_p99_ms",
+            json!(percentile(changes.compute_ms, 0.99)),
         ),
-        ("policy_change_writes", json!(changes.policy_writes)),
+        ("policy_compute_writes", json!(changes.compute_writes)),
         (
-            "policy_change_expected_writes",
-            json!(changes.policy_expected),
+            "policy_compute_expected_writes",
+            json!(changes.compute_expected),
         ),
         (
             "policy_reload_parse_p50_ms",
@@ -556,6 +647,10 @@ fn main() -> Result<()> {
         ("policy_change_p99_ms", "<= 5 ms"),
         ("policy_change_writes", "= expected"),
         ("policy_change_expected_writes", ""),
+        ("policy_compute_p50_ms", ""),
+        ("policy_compute_p99_ms", ""),
+        ("policy_compute_writes", "= expected"),
+        ("policy_compute_expected_writes", ""),
         ("policy_reload_parse_p50_ms", ""),
         ("converge_endpoints", ""),
         ("converge_entries", ""),
