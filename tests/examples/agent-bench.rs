@@ -1,7 +1,11 @@
 //! `cargo xtask bench agent`: the agent's control-plane figures (issue 5's benchmark), measured on
 //! the real kernel with the agent's own code:
 //! - converge: from empty maps to N endpoints (map entries; 100 of them on real veths with both
-//!   programs attached) and 10 × N policy entries, in process (sources read, compiled, applied);
+//!   programs attached) and 10 × N policy entries, in process, through the dataplane loop as the agent
+//!   runs it (`control::applier`): from the policy files' read until the loop publishes a ready snapshot
+//!   after the link watcher's dump (every link, then `Synced`, as commands), so its batching is included.
+//!   The links past the first 100 have made-up indexes and no veth: the attachment driver takes them as
+//!   already attached (no kernel work), the real ones go through `TcLinks`;
 //! - resync: the same over the now-populated kernel (a restart): time and kernel writes;
 //! - RSS of this process after converging;
 //! - with a real `weir agent`: new `weir*` link → both programs attached; policy file written →
@@ -14,7 +18,7 @@
 //! Prints a table and writes the JSON given by `--out`.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     io::Write as _,
     net::UdpSocket,
     path::PathBuf,
@@ -27,17 +31,23 @@ use std::{
 };
 
 use agent::{
-    control::node::Node,
+    control::{
+        applier::{self, Command as LoopCommand},
+        node::Node,
+    },
     dataplane::{
-        attachments::AttachDriver, endpoints::EndpointsManager, map_driver::MapDriver,
+        attachments::{AttachDriver, Attacher, Hook},
+        endpoints::EndpointsManager,
+        map_driver::MapDriver,
         plane::Dataplane,
     },
     kernel::{
-        LinkEvent, PinnedHash, PinnedLpm,
+        KernelError, LinkEvent, PinnedHash, PinnedLpm,
         real::{programs::Programs, tc_links::TcLinks},
     },
 };
 use anyhow::{Context as _, Result};
+use aya::programs::TcAttachType;
 use serde_json::json;
 use tests::{
     agent_proc::{AgentDirs, AgentProcess},
@@ -48,16 +58,94 @@ use tests::{
 
 const REAL_VETHS: usize = 100;
 
-fn dataplane(paths: &agent::paths::Paths) -> Result<Dataplane> {
+/// The real attacher (`TcLinks`) for the real veths; every other link (a made-up index, no veth) is
+/// taken as already running the current programs, so the driver does no kernel work for it.
+struct RealVethsOnly {
+    tc: TcLinks,
+    real: HashSet<String>,
+}
+
+impl Attacher for RealVethsOnly {
+    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
+        self.tc.pinned()
+    }
+    fn has_pin(&self, ifname: &str, program: &str) -> bool {
+        self.real.contains(ifname) && self.tc.has_pin(ifname, program)
+    }
+    fn hook(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<Hook, KernelError> {
+        if self.real.contains(ifname) {
+            return self.tc.hook(ifname, ifindex, program, hook);
+        }
+        Ok(Hook {
+            ours: Some(self.tc.current(program)),
+            leftovers: false,
+        })
+    }
+    fn current(&self, program: &str) -> u32 {
+        self.tc.current(program)
+    }
+    fn link_exists(&self, ifname: &str, ifindex: u32) -> bool {
+        !self.real.contains(ifname) || self.tc.link_exists(ifname, ifindex)
+    }
+    fn attach(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError> {
+        if self.real.contains(ifname) {
+            return self.tc.attach(ifname, ifindex, program, hook);
+        }
+        Ok(())
+    }
+    fn update(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<(), KernelError> {
+        if self.real.contains(ifname) {
+            return self.tc.update(ifname, ifindex, program, hook);
+        }
+        Ok(())
+    }
+    fn sweep(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        program: &str,
+        hook: TcAttachType,
+    ) -> Result<u64, KernelError> {
+        if self.real.contains(ifname) {
+            return self.tc.sweep(ifname, ifindex, program, hook);
+        }
+        Ok(0)
+    }
+    fn unpin(&mut self, ifname: &str, program: &str) -> Result<(), KernelError> {
+        if self.real.contains(ifname) {
+            return self.tc.unpin(ifname, program);
+        }
+        Ok(())
+    }
+}
+
+fn dataplane(paths: &agent::paths::Paths, real: HashSet<String>) -> Result<Dataplane> {
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
     let programs = Programs::load(paths, agent::EBPF_OBJECT, &[])?;
     let pin = |n: &str| paths.map_pin(n);
     Ok(Dataplane {
-        attachments: AttachDriver::new(Box::new(TcLinks::new(
-            paths.clone(),
-            programs,
-            agent::attach::Mechanism::default(),
-        )?)),
+        attachments: AttachDriver::new(Box::new(RealVethsOnly {
+            tc: TcLinks::new(paths.clone(), programs, agent::attach::Mechanism::default())?,
+            real,
+        })),
         endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
         endpoints_manager: EndpointsManager::new(),
         ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),
@@ -73,45 +161,56 @@ fn host_name(i: usize) -> String {
     format!("weir{:05x}{i:06x}", std::process::id() & 0xf_ffff)
 }
 
-/// Opens the node, feeds links (real ones through the node, the rest straight to the endpoints
-/// manager with made-up indexes), applies, and returns (seconds, kernel writes).
+/// Opens the node, starts the dataplane loop on it as the agent does, sends it every link (the real
+/// veths' indexes, made-up ones for the rest) and `Synced` as the link watcher's first dump does, and
+/// waits for the loop to publish a ready snapshot. Returns (seconds from the policy files' read, kernel
+/// writes, the loop's handle and thread: stopping it drops the node).
 fn converge(
     paths: &agent::paths::Paths,
     real: &[(String, u32)],
     endpoints: usize,
-) -> Result<(f64, u64, Node)> {
+) -> Result<(f64, u64, applier::LoopHandle, std::thread::JoinHandle<()>)> {
     let started = Instant::now();
     let (policies, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
     anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
-    let dataplane = dataplane(paths)?;
+    let dataplane = dataplane(paths, real.iter().map(|(n, _)| n.clone()).collect())?;
     eprintln!(
         "converge: policy files read, programs loaded: {:?}",
         started.elapsed()
     );
-    let mut node = Node::open(paths, dataplane, policies, Vec::new())?;
+    let node = Node::open(paths, dataplane, policies, Vec::new())?;
     eprintln!("converge: node open: {:?}", started.elapsed());
-    for (name, ifindex) in real {
-        node.on_link(&LinkEvent::Up {
-            ifname: name.clone(),
-            ifindex: *ifindex,
+    let (handle, thread) = applier::spawn(node)?;
+    let made_up = (REAL_VETHS..endpoints)
+        .map(|i| Ok((host_name(i), 1_000_000 + u32::try_from(i)?)))
+        .collect::<Result<Vec<_>>>()?;
+    for (ifname, ifindex) in real.iter().cloned().chain(made_up) {
+        handle.send(LoopCommand::Link(LinkEvent::Up {
+            ifname,
+            ifindex,
             up: true,
-        });
+        }))?;
     }
-    {
-        let dp = &mut node.dataplane;
-        for i in REAL_VETHS..endpoints {
-            dp.endpoints_manager.link_up(
-                &mut dp.endpoints,
-                &host_name(i),
-                1_000_000 + u32::try_from(i)?,
-            );
-        }
-    }
-    node.on_link(&LinkEvent::Synced);
-    eprintln!("converge: links fed: {:?}", started.elapsed());
-    node.dataplane.apply()?;
-    eprintln!("converge: applied: {:?}", started.elapsed());
-    let stats = node.dataplane.stats();
+    handle.send(LoopCommand::Link(LinkEvent::Synced))?;
+    eprintln!("converge: links sent: {:?}", started.elapsed());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let mut rx = handle.subscribe();
+    let ready = runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), rx.wait_for(|s| s.applied.ready)).await
+    });
+    let snapshot = match ready {
+        Ok(Ok(s)) => std::sync::Arc::clone(&s),
+        Ok(Err(_)) => anyhow::bail!("converge: the dataplane loop stopped"),
+        Err(_) => anyhow::bail!(
+            "converge: not ready within 300 s; the loop reports {:?}",
+            handle.snapshot().applied
+        ),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("converge: applied, ready: {:?}", started.elapsed());
+    let stats = &snapshot.stats;
     let writes = stats
         .maps
         .iter()
@@ -120,7 +219,12 @@ fn converge(
         + stats.attachments.attaches
         + stats.attachments.updates
         + stats.attachments.unpins;
-    Ok((started.elapsed().as_secs_f64(), writes, node))
+    let (endpoints_in, links_in) = (snapshot.summary.endpoints, snapshot.summary.workload_links);
+    anyhow::ensure!(
+        endpoints_in == endpoints && links_in == endpoints,
+        "converge: the loop's snapshot has {endpoints_in} endpoints and {links_in} links, {endpoints} of each sent"
+    );
+    Ok((seconds, writes, handle, thread))
 }
 
 fn rss_mib() -> f64 {
@@ -263,11 +367,15 @@ fn main() -> Result<()> {
         .collect();
     let (converge_s, converge_writes, rss, resync_s, resync_writes) =
         node_ns.run(|| -> Result<_> {
-            let (converge_s, converge_writes, node) = converge(&paths, &real, endpoints)?;
+            let (converge_s, converge_writes, handle, thread) = converge(&paths, &real, endpoints)?;
             let rss = rss_mib();
             eprintln!("converge: RSS after converging: {rss:.1} MiB");
-            drop(node);
-            let (resync_s, resync_writes, _node) = converge(&paths, &real, endpoints)?;
+            // A restart: the loop ends and drops its node (its maps and pins stay).
+            handle.stop();
+            anyhow::ensure!(thread.join().is_ok(), "the dataplane loop panicked");
+            let (resync_s, resync_writes, handle, thread) = converge(&paths, &real, endpoints)?;
+            handle.stop();
+            anyhow::ensure!(thread.join().is_ok(), "the dataplane loop panicked");
             Ok((converge_s, converge_writes, rss, resync_s, resync_writes))
         })?;
     drop(node_ns);
