@@ -1,11 +1,12 @@
 //! `cargo xtask bench agent`: the agent's control-plane figures (issue 5's benchmark), measured on
 //! the real kernel with the agent's own code:
 //! - converge: from empty maps to N endpoints (map entries; 100 of them on real veths with both
-//!   programs attached) and 10 × N policy entries, in process, through the dataplane loop as the agent
-//!   runs it (`control::applier`): from the policy files' read until the loop publishes a ready snapshot
-//!   after the link watcher's dump (every link, then `Synced`, as commands), so its batching is included.
-//!   The links past the first 100 have made-up indexes and no veth: the attachment driver takes them as
-//!   already attached (no kernel work), the real ones go through `TcLinks`;
+//!   programs attached) and 10 × N policy entries, in process, through the dataplane loop as the
+//!   agent runs it (`control::applier`): from the policy files' read until the loop publishes a
+//!   ready snapshot after the link watcher's dump (every link, then `Synced`, as commands), so its
+//!   batching is included. The links past the first 100 have made-up indexes and no veth: the
+//!   attachment driver takes them as already attached (no kernel work), the real ones go through
+//!   `TcLinks`;
 //! - resync: the same over the now-populated kernel (a restart): time and kernel writes;
 //! - RSS of this process after converging;
 //! - with a real `weir agent`: new `weir*` link → both programs attached; policy file written →
@@ -162,9 +163,9 @@ fn host_name(i: usize) -> String {
 }
 
 /// Opens the node, starts the dataplane loop on it as the agent does, sends it every link (the real
-/// veths' indexes, made-up ones for the rest) and `Synced` as the link watcher's first dump does, and
-/// waits for the loop to publish a ready snapshot. Returns (seconds from the policy files' read, kernel
-/// writes, the loop's handle and thread: stopping it drops the node).
+/// veths' indexes, made-up ones for the rest) and `Synced` as the link watcher's first dump does,
+/// and waits for the loop to publish a ready snapshot. Returns (seconds from the policy files'
+/// read, kernel writes, the loop's handle and thread: stopping it drops the node).
 fn converge(
     paths: &agent::paths::Paths,
     real: &[(String, u32)],
@@ -222,7 +223,8 @@ fn converge(
     let (endpoints_in, links_in) = (snapshot.summary.endpoints, snapshot.summary.workload_links);
     anyhow::ensure!(
         endpoints_in == endpoints && links_in == endpoints,
-        "converge: the loop's snapshot has {endpoints_in} endpoints and {links_in} links, {endpoints} of each sent"
+        "converge: the loop's snapshot has {endpoints_in} endpoints and {links_in} links, \
+         {endpoints} of each sent"
     );
     Ok((seconds, writes, handle, thread))
 }

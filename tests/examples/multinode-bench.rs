@@ -1,11 +1,12 @@
 //! `cargo xtask bench multinode`: weir across nodes on one kernel (DESIGN.md → "Nodes and routing").
 //! - IPAM at scale against a real etcd (`ipam::testing::EtcdServer`): 1,000 simulated hosts × 100
-//!   allocations, hosts as concurrent clients of the IPAM library (each its own client, as agents have; all
-//!   through one shared client with `--ipam-client-shared`) in bounded batches; duplicates, allocation p99, etcd's own WAL fsync
-//!   p99 over the same run (its `/metrics`), every address checked against its host's own blocks (affinity
-//!   `host:<name>`; borrowed addresses are counted and reported), and where the time went (rounds, lost CAS
-//!   txns, queueing, mean read and CAS txn times). `--ipam-shared-extra` runs it a second time on a fresh etcd
-//!   through one shared client and adds that run's figures as `ipam_shared_client_*` (for comparison only).
+//!   allocations, hosts as concurrent clients of the IPAM library (each its own client, as agents
+//!   have; all through one shared client with `--ipam-client-shared`) in bounded batches;
+//!   duplicates, allocation p99, etcd's own WAL fsync p99 over the same run (its `/metrics`), every
+//!   address checked against its host's own blocks (affinity `host:<name>`; borrowed addresses are
+//!   counted and reported), and where the time went (rounds, lost CAS txns, queueing, mean read and
+//!   CAS txn times). `--ipam-shared-extra` runs it a second time on a fresh etcd through one shared
+//!   client and adds that run's figures as `ipam_shared_client_*` (for comparison only).
 //! - Route convergence: 50 simulated peers, each a namespace with an underlay link and its own route
 //!   driver (`NodeRoutes`, native) in process holding the other peers' blocks; a new node with 4 blocks is
 //!   handed to all of them at once, and the figure is the time until every peer's driver has written its
@@ -45,7 +46,8 @@ use serde_json::{Value, json};
 use tests::{multinode::Cluster, names, netns::NetNs};
 
 struct Sizes {
-    /// Every simulated host allocates through its own client (the default; `--ipam-client-shared` turns it off).
+    /// Every simulated host allocates through its own client (the default; off with
+    /// `--ipam-client-shared`).
     per_host_client: bool,
     /// A second IPAM run through one shared client, its figures as `ipam_shared_client_*`.
     shared_extra: bool,
@@ -132,8 +134,8 @@ fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f6
 
 const BLOCK_SIZE: u8 = 26;
 
-/// IPAM at scale: `hosts` × `per_host` allocations, `batch` hosts at a time, each host through its own
-/// client when `per_host_client`, else all through one.
+/// IPAM at scale: `hosts` × `per_host` allocations, `batch` hosts at a time, each host through its
+/// own client when `per_host_client`, else all through one.
 fn ipam_scale(sizes: &Sizes, per_host_client: bool) -> Result<Value> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -157,9 +159,9 @@ fn ipam_scale(sizes: &Sizes, per_host_client: bool) -> Result<Value> {
         let start = Instant::now();
         let mut lat = Vec::with_capacity(sizes.hosts * sizes.per_host);
         let mut by_host: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
-        // Each host has its own client, as every agent has its own. A shared client (one connection, one
-        // group committer: the hosts' writes share rounds, up to etcd's 128 operations a txn) is faster on
-        // this machine (etcd on the same two shared cores), but no deployment allocates that way.
+        // Each host has its own client, as every agent has its own. A shared client (one connection,
+        // one group committer: the hosts' writes share rounds, up to etcd's 128 operations a txn) is
+        // faster on this machine (etcd on the same two shared cores), but no deployment allocates so.
         let mut sum = EtcdStats::default();
         for first in (0..sizes.hosts).step_by(sizes.batch) {
             let mut clients = Vec::new();
@@ -589,8 +591,8 @@ fn main() -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from)
         .context(
-            "usage: multinode-bench --out FILE [--smoke] [--ipam-only | --throughput-only] [--ipam-client-shared] \
-             [--ipam-shared-extra]",
+            "usage: multinode-bench --out FILE [--smoke] [--ipam-only | --throughput-only] \
+             [--ipam-client-shared] [--ipam-shared-extra]",
         )?;
     let sizes = if smoke {
         Sizes {

@@ -9,12 +9,13 @@
 //! - one pod's label change (the API's endpoint command) until its generation is in the kernel:
 //!   latency, and the writes it caused against those a fresh full compile before and after calls
 //!   for;
-//! - one policy edit, from the moment the edited file is renamed into the policy directory (an operator's
-//!   atomic save landing) until its generation is in the kernel: through the agent's own policy-directory
-//!   source (`sources::policy_dir`: its stat poll, settle and parse), the loop and the map drivers; with its
-//!   writes against the reference compile as above. Separately, before that source runs, the compute-only part:
-//!   the directory parsed outside the clock, then from the source's command (`Command::Policies`) to the
-//!   kernel (`policy_compute_*`), and the parse alone (`policy_reload_parse_p50_ms`);
+//! - one policy edit, from the moment the edited file is renamed into the policy directory (an
+//!   operator's atomic save landing) until its generation is in the kernel: through the agent's own
+//!   policy-directory source (`sources::policy_dir`: its stat poll, settle and parse), the loop and
+//!   the map drivers; with its writes against the reference compile as above. Separately, before
+//!   that source runs, the compute-only part: the directory parsed outside the clock, then from the
+//!   source's command (`Command::Policies`) to the kernel (`policy_compute_*`), and the parse alone
+//!   (`policy_reload_parse_p50_ms`);
 //! - `GET /v1/status` over the real unix socket while the loop converges 10,000 endpoints.
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, few rounds.
@@ -347,11 +348,11 @@ async fn changes(
     Ok(out)
 }
 
-/// Policy edits as an operator makes them: each staged beside the directory, then renamed into it with
-/// the clock started just before the rename, through the agent's policy-directory source (started
-/// here from the directory's current state, as the agent starts it) until the loop has applied a
-/// generation after it. Returns the latencies (ms), the most writes of a checked round and the most
-/// that round's reference diff called for.
+/// Policy edits as an operator makes them: each staged beside the directory, then renamed into it
+/// with the clock started just before the rename, through the agent's policy-directory source
+/// (started here from the directory's current state, as the agent starts it) until the loop has
+/// applied a generation after it. Returns the latencies (ms), the most writes of a checked round
+/// and the most that round's reference diff called for.
 async fn edits_through_source(
     paths: &Paths,
     handle: &LoopHandle,

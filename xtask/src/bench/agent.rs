@@ -1,7 +1,7 @@
 //! `cargo xtask bench agent [--smoke]`: runs the `agent-bench` example of the `tests` crate (the
-//! agent's own code on the real kernel, converging through its dataplane loop, plus a real `weir agent`),
-//! which prints a table and writes `target/weir-bench/agent.json`. Release build; `--smoke` uses the dev
-//! build and small counts.
+//! agent's own code on the real kernel, converging through its dataplane loop, plus a real
+//! `weir agent`), which prints a table and writes `target/weir-bench/agent.json`. Release build;
+//! `--smoke` uses the dev build and small counts.
 
 use std::path::Path;
 

@@ -1,10 +1,11 @@
-//! `cargo xtask bench multinode [--smoke]`: builds `weir` and runs the `multinode-bench` example of the
-//! `tests` crate with it: IPAM at scale on a real etcd (1,000 hosts × 100 allocations, a client per host;
-//! again through one shared client for comparison, `ipam_shared_client_*`), route convergence
-//! on 50 simulated peers, and one TCP stream pod → pod across two node namespaces against the bare underlay
-//! (native: two `weir agent`s on etcd with node records, pods through `weir-cni`; vxlan: one `weir agent` per
-//! node, routes by the driver in process). Builds `weir-cni` too. Prints a table and writes
-//! `target/weir-bench/multinode.json`. Release build; `--smoke` uses the dev build and small sizes.
+//! `cargo xtask bench multinode [--smoke]`: builds `weir` and runs the `multinode-bench` example of
+//! the `tests` crate with it: IPAM at scale on a real etcd (1,000 hosts × 100 allocations, a client
+//! per host; again through one shared client for comparison, `ipam_shared_client_*`), route
+//! convergence on 50 simulated peers, and one TCP stream pod → pod across two node namespaces
+//! against the bare underlay (native: two `weir agent`s on etcd with node records, pods through
+//! `weir-cni`; vxlan: one `weir agent` per node, routes by the driver in process). Builds
+//! `weir-cni` too. Prints a table and writes `target/weir-bench/multinode.json`. Release build;
+//! `--smoke` uses the dev build and small sizes.
 
 use std::path::Path;
 
@@ -75,8 +76,8 @@ pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
         build.push("--release");
     }
     crate::util::run(workspace, "cargo", &build)?;
-    // `ipam_p99_ms` is judged on per-host clients (the example's default), as agents allocate; the shared
-    // client's figures are reported beside it as `ipam_shared_client_*`.
+    // `ipam_p99_ms` is judged on per-host clients (the example's default), as agents allocate; the
+    // shared client's figures are reported beside it as `ipam_shared_client_*`.
     super::agent::run_example_with_weir_args(
         workspace,
         smoke,

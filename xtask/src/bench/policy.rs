@@ -1,8 +1,8 @@
-//! `cargo xtask bench policy [--smoke]`: runs the `policy-bench` example of the `tests` crate
-//! (the agent's calculation and dataplane loop in process on the real kernel maps, pinned under a
-//! `wt*` pin root of its own; policy edits land as files renamed into the directory and go through the
-//! agent's policy-directory source), which prints a table and writes `target/weir-bench/policy.json`.
-//! Release build; `--smoke` uses the dev build and small sizes.
+//! `cargo xtask bench policy [--smoke]`: runs the `policy-bench` example of the `tests` crate (the
+//! agent's calculation and dataplane loop in process on the real kernel maps, pinned under a `wt*`
+//! pin root of its own; policy edits land as files renamed into the directory and go through the
+//! agent's policy-directory source), which prints a table and writes
+//! `target/weir-bench/policy.json`. Release build; `--smoke` uses the dev build and small sizes.
 
 use std::path::Path;
 
