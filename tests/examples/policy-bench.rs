@@ -244,10 +244,12 @@ fn stage_edit(paths: &Paths) -> Result<()> {
     let file = paths.policy_dir.join("synthetic.yaml");
     let text = std::fs::read_to_string(&file)?;
     let at = text.find("name: pol3, namespace").context("pol3")?;
-    let (offset, from, to) = match text[at..].find("port: 83}") {
+    // Only within pol3's own document: a later policy may have either port too.
+    let doc = &text[at..text[at..].find("\n---").map_or(text.len(), |end| at + end)];
+    let (offset, from, to) = match doc.find("port: 83}") {
         Some(o) => (o + at, "port: 83}", "port: 93}"),
         None => (
-            text[at..].find("port: 93}").context("pol3's port")? + at,
+            doc.find("port: 93}").context("pol3's port")? + at,
             "port: 93}",
             "port: 83}",
         ),
