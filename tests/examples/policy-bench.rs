@@ -11,7 +11,7 @@
 //!   for;
 //! - one policy edit, from the moment the edited file is renamed into the policy directory (an
 //!   operator's atomic save landing) until its generation is in the kernel: through the agent's own
-//!   policy-directory source (`sources::policy_dir`: its stat poll, settle and parse), the loop and
+//!   policy-directory source (`sources::policy_dir`: its inotify wake and parse), the loop and
 //!   the map drivers; with its writes against the reference compile as above. Separately, before
 //!   that source runs, the compute-only part: the directory parsed outside the clock, then from the
 //!   source's command (`Command::Policies`) to the kernel (`policy_compute_*`), and the parse alone

@@ -381,7 +381,7 @@ fn fast_read(
     events.drain();
     let whole = after == *now && events.all_renamed(before, now);
     events.clear();
-    whole.then(|| Settled {
+    whole.then_some(Settled {
         loaded,
         fingerprint: after,
         reads: 1,
