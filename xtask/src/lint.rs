@@ -1,5 +1,7 @@
-//! `cargo xtask lint`: rustfmt and clippy with `-D warnings` on every crate — the host crates for
-//! the host, the eBPF crate (and each test-only variant) for its BPF target; the Markdown checks.
+//! `cargo xtask lint`: the kernel-call check (`kernel_calls`), the Markdown checks (`md_lint`),
+//! rustfmt, BENCHMARKS.md's summary against the recorded results (`bench::summary`), and clippy
+//! with `-D warnings` on every crate — the host crates for the host, the eBPF crate (and each
+//! test-only variant) for its BPF target.
 
 use std::{path::Path, process::Command};
 
