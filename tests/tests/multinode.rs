@@ -1069,25 +1069,46 @@ impl RouteMonitor {
             reader: Some(reader),
         };
         // Listening before anything happens: it shows a route added and removed after it started.
+        // `ip monitor` subscribes a moment after it is spawned, so an add it missed is taken back
+        // and made again until the monitor shows one (bounded); the removal is then seen for sure.
         let marker = format!("{MARKER}/32");
-        for (op, seen) in [("add", "blackhole"), ("del", "Deleted")] {
-            ns.exec(&["ip", "route", op, "blackhole", &marker]);
-            wait_until(
-                &format!("ip monitor shows the marker route's {op}"),
-                Duration::from_secs(10),
-                || {
-                    let lines = monitor.lines.lock().expect("lines");
-                    if lines
-                        .iter()
-                        .any(|l| l.contains(MARKER) && l.starts_with(seen))
-                    {
-                        Ok(())
-                    } else {
-                        Err(format!("{lines:?}"))
-                    }
-                },
+        let shows = |seen: &str| {
+            monitor
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|l| l.contains(MARKER) && l.starts_with(seen))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            ns.exec(&["ip", "route", "add", "blackhole", &marker]);
+            let tried = std::time::Instant::now();
+            while !shows("blackhole") && tried.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if shows("blackhole") {
+                break;
+            }
+            ns.exec(&["ip", "route", "del", "blackhole", &marker]);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ip monitor never showed the marker route's add within 30 s: {:?}",
+                monitor.lines.lock().expect("lines")
             );
         }
+        ns.exec(&["ip", "route", "del", "blackhole", &marker]);
+        wait_until(
+            "ip monitor shows the marker route's removal",
+            Duration::from_secs(10),
+            || {
+                if shows("Deleted") {
+                    Ok(())
+                } else {
+                    Err(format!("{:?}", monitor.lines.lock().expect("lines")))
+                }
+            },
+        );
         monitor
     }
 
