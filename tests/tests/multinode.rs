@@ -529,10 +529,25 @@ fn scenario(mode: Mode) {
     // them (programs and maps stay pinned), allowed and denied alike.
     cluster.node_mut(0).cni.kill_agent();
     let wrong = matrix_holds_once(&cluster, &model, &pod_labels, &pairs);
+    let admitted: Vec<_> = wrong.iter().filter(|(_, _, want)| !want).collect();
     assert!(
-        wrong.is_empty(),
-        "with node 0's agent down, new flows do not follow the policies: {wrong:?}"
+        admitted.is_empty(),
+        "with node 0's agent down, denied pairs connect: {admitted:?}"
     );
+    // An allowed pair that missed the short probe (a loaded CI machine) is tried again with time to
+    // spare: it must still connect with the agent down.
+    for (from, to, _) in wrong.iter().filter(|(_, _, want)| *want) {
+        let (a, p, b, q) = *pairs
+            .iter()
+            .find(|&&(a, p, b, q)| pod_name(a, p).1 == *from && pod_name(b, q).1 == *to)
+            .expect("a probed pair");
+        let ip = tests::cni::Pod::ipv4(&cluster.node(b).pods[q].1);
+        let ns = &cluster.node(a).pods[p].0.ns;
+        assert!(
+            (0..3).any(|_| connects(ns, &ip)),
+            "with node 0's agent down, the allowed pair {from} -> {to} does not connect"
+        );
+    }
     cluster.node_mut(0).cni.restart_agent();
     // The rest runs without policies.
     for node in cluster.live() {

@@ -8,7 +8,8 @@
 //! The binaries are taken from a queue, the slowest first (the order below, from CI's timings),
 //! so the lanes end close together. Each binary's output is kept and printed whole when it ends,
 //! so lanes do not interleave; a failure does not stop the other binaries, and all failures are
-//! listed at the end.
+//! listed at the end, each with its failure report again (libtest's `failures:` section and the
+//! end of its log), so the tail of a CI log names what went wrong.
 
 use std::{
     collections::VecDeque,
@@ -118,9 +119,10 @@ pub(crate) fn run(ws: &Path, env: &[(&str, &str)]) -> Result<()> {
                     let next = queue.lock().map(|mut q| q.pop_front()).unwrap_or(None);
                     let Some(binary) = next else { break };
                     if let Err(e) = run_one(&binary, lane, crate_dir, env) {
-                        println!("{e:#}");
+                        // The whole report comes again at the end; here only its first line.
+                        println!("{}", format!("{e:#}").lines().next().unwrap_or_default());
                         if let Ok(mut f) = failed.lock() {
-                            f.push(binary.name);
+                            f.push((binary.name, format!("{e:#}")));
                         }
                     }
                 }
@@ -133,7 +135,11 @@ pub(crate) fn run(ws: &Path, env: &[(&str, &str)]) -> Result<()> {
     );
     let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
     if !failed.is_empty() {
-        bail!("test binaries failed: {}", failed.join(", "));
+        for (name, report) in &failed {
+            println!("==== failed: tests/{name}.rs ====\n{report}");
+        }
+        let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
+        bail!("test binaries failed: {}", names.join(", "));
     }
     Ok(())
 }
@@ -159,7 +165,46 @@ fn run_one(binary: &Binary, lane: usize, crate_dir: &Path, env: &[(String, Strin
         String::from_utf8_lossy(&out.stderr)
     );
     if !out.status.success() {
-        bail!("tests/{}.rs failed ({})", binary.name, out.status);
+        bail!(
+            "tests/{}.rs failed ({})\n{}",
+            binary.name,
+            out.status,
+            failure_report(
+                &String::from_utf8_lossy(&out.stdout),
+                &String::from_utf8_lossy(&out.stderr)
+            )
+        );
     }
     Ok(())
+}
+
+/// Lines of a failed binary's log kept for the report at the end.
+const REPORT_TAIL_LINES: usize = 40;
+
+/// What a failed binary's report repeats at the end: libtest's `failures:` section (each failed
+/// test's panic and captured output) and the last lines of its log.
+fn failure_report(stdout: &str, stderr: &str) -> String {
+    let failures = stdout
+        .find("\nfailures:\n")
+        .map(|at| stdout[at + 1..].to_owned())
+        .unwrap_or_default();
+    let lines: Vec<&str> = stderr.lines().collect();
+    let tail = lines[lines.len().saturating_sub(REPORT_TAIL_LINES)..].join("\n");
+    format!("{failures}\n-- the last {REPORT_TAIL_LINES} lines of its log --\n{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_keeps_the_failures_section_and_the_logs_end() {
+        let stdout = "running 2 tests\ntest a ... ok\ntest b ... FAILED\n\nfailures:\n\n---- b stdout ----\nboom\n";
+        let stderr: String = (0..100).map(|i| format!("log {i}\n")).collect();
+        let report = failure_report(stdout, &stderr);
+        assert!(report.starts_with("failures:\n"), "{report}");
+        assert!(report.contains("boom"));
+        assert!(report.contains("log 99") && report.contains("log 60"));
+        assert!(!report.contains("log 59\n"), "{report}");
+    }
 }
