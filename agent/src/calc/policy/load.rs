@@ -121,9 +121,15 @@ pub fn load_dir_full(dir: &Path) -> Loaded {
 /// Reads one policy file into `loaded` (an unreadable file is a refusal of everything it held).
 /// False when it could not be read.
 pub(super) fn load_file(file: &Path, loaded: &mut Loaded) -> bool {
+    load_file_with(file, None, loaded)
+}
+
+/// [`load_file`], reusing `docs`' parse of every document it still holds and refilling `docs`
+/// with the file's documents.
+pub(super) fn load_file_with(file: &Path, docs: Option<&mut DocCache>, loaded: &mut Loaded) -> bool {
     match fs::read_to_string(file) {
         Ok(text) => {
-            load_into(file, &text, loaded);
+            load_documents(file, &text, docs, loaded);
             true
         }
         Err(e) => {
@@ -211,7 +217,146 @@ pub fn load_text(file: &Path, text: &str, set: &mut PolicySet, errors: &mut Vec<
     *errors = loaded.errors;
 }
 
+/// One document's parse, kept by its text ([`DocCache`]): its objects and reports with lines
+/// counted from the document's first line, and whether it ended the file's parse (bad YAML).
+#[derive(Clone, Debug, Default)]
+pub(super) struct DocParse {
+    loaded: Loaded,
+    complete: bool,
+}
+
+/// The parse of each document of a file, by the document's text: an edit of one document of a
+/// large file parses that document only.
+pub(super) type DocCache = std::collections::HashMap<String, DocParse>;
+
+/// The documents of `text` as (first line, text), split at its `---` lines; None when the text
+/// uses what a split on lines cannot follow (directives, `...` ends, content after `---`), which
+/// is then parsed as one stream.
+fn split_documents(text: &str) -> Option<Vec<(usize, &str)>> {
+    let mut docs = Vec::new();
+    let (mut start, mut start_line, mut at) = (0, 1, 0);
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let bare = line.trim_end();
+        if bare.starts_with('%') || bare.starts_with("...") {
+            return None;
+        }
+        if bare.starts_with("---") {
+            if bare != "---" {
+                return None;
+            }
+            docs.push((start_line, &text[start..at]));
+            start = at + line.len();
+            start_line = i + 2;
+        }
+        at += line.len();
+    }
+    docs.push((start_line, &text[start..]));
+    Some(docs)
+}
+
+/// Parses the documents of one file into `loaded`, each on its own (reusing `cache`'s parse of
+/// a document whose text it holds, and refilling `cache` with this text's documents) when the
+/// text splits at its `---` lines, else as one stream. After a document that is not valid YAML
+/// the rest of the file is not read, as in a stream.
+fn load_documents(file: &Path, text: &str, cache: Option<&mut DocCache>, loaded: &mut Loaded) {
+    let Some(docs) = split_documents(text) else {
+        load_stream(file, text, loaded);
+        return;
+    };
+    let mut cache = cache;
+    let mut old = cache.as_deref_mut().map(std::mem::take);
+    let mut fresh = DocCache::new();
+    for (first_line, doc) in docs {
+        let kept = old.as_mut().and_then(|o| o.remove(doc));
+        let parsed = match kept.or_else(|| fresh.get(doc).cloned()) {
+            Some(parsed) => parsed,
+            None => parse_document(file, first_line, doc),
+        };
+        if !parsed.complete {
+            // Bad YAML: its report is in the file's lines (never kept: its place may change).
+            merge_document(loaded, &parsed.loaded, 0);
+            break;
+        }
+        merge_document(loaded, &parsed.loaded, first_line - 1);
+        if cache.is_some() {
+            fresh.insert(doc.to_owned(), parsed);
+        }
+    }
+    if let Some(c) = cache {
+        *c = fresh;
+    }
+}
+
+/// One document's parse, with lines counted from its first line; when it is not valid YAML, its
+/// parse where it stands in the file (the parser's message names the file's line and column).
+fn parse_document(file: &Path, first_line: usize, doc: &str) -> DocParse {
+    let mut loaded = Loaded::default();
+    if load_stream(file, doc, &mut loaded) {
+        return DocParse {
+            loaded,
+            complete: true,
+        };
+    }
+    let mut placed = Loaded::default();
+    let text = format!("{}{doc}", "\n".repeat(first_line - 1));
+    load_stream(file, &text, &mut placed);
+    DocParse {
+        loaded: placed,
+        complete: false,
+    }
+}
+
+/// Adds one document's parse (lines counted from its first line) after the documents before it.
+pub(super) fn merge_document(loaded: &mut Loaded, doc: &Loaded, line_offset: usize) {
+    let shifted = |e: &PolicyFileError| PolicyFileError {
+        line: e.line + line_offset,
+        ..e.clone()
+    };
+    let (set, from) = (&mut loaded.set, &doc.set);
+    set.policies
+        .extend(from.policies.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (name, labels) in &from.namespaces {
+        set.namespaces.insert(name.clone(), labels.clone());
+        match from.namespace_annotations.get(name) {
+            Some(a) => set.namespace_annotations.insert(name.clone(), a.clone()),
+            None => set.namespace_annotations.remove(name),
+        };
+    }
+    set.pods
+        .extend(from.pods.iter().map(|(k, v)| (k.clone(), v.clone())));
+    set.nodes
+        .extend(from.nodes.iter().map(|(k, v)| (k.clone(), v.clone())));
+    set.services
+        .extend(from.services.iter().map(|(k, v)| (k.clone(), v.clone())));
+    set.endpoint_slices.extend(
+        from.endpoint_slices
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    loaded.errors.extend(doc.errors.iter().map(shifted));
+    loaded.refused.extend(doc.refused.iter().cloned());
+    loaded
+        .origins
+        .extend(doc.origins.iter().map(|(k, v)| (k.clone(), v.clone())));
+    loaded
+        .lines
+        .extend(doc.lines.iter().map(|(k, v)| (k.clone(), v + line_offset)));
+}
+
 fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
+    load_documents(file, text, None, loaded);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Streams parsed on this thread (tests count what a cached read parses).
+    pub(super) static STREAMS_PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Parses `text` as one YAML stream into `loaded`; false when it stopped at bad YAML.
+fn load_stream(file: &Path, text: &str, loaded: &mut Loaded) -> bool {
+    #[cfg(test)]
+    STREAMS_PARSED.with(|n| n.set(n.get() + 1));
     let Loaded {
         set,
         errors,
@@ -234,7 +379,7 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
                 let line = e.location().map_or(doc_line, |l| l.line());
                 errors.push(err(line, format!("not valid YAML: {e}")));
                 refused.push((file.to_owned(), None));
-                break;
+                return false;
             }
         };
         if value.is_null() {
@@ -314,6 +459,7 @@ fn load_into(file: &Path, text: &str, loaded: &mut Loaded) {
             (Ok(()), None) => {}
         }
     }
+    true
 }
 
 /// Parses one file's text (tests and `weir policy` helpers).
@@ -402,6 +548,54 @@ spec:
             errors[0].to_string(),
             "c.yaml:10: status.podIP: \"x\" is not an IP address"
         );
+    }
+
+    /// Files whose documents parse alike one by one and as one stream (lines included).
+    const SPLITTABLE: &[&str] = &[
+        GOOD,
+        "---\nkind: Namespace\nmetadata: {name: a}\n---\n---\nkind: Namespace\nmetadata: {name: b}\n---\n",
+        "kind: Pod\nmetadata: {name: p, namespace: a}\nspec: [bad]\n---\nkind: Namespace\nmetadata: {name: a}\n",
+        "kind: Namespace\nmetadata: {name: a}\n---\nkind: [unclosed\n---\nkind: Namespace\nmetadata: {name: b}\n",
+        "kind: Namespace\r\nmetadata: {name: a}\r\n---\r\nkind: Widget\r\nmetadata: {name: w}\r\n",
+        "kind: Namespace\nmetadata: {name: a, labels: {x: '1'}}\n---\nkind: Namespace\nmetadata: {name: a}\n",
+    ];
+
+    #[test]
+    fn documents_parsed_one_by_one_equal_the_stream() {
+        for text in SPLITTABLE {
+            let (mut split, mut stream) = (Loaded::default(), Loaded::default());
+            assert!(split_documents(text).is_some(), "{text:?}");
+            load_into(Path::new("f.yaml"), text, &mut split);
+            load_stream(Path::new("f.yaml"), text, &mut stream);
+            assert_eq!(split, stream, "{text:?}");
+        }
+        // What a split cannot follow is parsed as one stream.
+        for text in ["%YAML 1.2\n---\nkind: Namespace\n", "a: 1\n...\n", "--- {kind: Namespace}\n"] {
+            assert!(split_documents(text).is_none(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn an_edit_of_one_document_parses_that_document_only() {
+        let file = Path::new("f.yaml");
+        let mut docs = DocCache::new();
+        let first = |docs: &mut DocCache, text: &str| {
+            let before = STREAMS_PARSED.with(std::cell::Cell::get);
+            let mut loaded = Loaded::default();
+            load_documents(file, text, Some(docs), &mut loaded);
+            (loaded, STREAMS_PARSED.with(std::cell::Cell::get) - before)
+        };
+        let (_, parsed) = first(&mut docs, GOOD);
+        assert_eq!(parsed, split_documents(GOOD).map(|d| d.len()).unwrap_or(0));
+        let edited = GOOD.replace("team: a", "team: z");
+        let (loaded, parsed) = first(&mut docs, &edited);
+        assert_eq!(parsed, 1, "only the edited document");
+        let mut whole = Loaded::default();
+        load_stream(file, &edited, &mut whole);
+        assert_eq!(loaded, whole);
+        assert_eq!(loaded.set.namespaces["prod"]["team"], "z");
+        let (_, parsed) = first(&mut docs, &edited);
+        assert_eq!(parsed, 0, "nothing changed");
     }
 
     #[test]

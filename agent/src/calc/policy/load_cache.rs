@@ -13,7 +13,7 @@ use std::{
     time::SystemTime,
 };
 
-use super::load::{self, Loaded};
+use super::load::{self, DocCache, Loaded};
 
 /// What a file's parse is kept against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +32,12 @@ fn stamp(file: &Path) -> Option<Stamp> {
     })
 }
 
-/// Every readable file's parse, by path.
+/// Every readable file's parse, by path, and the parse of each of its documents (an edited
+/// file parses only its documents that changed).
 #[derive(Debug, Default)]
 pub struct DirCache {
     files: BTreeMap<PathBuf, (Stamp, Loaded)>,
+    documents: BTreeMap<PathBuf, DocCache>,
 }
 
 impl DirCache {
@@ -44,6 +46,7 @@ impl DirCache {
     pub fn load(&mut self, dir: &Path) -> Loaded {
         // Rebuilt from the directory's files: a file gone from it leaves with the old map.
         let mut kept = std::mem::take(&mut self.files);
+        let mut documents = std::mem::take(&mut self.documents);
         let mut all = Loaded::default();
         for file in load::policy_files(dir) {
             let now = stamp(&file);
@@ -51,7 +54,8 @@ impl DirCache {
                 (Some(now), Some((then, parsed))) if then == now => parsed,
                 _ => {
                     let mut parsed = Loaded::default();
-                    if !load::load_file(&file, &mut parsed) {
+                    let docs = documents.entry(file.clone()).or_default();
+                    if !load::load_file_with(&file, Some(docs), &mut parsed) {
                         // Unreadable: reported now, read again next time.
                         merge_file(&mut all, &parsed);
                         continue;
@@ -60,6 +64,9 @@ impl DirCache {
                 }
             };
             merge_file(&mut all, &parsed);
+            if let Some(docs) = documents.remove(&file) {
+                self.documents.insert(file.clone(), docs);
+            }
             // A file that vanished after its read is read again (or left out) next time.
             if let Some(now) = now {
                 self.files.insert(file, (now, parsed));
@@ -72,33 +79,7 @@ impl DirCache {
 /// Adds one file's parse after the files before it: its objects replace theirs (a Namespace
 /// with its `weir.dev/` annotations, or without any), its reports follow theirs.
 fn merge_file(all: &mut Loaded, file: &Loaded) {
-    let (set, from) = (&mut all.set, &file.set);
-    set.policies
-        .extend(from.policies.iter().map(|(k, v)| (k.clone(), v.clone())));
-    for (name, labels) in &from.namespaces {
-        set.namespaces.insert(name.clone(), labels.clone());
-        match from.namespace_annotations.get(name) {
-            Some(a) => set.namespace_annotations.insert(name.clone(), a.clone()),
-            None => set.namespace_annotations.remove(name),
-        };
-    }
-    set.pods
-        .extend(from.pods.iter().map(|(k, v)| (k.clone(), v.clone())));
-    set.nodes
-        .extend(from.nodes.iter().map(|(k, v)| (k.clone(), v.clone())));
-    set.services
-        .extend(from.services.iter().map(|(k, v)| (k.clone(), v.clone())));
-    set.endpoint_slices.extend(
-        from.endpoint_slices
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone())),
-    );
-    all.errors.extend(file.errors.iter().cloned());
-    all.refused.extend(file.refused.iter().cloned());
-    all.origins
-        .extend(file.origins.iter().map(|(k, v)| (k.clone(), v.clone())));
-    all.lines
-        .extend(file.lines.iter().map(|(k, v)| (k.clone(), *v)));
+    load::merge_document(all, file, 0);
 }
 
 #[cfg(test)]
