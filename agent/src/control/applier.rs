@@ -547,7 +547,10 @@ impl DataplaneLoop {
                 self.applied.source_error = self.source_stale.clone();
             }
             LinkEvent::Drift(drift) => {
-                tracing::debug!(?drift, "the kernel reported a deletion; reading that part back");
+                tracing::debug!(
+                    ?drift,
+                    "the kernel reported a deletion; reading that part back"
+                );
             }
         }
         self.node.on_link(event);

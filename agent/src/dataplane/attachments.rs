@@ -256,7 +256,11 @@ impl AttachDriver {
                         self.io.update(ifname, ifindex, program, hook)?;
                         self.stats.updates += 1;
                         if was_in_place {
-                            self.repaired(ifname, program, &format!("program {id} instead of {current}"));
+                            self.repaired(
+                                ifname,
+                                program,
+                                &format!("program {id} instead of {current}"),
+                            );
                         }
                     }
                 }
@@ -283,7 +287,12 @@ impl AttachDriver {
     /// Counts and logs one repair of `program` on `ifname`.
     fn repaired(&mut self, ifname: &str, program: &str, found: &str) {
         self.stats.repairs += 1;
-        tracing::warn!(ifname, program, found, "workload attachment tampered with from outside; re-attached");
+        tracing::warn!(
+            ifname,
+            program,
+            found,
+            "workload attachment tampered with from outside; re-attached"
+        );
     }
 
     fn unpin_all(&mut self, ifname: &str) -> Result<(), KernelError> {

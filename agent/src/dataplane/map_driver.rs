@@ -188,11 +188,12 @@ where
             driver: self.io.name().to_owned(),
             ..Pending::default()
         };
-        if self.resync && self.refreshing {
-            if let Err(e) = self.check_pin() {
-                pending.failed += 1;
-                pending.error = Some(e);
-            }
+        if self.resync
+            && self.refreshing
+            && let Err(e) = self.check_pin()
+        {
+            pending.failed += 1;
+            pending.error = Some(e);
         }
         if self.resync {
             match self.read_back(now) {
@@ -263,7 +264,11 @@ where
         }
         self.io.repin()?;
         self.stats.repairs += 1;
-        tracing::warn!(driver = self.io.name(), found = "pin removed", "drift repaired: the map is pinned again");
+        tracing::warn!(
+            driver = self.io.name(),
+            found = "pin removed",
+            "drift repaired: the map is pinned again"
+        );
         Ok(())
     }
 

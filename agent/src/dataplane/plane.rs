@@ -606,7 +606,11 @@ mod tests {
     }
 
     fn repairs(dp: &Dataplane) -> std::collections::BTreeMap<String, u64> {
-        dp.stats().repairs.into_iter().filter(|(_, n)| *n > 0).collect()
+        dp.stats()
+            .repairs
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     #[test]
@@ -617,7 +621,10 @@ mod tests {
         converge(&mut dp);
         let policy = policy_contents(&kernel);
         let idents = kernel.ident4.contents();
-        assert!(repairs(&dp).is_empty(), "the first converge repairs nothing");
+        assert!(
+            repairs(&dp).is_empty(),
+            "the first converge repairs nothing"
+        );
 
         // Nothing changed: a refresh reads back and writes nothing.
         let before = kernel.endpoints.mutations()
@@ -638,7 +645,9 @@ mod tests {
         // An operator's stray commands: a policy entry deleted, an identity altered, an endpoint
         // entry deleted, an extra policy entry, weir2's ingress program detached, a map's pin removed.
         kernel.policy.tamper(policy_key(1), None);
-        kernel.policy.tamper(policy_key(77), Some(PolicyValue::default()));
+        kernel
+            .policy
+            .tamper(policy_key(77), Some(PolicyValue::default()));
         kernel.ident4.tamper(
             addr(2),
             Some(IdentityInfo {
@@ -654,7 +663,11 @@ mod tests {
         dp.refresh();
         converge(&mut dp);
 
-        assert_eq!(policy_contents(&kernel), policy, "policy restored, the extra entry gone");
+        assert_eq!(
+            policy_contents(&kernel),
+            policy,
+            "policy restored, the extra entry gone"
+        );
         assert_eq!(kernel.ident4.contents(), idents, "identity restored");
         let want: Vec<(u32, EndpointInfo)> =
             (1..=3).map(|i| (10 + i, infos[i as usize - 1])).collect();

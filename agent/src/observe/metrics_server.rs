@@ -147,11 +147,7 @@ impl Collector for DataplaneCollector {
             &deletes,
         )?;
         counter_family(&mut encoder, "driver_errors", "Failed applies", &errors)?;
-        let repairs: Vec<_> = stats
-            .repairs
-            .iter()
-            .map(|(d, n)| (driver(d), *n))
-            .collect();
+        let repairs: Vec<_> = stats.repairs.iter().map(|(d, n)| (driver(d), *n)).collect();
         counter_family(
             &mut encoder,
             "dataplane_repairs",

@@ -70,11 +70,10 @@ fn event(message: RouteNetlinkMessage) -> Option<LinkEvent> {
         }
         RouteNetlinkMessage::NewAddress(msg) => address(&msg, true),
         RouteNetlinkMessage::DelAddress(msg) => address(&msg, false),
-        RouteNetlinkMessage::DelTrafficFilter(msg) | RouteNetlinkMessage::DelQueueDiscipline(msg) => {
-            u32::try_from(msg.header.index)
-                .ok()
-                .map(|ifindex| LinkEvent::Drift(Drift::Tc { ifindex }))
-        }
+        RouteNetlinkMessage::DelTrafficFilter(msg)
+        | RouteNetlinkMessage::DelQueueDiscipline(msg) => u32::try_from(msg.header.index)
+            .ok()
+            .map(|ifindex| LinkEvent::Drift(Drift::Tc { ifindex })),
         RouteNetlinkMessage::DelRoute(msg) => (msg.header.protocol
             == netlink_packet_route::route::RouteProtocol::from(crate::paths::ROUTE_PROTOCOL))
         .then_some(LinkEvent::Drift(Drift::Route)),
