@@ -275,6 +275,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
+    node.set_refresh_interval(Some(config.refresh_interval).filter(|interval| !interval.is_zero()));
     // The dataplane loop on its own thread: it owns the node from now on.
     let (dataplane_loop, loop_thread) = applier::spawn(node)?;
 

@@ -22,6 +22,8 @@ pub struct Pod<'a> {
     pub ns: NetNs,
     /// Its IPv4 address.
     pub ip: String,
+    /// Its veth's name on the node (a `weir*` workload link).
+    pub host: String,
     _veth: VethPair<'a>,
 }
 
@@ -53,6 +55,7 @@ pub fn pod<'a>(node: &'a NetNs, agent: &AgentProcess, name: &str, app: &str) -> 
     Pod {
         ns,
         ip,
+        host,
         _veth: veth,
     }
 }

@@ -134,6 +134,10 @@ pub struct DataplaneStatus {
     pub attachments: AttachCounters,
     /// Each map driver, by map name: `[name, counters]`.
     pub maps: Vec<(String, DriverCounters)>,
+    /// Drift repaired by each driver (`tc-attachments`, each map, `routes`, `vxlan`): kernel state
+    /// changed from outside that a refresh or a kernel event found and rewritten.
+    #[serde(default)]
+    pub repairs: Vec<(String, u64)>,
 }
 
 /// The attachment driver's counters. Fields in name order (the agent's order on the wire).
@@ -253,7 +257,8 @@ mod tests {
                       "policies": 0, "policy_errors": []},
             "applied": {"generation": 3, "ready": true, "error": null, "failures": 0, "applies": 2},
             "dataplane": {"attachments": {"attaches": 2, "errors": 0, "unpins": 0, "updates": 0},
-                          "maps": [["endpoints_v1", {"deletes": 0, "errors": 0, "resyncs": 1, "writes": 1}]]},
+                          "maps": [["endpoints_v1", {"deletes": 0, "errors": 0, "resyncs": 1, "writes": 1}]],
+                          "repairs": [["tc-attachments", 1]]},
             "conntrack": {"sweeps": 1, "expired4": 0, "expired6": 0, "entries4": 0, "entries6": 0,
                           "max4": 10, "max6": 10, "created4": 0, "created6": 0, "evicted4": 0,
                           "evicted6": 0, "service_flows4": 0, "service_flows_max4": 0,
@@ -278,11 +283,12 @@ mod tests {
         let text = serde_json::to_string(&DataplaneStatus {
             attachments: AttachCounters::default(),
             maps: vec![("m".into(), DriverCounters::default())],
+            repairs: vec![("m".into(), 0)],
         })
         .expect("json");
         assert_eq!(
             text,
-            r#"{"attachments":{"attaches":0,"errors":0,"unpins":0,"updates":0},"maps":[["m",{"deletes":0,"errors":0,"resyncs":0,"writes":0}]]}"#
+            r#"{"attachments":{"attaches":0,"errors":0,"unpins":0,"updates":0},"maps":[["m",{"deletes":0,"errors":0,"resyncs":0,"writes":0}]],"repairs":[["m",0]]}"#
         );
     }
 }

@@ -13,6 +13,12 @@
 //!
 //! [`endpoint`] reads back what is on a hook whichever mechanism put it there, so each side
 //! recognises weir's attachments with no memory of a previous run.
+//!
+//! What survives tampering (measured on 6.18, docs/datapath.md "Tampering and the gap"): a filter
+//! is removed by `tc filter del` and by `tc qdisc del … clsact`, and the hook then passes every
+//! packet (fails open) until the agent re-attaches it from the netlink event; a tcx link survives
+//! both (tc does not see it) but not `bpftool link detach`, which sends no event (the agent's
+//! periodic refresh re-attaches it). Neither mechanism can make the gap fail closed by itself.
 
 pub mod endpoint;
 pub mod filter;

@@ -48,6 +48,7 @@ pub fn dataplane_status(s: &DataplaneStats) -> weir_api::DataplaneStatus {
             .iter()
             .map(|(name, d)| (name.clone(), driver_counters(*d)))
             .collect(),
+        repairs: s.repairs.clone(),
     }
 }
 
@@ -90,6 +91,7 @@ mod tests {
                 updates: 2,
                 unpins: 3,
                 errors: 4,
+                repairs: 0,
             },
             maps: vec![(
                 "policy_v1".into(),
@@ -98,8 +100,10 @@ mod tests {
                     deletes: 6,
                     errors: 7,
                     resyncs: 8,
+                    repairs: 9,
                 },
             )],
+            repairs: vec![("policy_v1".into(), 9)],
         };
         // The status once carried these as `serde_json::to_value(&stats)`.
         let before = serde_json::to_value(&stats).expect("json");

@@ -489,7 +489,10 @@ fn full(sources: &Sources, identities_file: &Path, scratch: &Path) -> Full {
     }
 }
 
-fn desired<K: Clone + Eq + std::hash::Hash + Send, V: Clone + PartialEq + Send>(
+fn desired<
+    K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug,
+    V: Clone + PartialEq + Send,
+>(
     driver: &crate::dataplane::map_driver::MapDriver<K, V>,
 ) -> HashMap<K, V> {
     driver

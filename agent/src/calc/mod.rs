@@ -94,7 +94,7 @@ fn identity_info(identity: u32) -> IdentityInfo {
 }
 
 /// The key should hold `value`, or not exist.
-fn put<K: Clone + Eq + Hash + Send>(
+fn put<K: Clone + Eq + Hash + Send + std::fmt::Debug>(
     driver: &mut MapDriver<K, IdentityInfo>,
     key: K,
     value: Option<IdentityInfo>,

@@ -96,6 +96,14 @@ impl<K: Clone + Eq + Hash + Send, V: Clone + Send> MapIo<K, V> for Recorder<K, V
         inner.ops.push((key.clone(), None));
         Ok(())
     }
+
+    fn pin_present(&self) -> bool {
+        true
+    }
+
+    fn repin(&mut self) -> Result<(), KernelError> {
+        Ok(())
+    }
 }
 
 /// Links that are always in place (map tests do not attach anything).

@@ -145,6 +145,11 @@ impl NodeRoutes {
         self.synced && self.routes.is_dirty()
     }
 
+    /// The next apply reads the routes (and the VXLAN device) back and repairs drift.
+    pub fn refresh(&mut self) {
+        self.routes.resync();
+    }
+
     /// Reconciles the VXLAN device (vxlan mode) and the routes (nothing before the first full listing).
     pub fn apply(&mut self) -> Result<(), NodeRoutesError> {
         if !self.synced {

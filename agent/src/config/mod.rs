@@ -121,6 +121,12 @@ pub struct AgentArgs {
     /// Seconds between conntrack sweeps.
     #[arg(long, env = "WEIR_CT_SWEEP_INTERVAL", default_value_t = 10)]
     pub ct_sweep_interval: u64,
+    /// Seconds between periodic refreshes: every driver reads its kernel state back (maps, pins,
+    /// workload attachments, routes, the VXLAN device) and repairs what was changed from outside.
+    /// 0 turns the periodic refresh off (start, failed writes and the kernel's deletion events still
+    /// repair).
+    #[arg(long, env = "WEIR_REFRESH_INTERVAL", default_value_t = 10)]
+    pub refresh_interval: u64,
     /// Seconds a cluster-wide security identity (etcd or kubernetes datastore) stays allocated once no
     /// node uses it; nodes renew the ones they use every quarter of it.
     #[arg(long, env = "WEIR_IDENTITY_GC_GRACE", default_value_t = 900)]
@@ -324,6 +330,9 @@ pub struct Config {
     /// Interval between conntrack sweeps (dumped in seconds).
     #[serde(serialize_with = "seconds")]
     pub ct_sweep_interval: std::time::Duration,
+    /// Interval between periodic refreshes of every driver (dumped in seconds; 0: off).
+    #[serde(serialize_with = "seconds")]
+    pub refresh_interval: std::time::Duration,
     /// Grace period of unused cluster-wide identities (dumped in seconds).
     #[serde(serialize_with = "seconds")]
     pub identity_gc_grace: std::time::Duration,
@@ -578,6 +587,13 @@ impl AgentArgs {
                 "must be between 1 and 86400 seconds",
             ));
         }
+        if self.refresh_interval > 3600 {
+            return Err(invalid(
+                "--refresh-interval (WEIR_REFRESH_INTERVAL)",
+                &self.refresh_interval.to_string(),
+                "must be at most 3600 seconds (0 turns the periodic refresh off)",
+            ));
+        }
         if self.identity_gc_grace < 4 || self.identity_gc_grace > 30 * 86_400 {
             return Err(invalid(
                 "--identity-gc-grace (WEIR_IDENTITY_GC_GRACE)",
@@ -713,6 +729,7 @@ impl AgentArgs {
             metrics,
             allocation_expiry: std::time::Duration::from_secs(self.allocation_expiry),
             ct_sweep_interval: std::time::Duration::from_secs(self.ct_sweep_interval),
+            refresh_interval: std::time::Duration::from_secs(self.refresh_interval),
             identity_gc_grace: std::time::Duration::from_secs(self.identity_gc_grace),
             ct_timeouts: crate::dataplane::conntrack::CtTimeouts {
                 tcp_syn: std::time::Duration::from_secs(self.ct_timeout_tcp_syn),
@@ -870,6 +887,7 @@ mod tests {
         let custom = [
             ("--allocation-expiry", "allocation_expiry", "90"),
             ("--ct-sweep-interval", "ct_sweep_interval", "7"),
+            ("--refresh-interval", "refresh_interval", "3"),
             ("--identity-gc-grace", "identity_gc_grace", "120"),
             ("--node-expiry", "node_expiry", "12"),
             ("--ct-timeout-tcp-syn", "ct_timeouts.tcp_syn", "30"),

@@ -286,6 +286,7 @@ pub fn spawn(node: Node) -> Result<(LoopHandle, std::thread::JoinHandle<()>), Lo
         backoff: Duration::ZERO,
         last_apply: Instant::now() - MIN_INTERVAL,
         routes_retry_at: None,
+        refresh_at: None,
     };
     let thread = std::thread::Builder::new()
         .name("weir-dataplane".into())
@@ -341,6 +342,8 @@ struct DataplaneLoop {
     last_apply: Instant,
     /// When routes that failed are tried again.
     routes_retry_at: Option<Instant>,
+    /// When every driver next reads its kernel state back (`--refresh-interval`).
+    refresh_at: Option<Instant>,
     /// Apply durations and the sources' sync state, for `/metrics`.
     measured: crate::observe::metrics_server::LoopMeasures,
 }
@@ -392,6 +395,7 @@ impl DataplaneLoop {
             if stop {
                 break;
             }
+            self.refresh_if_due();
             self.apply_if_due(idle);
             // Readers first: a write that resolves finds its change in the snapshot.
             self.publish();
@@ -413,6 +417,9 @@ impl DataplaneLoop {
         }
         if let Some(retry) = self.routes_retry_at {
             at = at.min(retry);
+        }
+        if let Some(refresh) = self.refresh_at {
+            at = at.min(refresh);
         }
         for w in &self.waiters {
             at = at.min(w.deadline);
@@ -539,6 +546,12 @@ impl DataplaneLoop {
                 }
                 self.applied.source_error = self.source_stale.clone();
             }
+            LinkEvent::Drift(drift) => {
+                tracing::debug!(
+                    ?drift,
+                    "the kernel reported a deletion; reading that part back"
+                );
+            }
         }
         self.node.on_link(event);
     }
@@ -585,6 +598,27 @@ impl DataplaneLoop {
                     tracing::debug!(error = %e, "a refused write's caller went away");
                 }
             }
+        }
+    }
+
+    /// Felix's refresh timer: once in sync, every `--refresh-interval` each driver reads its
+    /// kernel state back at the next apply and repairs what was changed from outside.
+    fn refresh_if_due(&mut self) {
+        let Some(interval) = self.node.refresh_interval() else {
+            return;
+        };
+        if !self.node.in_sync() || self.applied.generation == 0 {
+            return;
+        }
+        let now = Instant::now();
+        match self.refresh_at {
+            None => self.refresh_at = Some(now + interval),
+            Some(at) if now >= at => {
+                self.node.refresh();
+                self.refresh_at = Some(now + interval);
+                self.measured.refreshes += 1;
+            }
+            Some(_) => {}
         }
     }
 
@@ -745,7 +779,7 @@ impl DataplaneLoop {
             } else {
                 Arc::clone(&previous.rules)
             },
-            stats: self.node.dataplane.stats(),
+            stats: self.node.dataplane_stats(),
             nodes: if changed.nodes {
                 Arc::new(self.node.node_status())
             } else {

@@ -28,7 +28,7 @@ use crate::{
         routing::{NodeRoutes, NodeStatus},
     },
     dataplane::plane::Dataplane,
-    kernel::LinkEvent,
+    kernel::{Drift, LinkEvent},
     paths::Paths,
     sources::registry::{Endpoint, Registry, RegistryError},
 };
@@ -91,6 +91,9 @@ pub struct Node {
     cluster_pods: Vec<ClusterPod>,
     /// The documents of the last policy set, waiting for [`Node::drop_retired`].
     retired: Option<PolicySet>,
+    /// How often every driver reads its kernel state back and repairs drift (`--refresh-interval`;
+    /// `None`: only at start, after a failed write and on the kernel's deletion events).
+    refresh_interval: Option<std::time::Duration>,
 }
 
 /// What `GET /v1/status` and `weir status` show of the node (the API contract's).
@@ -157,6 +160,7 @@ impl Node {
             routes: None,
             cluster_pods: Vec::new(),
             retired: None,
+            refresh_interval: None,
             service_views: BTreeMap::new(),
         };
         node.refresh_service_views(changed_services);
@@ -353,6 +357,38 @@ impl Node {
             NodeDelta::Upsert(_) | NodeDelta::Gone(_) | NodeDelta::Synced => return,
         }
         self.flush();
+    }
+
+    /// Sets how often the loop refreshes every driver (`None`: never periodically).
+    pub fn set_refresh_interval(&mut self, interval: Option<std::time::Duration>) {
+        self.refresh_interval = interval;
+    }
+
+    /// How often the loop refreshes every driver.
+    #[must_use]
+    pub fn refresh_interval(&self) -> Option<std::time::Duration> {
+        self.refresh_interval
+    }
+
+    /// A periodic refresh: every driver reads its kernel state back at the next apply and repairs
+    /// what was changed from outside (no kernel I/O here).
+    pub fn refresh(&mut self) {
+        self.dataplane.refresh();
+        if let Some(routes) = &mut self.routes {
+            routes.refresh();
+        }
+    }
+
+    /// Every driver's counters, the routes' and the VXLAN device's repairs included.
+    #[must_use]
+    pub fn dataplane_stats(&self) -> crate::dataplane::plane::DataplaneStats {
+        let mut stats = self.dataplane.stats();
+        if let Some(routes) = &self.routes {
+            let (r, v) = routes.routing().stats();
+            stats.repairs.push(("routes".to_owned(), r.repairs));
+            stats.repairs.push(("vxlan".to_owned(), v.repairs));
+        }
+        stats
     }
 
     /// True when the routes have work to do.
@@ -575,6 +611,18 @@ impl Node {
                 }
             }
             LinkEvent::Synced => self.links_synced = true,
+            // Nothing desired changes: the drivers read the named part back at the next apply.
+            LinkEvent::Drift(drift) => {
+                match drift {
+                    Drift::Tc { ifindex } => attachments.check(*ifindex),
+                    Drift::Route | Drift::Neighbour { .. } => {
+                        if let Some(routes) = &mut self.routes {
+                            routes.refresh();
+                        }
+                    }
+                }
+                return self.generation;
+            }
         }
         self.changed()
     }

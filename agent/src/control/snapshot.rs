@@ -55,7 +55,7 @@ impl Snapshot {
             endpoints: Arc::new(endpoint_views(node)),
             links: Arc::new(links.clone()),
             rules: Arc::new(rules(node)),
-            stats: node.dataplane.stats(),
+            stats: node.dataplane_stats(),
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
             services: node.service_view_parts(),

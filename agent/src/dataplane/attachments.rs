@@ -32,6 +32,11 @@ pub struct AttachStats {
     pub unpins: u64,
     /// Applies that failed.
     pub errors: u64,
+    /// Tampering repaired: a program found missing (filter, qdisc or link removed from outside)
+    /// or replaced on a link the driver had in place (in the status and metrics as
+    /// `DataplaneStats::repairs`).
+    #[serde(skip)]
+    pub repairs: u64,
 }
 
 const HOOKS: [(&str, TcAttachType); 2] = [
@@ -47,6 +52,9 @@ pub struct AttachDriver {
     /// attaches before it brings a link up; attaching here too would only race it).
     down: BTreeSet<String>,
     dirty: BTreeSet<String>,
+    /// Links whose last reconcile left both programs attached: anything else found there later
+    /// was done from outside.
+    in_place: BTreeSet<String>,
     resync: bool,
     stats: AttachStats,
     backoff: Backoff<String>,
@@ -60,6 +68,7 @@ impl AttachDriver {
             links: BTreeMap::new(),
             down: BTreeSet::new(),
             dirty: BTreeSet::new(),
+            in_place: BTreeSet::new(),
             resync: true,
             stats: AttachStats::default(),
             backoff: Backoff::default(),
@@ -77,6 +86,7 @@ impl AttachDriver {
         if new_index {
             // A new interface under this name: an earlier failure says nothing about it.
             self.backoff.succeeded(&ifname.to_owned());
+            self.in_place.remove(ifname);
         }
         if new_index || changed_state {
             self.dirty.insert(ifname.to_owned());
@@ -86,6 +96,7 @@ impl AttachDriver {
     /// Manager side: a workload link is gone. No kernel I/O.
     pub fn link_gone(&mut self, ifname: &str) {
         self.down.remove(ifname);
+        self.in_place.remove(ifname);
         if self.links.remove(ifname).is_some() {
             self.dirty.insert(ifname.to_owned());
         }
@@ -99,6 +110,20 @@ impl AttachDriver {
     /// Program changed (new object): re-read everything.
     pub fn request_resync(&mut self) {
         self.resync = true;
+    }
+
+    /// A periodic refresh: the next apply reads every link's hooks back (and the link pins), and
+    /// re-attaches what was removed from outside (counted in [`AttachStats::repairs`]).
+    pub fn refresh(&mut self) {
+        self.resync = true;
+    }
+
+    /// The kernel said something changed at a hook of link `ifindex` (a filter or qdisc deleted):
+    /// the next apply reads that link back. No kernel I/O.
+    pub fn check(&mut self, ifindex: u32) {
+        if let Some((ifname, _)) = self.links.iter().find(|(_, i)| **i == ifindex) {
+            self.dirty.insert(ifname.clone());
+        }
     }
 
     /// True when an apply has work to do.
@@ -210,6 +235,7 @@ impl AttachDriver {
             }
             return Ok(());
         };
+        let was_in_place = self.in_place.remove(ifname);
         for (program, hook) in HOOKS {
             let current = self.io.current(program);
             let state = match self.io.hook(ifname, ifindex, program, hook) {
@@ -229,6 +255,13 @@ impl AttachDriver {
                     if id != current && !only_new {
                         self.io.update(ifname, ifindex, program, hook)?;
                         self.stats.updates += 1;
+                        if was_in_place {
+                            self.repaired(
+                                ifname,
+                                program,
+                                &format!("program {id} instead of {current}"),
+                            );
+                        }
                     }
                 }
                 // Nothing of ours: whatever else is there stays until ours is in place.
@@ -236,13 +269,30 @@ impl AttachDriver {
                 None => {
                     self.io.attach(ifname, ifindex, program, hook)?;
                     self.stats.attaches += 1;
+                    if was_in_place {
+                        self.repaired(ifname, program, "no program attached");
+                    }
                 }
             }
             if state.leftovers && !only_new {
                 self.stats.unpins += self.io.sweep(ifname, ifindex, program, hook)?;
             }
         }
+        if !self.down.contains(ifname) {
+            self.in_place.insert(ifname.to_owned());
+        }
         Ok(())
+    }
+
+    /// Counts and logs one repair of `program` on `ifname`.
+    fn repaired(&mut self, ifname: &str, program: &str, found: &str) {
+        self.stats.repairs += 1;
+        tracing::warn!(
+            ifname,
+            program,
+            found,
+            "workload attachment tampered with from outside; re-attached"
+        );
     }
 
     fn unpin_all(&mut self, ifname: &str) -> Result<(), KernelError> {
@@ -262,6 +312,7 @@ impl AttachDriver {
     fn forget_vanished(&mut self, ifname: &str, only_new: bool) -> Result<(), KernelError> {
         tracing::debug!(ifname, "workload link vanished; forgetting it");
         self.links.remove(ifname);
+        self.in_place.remove(ifname);
         self.down.remove(ifname);
         if only_new {
             return Ok(());

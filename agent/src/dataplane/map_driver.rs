@@ -29,6 +29,10 @@ pub struct DriverStats {
     pub errors: u64,
     /// Full resyncs done.
     pub resyncs: u64,
+    /// Drift repaired: entries a refresh found missing, altered or extra although the driver had
+    /// them in sync, and pins found removed (in the status and metrics as `DataplaneStats::repairs`).
+    #[serde(skip)]
+    pub repairs: u64,
 }
 
 /// Desired contents of one map and the reconciliation of the kernel's copy.
@@ -39,6 +43,9 @@ pub struct MapDriver<K, V> {
     desired: FastMap<K, V>,
     dirty: FastSet<K>,
     resync: bool,
+    /// The pending read back is a periodic refresh: what differs from what the driver had in
+    /// sync is drift from outside, counted and logged as a repair.
+    refreshing: bool,
     stats: DriverStats,
     backoff: Backoff<K>,
     backoff_resync: Backoff<()>,
@@ -46,7 +53,7 @@ pub struct MapDriver<K, V> {
 
 impl<K, V> MapDriver<K, V>
 where
-    K: Clone + Eq + Hash + Send,
+    K: Clone + Eq + Hash + Send + std::fmt::Debug,
     V: Clone + PartialEq + Send,
 {
     /// A driver whose first apply is a full resync.
@@ -56,6 +63,7 @@ where
             desired: FastMap::default(),
             dirty: FastSet::default(),
             resync: true,
+            refreshing: false,
             stats: DriverStats::default(),
             backoff: Backoff::default(),
             backoff_resync: Backoff::default(),
@@ -131,6 +139,14 @@ where
         self.resync = true;
     }
 
+    /// A periodic refresh (Felix's refresh timer): the next apply checks the map's pin and reads
+    /// the whole map back; whatever differs from what the driver had in sync (an entry missing,
+    /// altered or extra, a pin removed) is drift from outside: repaired, counted and logged.
+    pub fn refresh(&mut self) {
+        self.resync = true;
+        self.refreshing = true;
+    }
+
     /// True when an apply has work to do.
     pub fn is_dirty(&self) -> bool {
         self.resync || !self.dirty.is_empty()
@@ -172,6 +188,13 @@ where
             driver: self.io.name().to_owned(),
             ..Pending::default()
         };
+        if self.resync
+            && self.refreshing
+            && let Err(e) = self.check_pin()
+        {
+            pending.failed += 1;
+            pending.error = Some(e);
+        }
         if self.resync {
             match self.read_back(now) {
                 Ok(true) => {}
@@ -212,6 +235,9 @@ where
             }
         };
         self.backoff_resync.succeeded(&());
+        if std::mem::take(&mut self.refreshing) {
+            self.count_drift(&kernel);
+        }
         // The kernel's copy is the truth now: only what differs from it is dirty.
         self.dirty.clear();
         for (key, value) in &kernel {
@@ -229,6 +255,59 @@ where
         self.resync = false;
         self.stats.resyncs += 1;
         Ok(true)
+    }
+
+    /// A refresh found the map's pin gone: pins the map this driver holds open again.
+    fn check_pin(&mut self) -> Result<(), KernelError> {
+        if self.io.pin_present() {
+            return Ok(());
+        }
+        self.io.repin()?;
+        self.stats.repairs += 1;
+        tracing::warn!(
+            driver = self.io.name(),
+            found = "pin removed",
+            "drift repaired: the map is pinned again"
+        );
+        Ok(())
+    }
+
+    /// Counts and logs (once per refresh) what the kernel's copy holds that differs from what
+    /// the driver had in sync: keys not dirty before the read back.
+    fn count_drift(&mut self, kernel: &HashMap<K, V>) {
+        const SAMPLE: usize = 3;
+        let (mut missing, mut altered, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+        for (key, value) in &self.desired {
+            if self.dirty.contains(key) {
+                continue;
+            }
+            match kernel.get(key) {
+                None => missing.push(key),
+                Some(v) if v != value => altered.push(key),
+                Some(_) => {}
+            }
+        }
+        for key in kernel.keys() {
+            if !self.desired.contains_key(key) && !self.dirty.contains(key) {
+                extra.push(key);
+            }
+        }
+        let found = missing.len() + altered.len() + extra.len();
+        if found == 0 {
+            return;
+        }
+        self.stats.repairs += found as u64;
+        let sample = |keys: &[&K]| format!("{:?}", &keys[..keys.len().min(SAMPLE)]);
+        tracing::warn!(
+            driver = self.io.name(),
+            missing = missing.len(),
+            altered = altered.len(),
+            extra = extra.len(),
+            missing_keys = %sample(&missing),
+            altered_keys = %sample(&altered),
+            extra_keys = %sample(&extra),
+            "drift found in the kernel's map; repairing"
+        );
     }
 
     fn apply_dirty(

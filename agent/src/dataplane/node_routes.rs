@@ -167,6 +167,7 @@ impl NodeRoutes {
     /// Marks everything for a read-back on the next apply (a periodic resync).
     pub fn resync(&mut self) {
         self.dirty = true;
+        self.routes.refresh();
         self.vxlan.resync();
     }
 

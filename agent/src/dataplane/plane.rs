@@ -50,6 +50,8 @@ pub struct DataplaneStats {
     pub attachments: AttachStats,
     /// Map drivers by map name.
     pub maps: Vec<(String, DriverStats)>,
+    /// Drift repaired, by driver (`tc-attachments`, each map, `routes`, `vxlan`).
+    pub repairs: Vec<(String, u64)>,
 }
 
 impl Dataplane {
@@ -63,6 +65,19 @@ impl Dataplane {
             || self.ipcache6.is_dirty()
             || self.policy.is_dirty()
             || self.services.is_dirty()
+    }
+
+    /// A periodic refresh of every driver (Felix's refresh timers): the next apply reads each
+    /// map and every workload link's hooks back and repairs what was changed from outside.
+    pub fn refresh(&mut self) {
+        self.attachments.refresh();
+        self.endpoints.refresh();
+        self.ident4.refresh();
+        self.ident6.refresh();
+        self.ipcache4.refresh();
+        self.ipcache6.refresh();
+        self.policy.refresh();
+        self.services.refresh();
     }
 
     /// Before the first in-sync: only attach the deny-by-default programs to new workload links.
@@ -144,9 +159,14 @@ impl Dataplane {
             (self.policy.name().to_owned(), self.policy.stats()),
         ];
         maps.extend(self.services.stats());
+        let attachments = self.attachments.stats();
+        let repairs = std::iter::once(("tc-attachments".to_owned(), attachments.repairs))
+            .chain(maps.iter().map(|(name, s)| (name.clone(), s.repairs)))
+            .collect();
         DataplaneStats {
-            attachments: self.attachments.stats(),
+            attachments,
             maps,
+            repairs,
         }
     }
 }
@@ -583,5 +603,115 @@ mod tests {
         converge(&mut dp);
         assert_eq!(kernel.services.frontends.unordered().len(), 2);
         assert_eq!(kernel.services.backends.unordered().len(), 2);
+    }
+
+    fn repairs(dp: &Dataplane) -> std::collections::BTreeMap<String, u64> {
+        dp.stats()
+            .repairs
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    #[test]
+    fn a_refresh_finds_what_was_changed_from_outside_repairs_and_counts_it_by_driver() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        let infos: Vec<EndpointInfo> = (1..=3).map(|i| add_endpoint(&kernel, &mut dp, i)).collect();
+        converge(&mut dp);
+        let policy = policy_contents(&kernel);
+        let idents = kernel.ident4.contents();
+        assert!(
+            repairs(&dp).is_empty(),
+            "the first converge repairs nothing"
+        );
+
+        // Nothing changed: a refresh reads back and writes nothing.
+        let before = kernel.endpoints.mutations()
+            + kernel.policy.mutations()
+            + kernel.ident4.mutations()
+            + u64::from(kernel.k.tc().ops);
+        dp.refresh();
+        converge(&mut dp);
+        assert_eq!(
+            kernel.endpoints.mutations()
+                + kernel.policy.mutations()
+                + kernel.ident4.mutations()
+                + u64::from(kernel.k.tc().ops),
+            before
+        );
+        assert!(repairs(&dp).is_empty());
+
+        // An operator's stray commands: a policy entry deleted, an identity altered, an endpoint
+        // entry deleted, an extra policy entry, weir2's ingress program detached, a map's pin removed.
+        kernel.policy.tamper(policy_key(1), None);
+        kernel
+            .policy
+            .tamper(policy_key(77), Some(PolicyValue::default()));
+        kernel.ident4.tamper(
+            addr(2),
+            Some(IdentityInfo {
+                identity: 9999,
+                ..IdentityInfo::default()
+            }),
+        );
+        kernel.endpoints.tamper(13, None);
+        kernel.k.tc().attached.remove(&(12, "Ingress".into(), 7));
+        kernel.policy.unpin();
+        // Before the refresh, nothing is dirty: the drift is unknown to the driver.
+        assert!(!dp.is_dirty());
+        dp.refresh();
+        converge(&mut dp);
+
+        assert_eq!(
+            policy_contents(&kernel),
+            policy,
+            "policy restored, the extra entry gone"
+        );
+        assert_eq!(kernel.ident4.contents(), idents, "identity restored");
+        let want: Vec<(u32, EndpointInfo)> =
+            (1..=3).map(|i| (10 + i, infos[i as usize - 1])).collect();
+        assert_eq!(kernel.endpoints.contents(), want, "endpoint entry restored");
+        assert!(attached(&kernel.k, 12), "weir2's program is attached again");
+        assert!(kernel.policy.is_pinned(), "the policy map is pinned again");
+        let want: std::collections::BTreeMap<String, u64> = [
+            ("tc-attachments", 1),
+            (ENDPOINTS, 1),
+            (IDENT4, 1),
+            // Missing, extra, and the pin.
+            (POLICY, 3),
+        ]
+        .into_iter()
+        .map(|(d, n)| (d.to_owned(), n))
+        .collect();
+        assert_eq!(repairs(&dp), want);
+    }
+
+    #[test]
+    fn a_kernel_event_repairs_the_one_link_at_once_and_a_new_link_is_no_repair() {
+        let kernel = kernel();
+        let mut dp = plane(&kernel);
+        for i in 1..=2 {
+            add_endpoint(&kernel, &mut dp, i);
+        }
+        converge(&mut dp);
+        // The qdisc of weir1 deleted: both of its programs gone; the kernel names its ifindex.
+        {
+            let mut tc = kernel.k.tc();
+            tc.attached.retain(|(ifindex, _, _)| *ifindex != 11);
+        }
+        dp.attachments.check(11);
+        assert!(dp.is_dirty(), "the event makes the link dirty");
+        converge(&mut dp);
+        assert!(attached(&kernel.k, 11));
+        assert_eq!(repairs(&dp).get("tc-attachments"), Some(&2));
+        // An event for a link that is not a workload link changes nothing.
+        dp.attachments.check(999);
+        assert!(!dp.is_dirty());
+        // A new pod's link is attached, not repaired.
+        add_endpoint(&kernel, &mut dp, 3);
+        converge(&mut dp);
+        assert!(attached(&kernel.k, 13));
+        assert_eq!(repairs(&dp).get("tc-attachments"), Some(&2));
     }
 }

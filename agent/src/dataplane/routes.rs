@@ -17,6 +17,9 @@ pub struct RouteDriver {
     desired: BTreeMap<IpNetwork, NextHop>,
     stats: DriverStats,
     dirty: bool,
+    /// The last apply succeeded and nothing desired changed since: whatever a read back finds
+    /// different now was done from outside (drift, counted in `DriverStats::repairs`).
+    in_sync: bool,
 }
 
 impl RouteDriver {
@@ -28,6 +31,7 @@ impl RouteDriver {
             desired: BTreeMap::new(),
             stats: DriverStats::default(),
             dirty: true,
+            in_sync: false,
         }
     }
 
@@ -36,7 +40,14 @@ impl RouteDriver {
         if desired != self.desired {
             self.desired = desired;
             self.dirty = true;
+            self.in_sync = false;
         }
+    }
+
+    /// A periodic refresh, or the kernel said a route of weir's protocol went: the next apply reads
+    /// the table back and repairs what differs.
+    pub fn refresh(&mut self) {
+        self.dirty = true;
     }
 
     /// The desired routes.
@@ -71,6 +82,9 @@ impl RouteDriver {
                 return Err(e);
             }
         };
+        if self.in_sync {
+            self.count_drift(&present);
+        }
         let mut first_error = None;
         for (dest, hop) in &self.desired {
             if present.get(dest) == Some(hop) {
@@ -99,10 +113,45 @@ impl RouteDriver {
         match first_error {
             None => {
                 self.dirty = false;
+                self.in_sync = true;
                 Ok(())
             }
-            Some(e) => Err(e),
+            Some(e) => {
+                self.in_sync = false;
+                Err(e)
+            }
         }
+    }
+
+    /// Counts and logs what differs from the table the driver had in sync.
+    fn count_drift(&mut self, present: &BTreeMap<IpNetwork, NextHop>) {
+        let missing: Vec<&IpNetwork> = self
+            .desired
+            .keys()
+            .filter(|d| !present.contains_key(*d))
+            .collect();
+        let altered: Vec<&IpNetwork> = self
+            .desired
+            .iter()
+            .filter(|(d, h)| present.get(*d).is_some_and(|p| p != *h))
+            .map(|(d, _)| d)
+            .collect();
+        let extra: Vec<&IpNetwork> = present
+            .keys()
+            .filter(|d| !self.desired.contains_key(*d))
+            .collect();
+        let found = missing.len() + altered.len() + extra.len();
+        if found == 0 {
+            return;
+        }
+        self.stats.repairs += found as u64;
+        tracing::warn!(
+            driver = "routes",
+            missing = ?missing,
+            altered = ?altered,
+            extra = ?extra,
+            "drift found in weir's routes; repairing"
+        );
     }
 }
 
@@ -166,5 +215,37 @@ mod tests {
         kernel.routes().failing.clear();
         driver.apply().expect("the retry succeeds");
         assert_eq!(kernel.routes().routes.len(), 2);
+    }
+
+    #[test]
+    fn a_refresh_repairs_routes_changed_from_outside_and_counts_only_those() {
+        let kernel = FakeKernel::default();
+        let mut driver = RouteDriver::new(Box::new(kernel.clone()));
+        let want = BTreeMap::from([
+            (net("10.244.1.0/26"), via("192.0.2.2")),
+            (net("10.244.2.0/26"), via("192.0.2.3")),
+        ]);
+        driver.set_desired(want.clone());
+        driver.apply().expect("apply");
+        assert_eq!(driver.stats().repairs, 0, "the first apply is no repair");
+        // `ip route del` of one, another's next hop changed, a stray route of weir's protocol.
+        {
+            let mut r = kernel.routes();
+            r.routes.remove(&net("10.244.1.0/26"));
+            r.routes.insert(net("10.244.2.0/26"), via("192.0.2.9"));
+            r.routes.insert(net("10.9.0.0/26"), via("192.0.2.9"));
+        }
+        driver.apply().expect("clean: nothing read back");
+        assert_ne!(kernel.routes().routes, want, "no refresh yet");
+        driver.refresh();
+        driver.apply().expect("apply");
+        assert_eq!(kernel.routes().routes, want);
+        assert_eq!(driver.stats().repairs, 3);
+        // A desired change is not drift.
+        let mut moved = want;
+        moved.insert(net("10.244.3.0/26"), via("192.0.2.4"));
+        driver.set_desired(moved);
+        driver.apply().expect("apply");
+        assert_eq!(driver.stats().repairs, 3);
     }
 }

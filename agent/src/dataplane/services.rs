@@ -50,7 +50,7 @@ fn slices_in<'a>(
 /// Hands a map's share of the incremental ops to its driver (`None`: delete), in order.
 fn write<K, V>(driver: &mut MapDriver<K, V>, ops: Vec<(K, Option<V>)>)
 where
-    K: Clone + Eq + std::hash::Hash + Send,
+    K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug,
     V: Clone + PartialEq + Send,
 {
     for (k, v) in ops {
@@ -265,6 +265,15 @@ impl ServiceMaps {
         if let Some(v) = value {
             self.members.set(member(v.backend_id), here);
         }
+    }
+
+    /// A periodic refresh of the five maps (`MapDriver::refresh`).
+    pub fn refresh(&mut self) {
+        self.frontends.refresh();
+        self.slots.refresh();
+        self.members.refresh();
+        self.backends.refresh();
+        self.revnat.refresh();
     }
 
     /// True when an apply has work to do.

@@ -73,6 +73,9 @@ pub struct VxlanDriver {
     mtu: Option<u32>,
     stats: DriverStats,
     dirty: bool,
+    /// The last apply succeeded and nothing desired changed since: whatever a read back finds
+    /// different now was done from outside (drift, counted in `DriverStats::repairs`).
+    in_sync: bool,
 }
 
 /// Tries one write, counting it; keeps the first failure.
@@ -105,6 +108,7 @@ impl VxlanDriver {
             mtu: None,
             stats: DriverStats::default(),
             dirty: true,
+            in_sync: false,
         }
     }
 
@@ -120,6 +124,7 @@ impl VxlanDriver {
             self.local = Some(local);
             self.peers = peers;
             self.dirty = true;
+            self.in_sync = false;
         }
     }
 
@@ -157,10 +162,22 @@ impl VxlanDriver {
             return Ok(self.ifindex);
         }
         self.stats.resyncs += 1;
+        let before = self.stats.writes + self.stats.deletes;
         let result = self.reconcile(local);
+        let fixed = self.stats.writes + self.stats.deletes - before;
+        if self.in_sync && fixed > 0 {
+            self.stats.repairs += fixed;
+            tracing::warn!(driver = "vxlan", device = %self.config.device, fixed, "drift found on the VXLAN device (its address, forwarding or neighbour entries); repaired");
+        }
         match &result {
-            Ok(_) => self.dirty = false,
-            Err(_) => self.stats.errors += 1,
+            Ok(_) => {
+                self.dirty = false;
+                self.in_sync = true;
+            }
+            Err(_) => {
+                self.stats.errors += 1;
+                self.in_sync = false;
+            }
         }
         result.map(Some)
     }
@@ -319,6 +336,7 @@ impl VxlanDriver {
         self.ifindex = None;
         self.mtu = None;
         self.dirty = true;
+        self.in_sync = false;
         Ok(removed)
     }
 }

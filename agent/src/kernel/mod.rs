@@ -55,7 +55,7 @@ pub use aya::programs::TcAttachType;
 use aya::{
     Pod,
     maps::{
-        HashMap, Map, MapData, MapError,
+        HashMap, IterableMap, Map, MapData, MapError,
         lpm_trie::{Key as LpmKey, LpmTrie},
     },
 };
@@ -398,6 +398,25 @@ pub trait MapIo<K, V>: Send {
     fn write(&mut self, key: &K, value: &V) -> Result<(), KernelError>;
     /// Deletes an entry; deleting a missing one is not an error.
     fn delete(&mut self, key: &K) -> Result<(), KernelError>;
+    /// True when the map's pin is in place (a pin removed from outside leaves the map alive in
+    /// the programs and in this handle, but the CNI, the CLI and the next start would not find it).
+    fn pin_present(&self) -> bool;
+    /// Pins the map this handle holds open again at its path.
+    fn repin(&mut self) -> Result<(), KernelError>;
+}
+
+/// True when `path` exists (a pin is a file on bpffs).
+fn pin_exists(path: &Path) -> bool {
+    path.symlink_metadata().is_ok()
+}
+
+/// Pins `map` at `path` (the map `name`'s) again.
+fn repin(name: &str, map: &MapData, path: &Path) -> Result<(), KernelError> {
+    map.pin(path).map_err(|source| KernelError::Attach {
+        op: "re-pin",
+        what: format!("map {name} at {}", path.display()),
+        source: Box::new(source),
+    })
 }
 
 fn open(path: &Path) -> Result<Map, KernelError> {
@@ -417,6 +436,7 @@ fn is_not_found(e: &MapError) -> bool {
 /// A pinned hash (or LRU hash) map.
 pub struct PinnedHash<K, V> {
     name: String,
+    path: PathBuf,
     map: HashMap<MapData, K, V>,
 }
 
@@ -429,6 +449,7 @@ impl<K: Pod, V: Pod> PinnedHash<K, V> {
         })?;
         Ok(Self {
             name: name.to_owned(),
+            path: path.to_owned(),
             map,
         })
     }
@@ -475,6 +496,14 @@ impl<K: Pod + Send + Eq + Hash, V: Pod + Send> MapIo<K, V> for PinnedHash<K, V> 
             _ => Ok(()),
         }
     }
+
+    fn pin_present(&self) -> bool {
+        pin_exists(&self.path)
+    }
+
+    fn repin(&mut self) -> Result<(), KernelError> {
+        repin(&self.name, IterableMap::map(&self.map), &self.path)
+    }
 }
 
 /// A prefix key of an LPM trie: (prefix length, data).
@@ -489,6 +518,7 @@ pub struct Prefix<K> {
 /// A pinned LPM trie.
 pub struct PinnedLpm<K, V> {
     name: String,
+    path: PathBuf,
     map: LpmTrie<MapData, K, V>,
 }
 
@@ -501,6 +531,7 @@ impl<K: Pod, V: Pod> PinnedLpm<K, V> {
         })?;
         Ok(Self {
             name: name.to_owned(),
+            path: path.to_owned(),
             map,
         })
     }
@@ -551,6 +582,14 @@ impl<K: Pod + Send, V: Pod + Send> MapIo<Prefix<K>, V> for PinnedLpm<K, V> {
             _ => Ok(()),
         }
     }
+
+    fn pin_present(&self) -> bool {
+        pin_exists(&self.path)
+    }
+
+    fn repin(&mut self) -> Result<(), KernelError> {
+        repin(&self.name, IterableMap::map(&self.map), &self.path)
+    }
 }
 
 /// A change of workload links or node addresses, as the link watcher reports it.
@@ -581,6 +620,26 @@ pub enum LinkEvent {
     },
     /// The initial dump is complete.
     Synced,
+    /// The kernel said something of weir's may have been removed from outside (a netlink
+    /// `RTM_DEL*` notification): the loop reads that part back at once.
+    Drift(Drift),
+}
+
+/// What a netlink deletion notification names (see [`LinkEvent::Drift`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drift {
+    /// A tc filter or qdisc was deleted on interface `ifindex`.
+    Tc {
+        /// The interface.
+        ifindex: u32,
+    },
+    /// A route of weir's protocol was deleted.
+    Route,
+    /// A forwarding (FDB) or neighbour entry was deleted on interface `ifindex`.
+    Neighbour {
+        /// The interface.
+        ifindex: u32,
+    },
 }
 
 /// Errors of link watching.

@@ -38,6 +38,8 @@ pub struct LoopMeasures {
     pub apply_durations: Histogram,
     /// The sources' sync state as of the snapshot.
     pub sources: SourceSync,
+    /// Periodic refreshes started (`--refresh-interval`).
+    pub refreshes: u64,
 }
 
 impl Default for LoopMeasures {
@@ -45,6 +47,7 @@ impl Default for LoopMeasures {
         Self {
             apply_durations: Histogram::new(APPLY_BUCKETS),
             sources: SourceSync::default(),
+            refreshes: 0,
         }
     }
 }
@@ -144,6 +147,19 @@ impl Collector for DataplaneCollector {
             &deletes,
         )?;
         counter_family(&mut encoder, "driver_errors", "Failed applies", &errors)?;
+        let repairs: Vec<_> = stats.repairs.iter().map(|(d, n)| (driver(d), *n)).collect();
+        counter_family(
+            &mut encoder,
+            "dataplane_repairs",
+            "Drift repaired: kernel state changed from outside (entries, attachments, routes, pins) found and rewritten",
+            &repairs,
+        )?;
+        ConstCounter::new(snapshot.measured.refreshes).encode(encoder.encode_descriptor(
+            "dataplane_refreshes",
+            "Periodic read-backs of every driver (--refresh-interval)",
+            None,
+            MetricType::Counter,
+        )?)?;
         let applied = &snapshot.applied;
         ConstGauge::new(i64::from(applied.ready)).encode(encoder.encode_descriptor(
             "ready",

@@ -52,7 +52,7 @@ impl Seen {
                     self.addresses.remove(&(*ifindex, *addr));
                 }
             }
-            LinkEvent::Synced => {}
+            LinkEvent::Synced | LinkEvent::Drift(_) => {}
         }
     }
 

@@ -61,6 +61,8 @@ struct Inner<K, V> {
     touched: Vec<K>,
     /// How long each write takes (a slow kernel).
     delay: Duration,
+    /// False once the pin was removed from outside (`unpin`), until the driver re-pins it.
+    pinned: bool,
 }
 
 /// A fake map; clones share contents, so a test can inspect what a driver wrote.
@@ -95,6 +97,7 @@ impl<K: Eq + Hash + Clone, V: Clone> FakeMap<K, V> {
                 fail_writes: 0,
                 touched: Vec::new(),
                 delay: Duration::ZERO,
+                pinned: true,
             })),
             faults,
         }
@@ -150,6 +153,25 @@ impl<K: Eq + Hash + Clone, V: Clone> FakeMap<K, V> {
     pub(crate) fn set_delay(&self, delay: Duration) {
         self.lock().delay = delay;
     }
+
+    /// Removes the map's pin, as `rm` on bpffs would (the map itself lives on).
+    pub(crate) fn unpin(&self) {
+        self.lock().pinned = false;
+    }
+
+    /// True while the map's pin is in place.
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.lock().pinned
+    }
+
+    /// Changes an entry from outside (not counted as a mutation of the driver's).
+    pub(crate) fn tamper(&self, key: K, value: Option<V>) {
+        let mut inner = self.lock();
+        match value {
+            Some(v) => inner.entries.insert(key, v),
+            None => inner.entries.remove(&key),
+        };
+    }
 }
 
 impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V> {
@@ -197,6 +219,18 @@ impl<K: Eq + Hash + Clone + Send, V: Clone + Send> MapIo<K, V> for FakeMap<K, V>
             inner.touched.push(key.clone());
             inner.mutations += 1;
         }
+        Ok(())
+    }
+
+    fn pin_present(&self) -> bool {
+        self.is_pinned()
+    }
+
+    fn repin(&mut self) -> Result<(), KernelError> {
+        if self.faults.drop_all.load(Ordering::Relaxed) {
+            return Err(injected(&self.name));
+        }
+        self.lock().pinned = true;
         Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! Watches links and addresses over rtnetlink: workload links (`weir*`) as they appear and go, and
 //! the node's own addresses (which carry the host identity): first a full dump (then `Synced`),
 //! then live events: the real [`LinkIo`] of the kernel seam (`crate::kernel`), whose events
-//! `link_source` turns into the loop's commands.
+//! `link_source` turns into the loop's commands. The same socket hears the deletions that may undo
+//! weir's work from outside (`RTM_DELTFILTER`, `RTM_DELQDISC`, `RTM_DELROUTE` of weir's protocol,
+//! `RTM_DELNEIGH`): each becomes a [`LinkEvent::Drift`], and the loop reads that part back at once.
 
 use futures_util::{StreamExt as _, TryStreamExt as _, future::BoxFuture};
 use netlink_packet_route::{
@@ -10,7 +12,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::{MulticastGroup, packet_core::NetlinkPayload};
 
-use crate::kernel::{LinkEvent, LinkIo, LinkWatch, LinkWatchError};
+use crate::kernel::{Drift, LinkEvent, LinkIo, LinkWatch, LinkWatchError};
 
 fn address(
     msg: &netlink_packet_route::address::AddressMessage,
@@ -68,6 +70,22 @@ fn event(message: RouteNetlinkMessage) -> Option<LinkEvent> {
         }
         RouteNetlinkMessage::NewAddress(msg) => address(&msg, true),
         RouteNetlinkMessage::DelAddress(msg) => address(&msg, false),
+        RouteNetlinkMessage::DelTrafficFilter(msg)
+        | RouteNetlinkMessage::DelQueueDiscipline(msg) => u32::try_from(msg.header.index)
+            .ok()
+            .map(|ifindex| LinkEvent::Drift(Drift::Tc { ifindex })),
+        RouteNetlinkMessage::DelRoute(msg) => (msg.header.protocol
+            == netlink_packet_route::route::RouteProtocol::from(crate::paths::ROUTE_PROTOCOL))
+        .then_some(LinkEvent::Drift(Drift::Route)),
+        // weir's forwarding and neighbour entries are permanent; the kernel's own garbage
+        // collection removes only the others.
+        RouteNetlinkMessage::DelNeighbour(msg)
+            if msg.header.state == netlink_packet_route::neighbour::NeighbourState::Permanent =>
+        {
+            Some(LinkEvent::Drift(Drift::Neighbour {
+                ifindex: msg.header.ifindex,
+            }))
+        }
         RouteNetlinkMessage::DelLink(msg) => {
             ifname(&msg)
                 .filter(|n| is_workload(n))
@@ -86,6 +104,10 @@ impl LinkIo for Netlink {
                 MulticastGroup::Link,
                 MulticastGroup::Ipv4Ifaddr,
                 MulticastGroup::Ipv6Ifaddr,
+                MulticastGroup::Tc,
+                MulticastGroup::Ipv4Route,
+                MulticastGroup::Ipv6Route,
+                MulticastGroup::Neigh,
             ])
             .map_err(LinkWatchError::Socket)?;
             tokio::spawn(conn);
