@@ -25,12 +25,21 @@ use tests::{
     privileged::require_root,
 };
 
-/// A tmpfs mounted at a directory the test made (inside its `wt…` temp dir); unmounted on drop.
-struct Tmpfs(PathBuf);
+/// A tmpfs mounted in a `wt…` temporary directory of its own; unmounted on drop, then the
+/// directory removed (its fields drop after `drop` has run).
+struct Tmpfs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
 impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Self {
-        fs::create_dir_all(at).expect("mount point");
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("wt-storefull")
+            .tempdir()
+            .expect("temp dir");
+        let mount = dir.path().join("mnt");
+        fs::create_dir(&mount).expect("mount point");
         let out = Command::new("mount")
             .args([
                 "-t",
@@ -39,7 +48,7 @@ impl Tmpfs {
                 &format!("size={size},mode=0700"),
                 "wt-storefull",
             ])
-            .arg(at)
+            .arg(&mount)
             .output()
             .expect("mount");
         assert!(
@@ -47,14 +56,14 @@ impl Tmpfs {
             "mount tmpfs: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Self(at.to_owned())
+        Self { mount, _dir: dir }
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy: an agent killed a moment ago may still hold a file open.
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
     }
 }
 
@@ -135,10 +144,12 @@ fn a_full_state_disk_fails_add_naming_it_and_the_next_add_after_space_returns_su
     ) {
         return;
     }
+    // Declared before the node: dropped after it (the agent is stopped first). The agent's state
+    // directory is a link to it, so removing the agent's directories never meets the mount.
+    let tmpfs = Tmpfs::mount("2m");
     let dirs = AgentDirs::new();
     let state = dirs.path("state");
-    // Declared before the node: dropped after it (the agent is stopped first).
-    let _tmpfs = Tmpfs::mount(&state, "2m");
+    std::os::unix::fs::symlink(&tmpfs.mount, &state).expect("state directory link");
     let node = CniNode::start_with_dirs(NetNs::new(), dirs, &[]);
     let pid = node.agent.as_ref().expect("agent").pid();
     let conf = node.conf(&json!({}));
@@ -261,12 +272,8 @@ fn the_embedded_datastore_on_a_full_disk_keeps_its_commits_and_writes_again_when
     ) {
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("wt-storefull")
-        .tempdir()
-        .expect("temp dir");
-    let mount = dir.path().join("state");
-    let _tmpfs = Tmpfs::mount(&mount, "1m");
+    let tmpfs = Tmpfs::mount("1m");
+    let mount = tmpfs.mount.clone();
     let path = mount.join("ipam.redb");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
