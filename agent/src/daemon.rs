@@ -348,6 +348,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 if let Err(e) = ipam.expire().await {
                     tracing::warn!(error = %e, "expiring allocations failed");
                 }
+                // Faulted state files: does their directory take a write again? (The embedded
+                // datastore probes itself.)
+                if !crate::fsutil::faults().is_empty() {
+                    let _ = tokio::task::spawn_blocking(crate::fsutil::probe).await;
+                }
             }
         });
     }
@@ -465,6 +470,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Arc::clone(&inspect),
     )
     .with_pool_usage(ipam.pool_usage())
+    .with_storage(Arc::clone(&ipam))
     .with_prefilter(prefilter_reads);
     tokio::spawn(metrics_server::serve(
         metrics_listener,

@@ -82,11 +82,21 @@ where
                 lost = 0;
             }
             Err(e) => {
-                let what = e.to_string();
+                let (what, backend, location) = match &e {
+                    StoreError::Unavailable {
+                        backend,
+                        location,
+                        detail,
+                        ..
+                    } => (detail.clone(), *backend, location.clone()),
+                    other => (other.to_string(), "ipam", "the shared commit".to_owned()),
+                };
                 let mut first = Some(e);
                 results.extend(outs.into_iter().map(|out| {
                     out.and_then(|_| {
-                        let e = first.take().unwrap_or_else(|| shared_failure(&what));
+                        let e = first
+                            .take()
+                            .unwrap_or_else(|| shared_failure(backend, &location, &what));
                         Err(E::from(IpamError::Store(e)))
                     })
                 }));
@@ -98,10 +108,10 @@ where
 }
 
 /// The error of a job whose shared commit failed with `what` (the first job of the commit gets the original).
-fn shared_failure(what: &str) -> StoreError {
+fn shared_failure(backend: &'static str, location: &str, what: &str) -> StoreError {
     StoreError::Unavailable {
-        backend: "ipam",
-        location: String::new(),
+        backend,
+        location: location.to_owned(),
         detail: format!("the commit this operation shared failed: {what}"),
         source: None,
     }

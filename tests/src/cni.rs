@@ -48,10 +48,16 @@ impl CniNode {
     /// [`Self::start`] in a namespace the caller prepared (a node joined to an underlay first).
     #[must_use]
     pub fn start_in(ns: NetNs, extra: &[&str]) -> Self {
+        Self::start_with_dirs(ns, AgentDirs::new(), extra)
+    }
+
+    /// [`Self::start_in`] with agent directories the caller prepared (a state directory on a
+    /// filesystem of its own).
+    #[must_use]
+    pub fn start_with_dirs(ns: NetNs, dirs: AgentDirs, extra: &[&str]) -> Self {
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         let root = PinRoot::new();
-        let dirs = AgentDirs::new();
         let agent = AgentProcess::start(&root, &dirs, Some(&ns), extra);
         Self {
             agent: Some(agent),

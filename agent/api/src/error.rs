@@ -37,6 +37,8 @@ pub mod code {
     pub const TIMEOUT: &str = "timeout";
     /// 503: the datastore cannot be reached (or the allocator stopped).
     pub const DATASTORE_UNAVAILABLE: &str = "datastore-unavailable";
+    /// 503: the agent cannot write a state file (a full disk): retry once it writes again.
+    pub const STORAGE_UNAVAILABLE: &str = "storage-unavailable";
     /// 503: the cluster source has not delivered the pod a CNI request names (yet).
     pub const POD_UNKNOWN: &str = "pod-unknown";
     /// 503: the dataplane did not apply the change in time.

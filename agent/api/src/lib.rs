@@ -58,5 +58,5 @@ pub use policy::{
 pub use services::{BackendState, BackendView, FlowView, ServiceView};
 pub use status::{
     Applied, AttachCounters, ConntrackStats, DataplaneStatus, DriverCounters, NatStats,
-    NodeSummary, PoolStatus, SocketLbScope, Status, StatusDetail,
+    NodeSummary, PoolStatus, SocketLbScope, Status, StatusDetail, StorageFault, StorageStatus,
 };

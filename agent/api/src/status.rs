@@ -80,6 +80,44 @@ pub struct StatusDetail {
     /// The masquerade's NAT map (`nat4_v1`) as of its last sweep: entries, capacity, what the
     /// sweeps removed and what the programs counted.
     pub nat: NatStats,
+    /// The agent's own storage: the embedded IPAM datastore and the state files.
+    pub storage: StorageStatus,
+}
+
+/// The agent's own storage (`storage` in the status): the embedded IPAM datastore and the state
+/// files in its state directory. While a write fails (a full disk, an I/O error) allocations and
+/// endpoint changes that need it are refused (CNI: try again later) and the store is degraded;
+/// the agent reopens and probes by itself and clears the fault once a write succeeds. Readiness
+/// is unaffected: the dataplane keeps serving the pods that exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StorageStatus {
+    /// True while any fault below is open.
+    pub degraded: bool,
+    /// What fails now.
+    pub faults: Vec<StorageFault>,
+    /// Faults begun since the agent started.
+    pub faults_total: u64,
+    /// Faults that cleared by themselves since the agent started.
+    pub recoveries: u64,
+}
+
+/// One failing store (`storage.faults[]` in the status).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StorageFault {
+    /// `ipam-datastore` (the embedded redb file) or `state-file`.
+    pub store: String,
+    /// The file.
+    pub path: PathBuf,
+    /// What fails and what to do.
+    pub cause: String,
+    /// The disk (or the quota) is full.
+    pub full_disk: bool,
+    /// When it began (Unix seconds).
+    pub since: u64,
+    /// Failed writes, reopens and probes since then.
+    pub attempts: u64,
 }
 
 /// What the node's desired state holds (`state` in the status).
@@ -265,11 +303,15 @@ mod tests {
                           "service_flows_expired4": 0},
             "nodes": [], "socket_lb": null, "socket_lb_scope": "host",
             "nat": {"sweeps": 0, "entries": 0, "capacity": 0, "swept": 0, "created": 0,
-                    "collisions": 0, "exhausted": 0, "insert_failed": 0}
+                    "collisions": 0, "exhausted": 0, "insert_failed": 0},
+            "storage": {"degraded": true, "faults_total": 1, "recoveries": 0, "faults": [
+                {"store": "ipam-datastore", "path": "/var/lib/weir/ipam.redb", "cause": "the disk is full",
+                 "full_disk": true, "since": 1767000000, "attempts": 3}]}
         });
         let status: Status = serde_json::from_value(wire.clone()).expect("status");
         assert_eq!(status.detail.socket_lb_scope, Some(SocketLbScope::Host));
         assert_eq!(status.detail.dataplane.maps[0].1.writes, 1);
+        assert!(status.detail.storage.degraded && status.detail.storage.faults[0].full_disk);
         assert_eq!(serde_json::to_value(&status).expect("json"), wire);
         // What weir-cni needs from an agent that sends nothing more.
         let bare: Status =

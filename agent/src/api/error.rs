@@ -69,6 +69,12 @@ impl From<NodeError> for ApiError {
             NodeError::Registry(
                 e @ (RegistryError::Invalid { .. } | RegistryError::TooManyAddresses { .. }),
             ) => Self::invalid(e.to_string()),
+            e @ (NodeError::Registry(RegistryError::Io { .. })
+            | NodeError::Identity(crate::calc::identity::IdentityError::Io { .. })) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::STORAGE_UNAVAILABLE,
+                e.to_string(),
+            ),
             other => Self::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 code::INTERNAL,
@@ -117,6 +123,11 @@ impl From<IpamServiceError> for ApiError {
             IpamServiceError::Ipam(I::Block { .. }) => {
                 Self::new(StatusCode::CONFLICT, code::ADDRESS_IN_USE, message)
             }
+            IpamServiceError::Persist { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::STORAGE_UNAVAILABLE,
+                message,
+            ),
             IpamServiceError::Ipam(I::Store(ipam::store::StoreError::Unavailable { .. }))
             | IpamServiceError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,

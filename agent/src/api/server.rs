@@ -170,8 +170,18 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
     let summary = snapshot.summary.clone();
     let dataplane = dataplane_status(&snapshot.stats);
     let applied = snapshot.applied.clone();
-    // A datastore that cannot be read is the caller's error to see, not an empty pool list.
-    let pools = api.ipam.pools().await?;
+    // A datastore that cannot be read is the caller's error to see, not an empty pool list; but an
+    // embedded store the agent knows to be degraded answers with the pools last read, beside the
+    // fault in `storage` (what an operator needs to see then).
+    let pools = match api.ipam.pools().await {
+        Ok(pools) => pools,
+        Err(e) if api.ipam.storage().datastore_degraded() => {
+            tracing::debug!(error = %e, "status: the degraded datastore cannot be read; showing the pools last read");
+            api.ipam.last_pools()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let storage = api.ipam.storage().status();
     Ok(Json(Status {
         ready: applied.ready,
         node: api.node.clone(),
@@ -194,6 +204,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                 .nat
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
+            storage,
         },
     }))
 }

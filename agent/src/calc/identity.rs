@@ -239,7 +239,7 @@ impl Identities {
             path: self.path.clone(),
             source: io::Error::other(e),
         })?;
-        crate::fsutil::write_atomic(&self.path, &bytes).map_err(|source| IdentityError::Io {
+        crate::fsutil::write_state(&self.path, &bytes).map_err(|source| IdentityError::Io {
             op: "write",
             path: self.path.clone(),
             source,

@@ -180,6 +180,8 @@ struct Core {
     commits: AtomicU64,
     /// The pools' usage as [`IpamService::pools`] last computed it (`/metrics`).
     usage: crate::observe::metrics_server::PoolUsageCache,
+    /// The pools as [`IpamService::pools`] last read them (the status while the store is degraded).
+    last_pools: StdMutex<Vec<PoolStatus>>,
 }
 
 /// The agent's IPAM service.
@@ -247,6 +249,7 @@ impl IpamService {
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             usage: crate::observe::metrics_server::PoolUsageCache::default(),
+            last_pools: StdMutex::new(Vec::new()),
         });
         core.ensure_pools(pools, block_sizes).await?;
         let (queue, rx) = mpsc::unbounded_channel();
@@ -451,7 +454,7 @@ impl IpamService {
             })
             .collect();
         let pools = self.core.ipam.pools().await?;
-        Ok(pools
+        let pools: Vec<PoolStatus> = pools
             .iter()
             .map(|p| PoolStatus {
                 name: p.name.clone(),
@@ -462,7 +465,89 @@ impl IpamService {
                     .map_or(0, |u| u64::try_from(u.available).unwrap_or(u64::MAX)),
                 disabled: p.disabled,
             })
-            .collect())
+            .collect();
+        self.core
+            .last_pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone_from(&pools);
+        Ok(pools)
+    }
+
+    /// The pools as [`Self::pools`] last read them (the status shows these while the embedded
+    /// store cannot be read, beside the fault).
+    pub fn last_pools(&self) -> Vec<PoolStatus> {
+        self.core
+            .last_pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The agent's storage: the embedded datastore's health and the state files' faults (`storage` in the
+    /// status, `weir_storage_*` in `/metrics`).
+    pub fn storage(&self) -> Storage {
+        Storage {
+            datastore: self.core.ipam.store().health(),
+            files: crate::fsutil::faults(),
+            file_counts: crate::fsutil::fault_counts(),
+        }
+    }
+}
+
+/// The agent's storage as [`IpamService::storage`] reads it.
+#[derive(Clone, Debug, Default)]
+pub struct Storage {
+    /// The embedded datastore's health (`None`: another backend).
+    pub datastore: Option<ipam::store::embedded::StoreHealth>,
+    /// The state files whose last write failed.
+    pub files: Vec<crate::fsutil::FileFault>,
+    /// State-file faults begun and cleared.
+    pub file_counts: (u64, u64),
+}
+
+impl Storage {
+    /// True while the datastore is degraded.
+    #[must_use]
+    pub fn datastore_degraded(&self) -> bool {
+        self.datastore.as_ref().is_some_and(|h| h.fault.is_some())
+    }
+
+    /// As the status shows it.
+    #[must_use]
+    pub fn status(&self) -> weir_api::StorageStatus {
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mut faults: Vec<weir_api::StorageFault> = self
+            .datastore
+            .iter()
+            .filter_map(|h| h.fault.as_ref())
+            .map(|f| weir_api::StorageFault {
+                store: "ipam-datastore".into(),
+                path: f.path.clone(),
+                cause: f.cause.clone(),
+                full_disk: f.full_disk,
+                since: secs(f.since),
+                attempts: f.attempts,
+            })
+            .collect();
+        faults.extend(self.files.iter().map(|f| weir_api::StorageFault {
+            store: "state-file".into(),
+            path: f.path.clone(),
+            cause: f.cause.clone(),
+            full_disk: f.full_disk,
+            since: secs(f.since),
+            attempts: f.attempts,
+        }));
+        let (store_faults, store_recoveries) = self
+            .datastore
+            .as_ref()
+            .map_or((0, 0), |h| (h.faults, h.recoveries));
+        weir_api::StorageStatus {
+            degraded: !faults.is_empty(),
+            faults,
+            faults_total: store_faults + self.file_counts.0,
+            recoveries: store_recoveries + self.file_counts.1,
+        }
     }
 }
 
@@ -618,14 +703,26 @@ impl Core {
                 },
             );
         }
-        if let Err(e) = persist(&self.pending_path, pending) {
+        // A batch that added nothing (every allocation failed: a degraded datastore, say) has
+        // nothing to record.
+        let changed = results.iter().any(Result::is_ok) || !leftovers.is_empty();
+        let recorded = if changed {
+            persist(&self.pending_path, pending)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = recorded {
             tracing::warn!(error = %e, "cannot record pending allocations; undoing this batch");
+            let cause = match &e {
+                IpamServiceError::Persist { source, .. } => (source.kind(), source.to_string()),
+                other => (io::ErrorKind::Other, other.to_string()),
+            };
             for a in results.iter_mut() {
                 let Ok(allocation) = a else { continue };
                 let handle = allocation.handle.clone();
                 *a = Err(IpamServiceError::Persist {
                     path: self.pending_path.clone(),
-                    source: io::Error::other(e.to_string()),
+                    source: io::Error::new(cause.0, cause.1.clone()),
                 });
                 if let Err(release) = self.ipam.release_by_handle(&handle).await {
                     // Still pending in memory with its expiry: the expiry loop releases it.
@@ -736,7 +833,7 @@ fn persist(path: &Path, file: &PendingFile) -> Result<(), IpamServiceError> {
         source,
     };
     let bytes = serde_json::to_vec_pretty(file).map_err(|e| err(io::Error::other(e)))?;
-    crate::fsutil::write_atomic(path, &bytes).map_err(err)
+    crate::fsutil::write_state(path, &bytes).map_err(err)
 }
 
 #[cfg(test)]

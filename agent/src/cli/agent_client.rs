@@ -109,6 +109,22 @@ pub fn status(args: StatusArgs) -> Result<()> {
             if let Some(error) = &detail.applied.routes_error {
                 println!("routes:     {error}");
             }
+            if detail.storage.degraded {
+                for f in &detail.storage.faults {
+                    println!(
+                        "storage:    DEGRADED: {} {}: {} ({} attempts)",
+                        f.store,
+                        f.path.display(),
+                        f.cause,
+                        f.attempts
+                    );
+                }
+            } else {
+                println!(
+                    "storage:    ok ({} faults cleared since start)",
+                    detail.storage.recoveries
+                );
+            }
             match &detail.socket_lb {
                 Some(cgroup) => match detail.socket_lb_scope {
                     Some(SocketLbScope::Host) => println!(

@@ -438,6 +438,55 @@ impl Collector for IpamCollector {
     }
 }
 
+/// The agent's storage: whether the embedded IPAM datastore and the state files are degraded, and
+/// how many faults began and cleared.
+struct StorageCollector(Arc<crate::calc::ipam_service::IpamService>);
+
+impl std::fmt::Debug for StorageCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StorageCollector")
+    }
+}
+
+impl Collector for StorageCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let storage = self.0.storage();
+        let store = |s: &str| [("store", s.to_owned())];
+        let datastore = storage.datastore.clone().unwrap_or_default();
+        let (file_faults, file_recoveries) = storage.file_counts;
+        gauge_family(
+            &mut encoder,
+            "storage_degraded",
+            "1 while writes fail (a full disk, an I/O error): ipam-datastore (the embedded datastore; allocations are refused), state-files (the state directory's files)",
+            &[
+                (
+                    store("ipam-datastore"),
+                    u64::from(storage.datastore_degraded()),
+                ),
+                (store("state-files"), u64::from(!storage.files.is_empty())),
+            ],
+        )?;
+        counter_family(
+            &mut encoder,
+            "storage_faults",
+            "Storage faults begun (a write failed where the last one succeeded)",
+            &[
+                (store("ipam-datastore"), datastore.faults),
+                (store("state-files"), file_faults),
+            ],
+        )?;
+        counter_family(
+            &mut encoder,
+            "storage_recoveries",
+            "Storage faults that cleared by themselves (a write succeeded again, no restart)",
+            &[
+                (store("ipam-datastore"), datastore.recoveries),
+                (store("state-files"), file_recoveries),
+            ],
+        )
+    }
+}
+
 /// What the metrics server reads.
 pub struct MetricsState {
     registry: Registry,
@@ -484,6 +533,14 @@ impl MetricsState {
     pub fn with_pool_usage(mut self, cache: PoolUsageCache) -> Self {
         self.registry
             .register_collector(Box::new(IpamCollector(cache)));
+        self
+    }
+
+    /// Adds the storage gauges and counters (`weir_storage_*`), read from `ipam` at scrape time.
+    #[must_use]
+    pub fn with_storage(mut self, ipam: Arc<crate::calc::ipam_service::IpamService>) -> Self {
+        self.registry
+            .register_collector(Box::new(StorageCollector(ipam)));
         self
     }
 

@@ -258,15 +258,20 @@ impl Registry {
                 path: self.path.clone(),
                 source: io::Error::other(e),
             })?;
+            let path = journal::path_of(&self.path);
             match journal.append(&line) {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    crate::fsutil::note_success(&path);
+                    return Ok(());
+                }
                 Ok(false) => {}
-                Err(source) => {
+                Err(e) => {
                     // Part of the line may be on disk: the next change compacts (a new token).
                     self.journal = None;
+                    let source = crate::fsutil::note_failure(&path, line.len(), &e);
                     return Err(RegistryError::Io {
                         op: "append to",
-                        path: journal::path_of(&self.path),
+                        path,
                         source,
                     });
                 }
@@ -286,7 +291,7 @@ impl Registry {
             source: io::Error::other(e),
         });
         let written = bytes.and_then(|bytes| {
-            crate::fsutil::write_atomic(&self.path, &bytes)
+            crate::fsutil::write_state(&self.path, &bytes)
                 .map(|()| bytes.len())
                 .map_err(|source| RegistryError::Io {
                     op: "write",

@@ -93,7 +93,7 @@ impl Datastore {
                 .await
                 .map_err(|e| StoreError::Unavailable {
                     backend: "embedded",
-                    location: String::new(),
+                    location: self.to_string(),
                     detail: "the open was interrupted".into(),
                     source: Some(Box::new(e)),
                 })??;
@@ -101,6 +101,16 @@ impl Datastore {
             }
             Self::Etcd(urls) => Ok(AnyStore::Etcd(EtcdStore::connect(urls).await?)),
             Self::Kubernetes => Ok(AnyStore::Kubernetes(KubeStore::connect().await?)),
+        }
+    }
+}
+
+impl std::fmt::Display for Datastore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embedded(p) => write!(f, "{}", p.display()),
+            Self::Etcd(urls) => write!(f, "etcd:{}", urls.join(",")),
+            Self::Kubernetes => f.write_str("kubernetes"),
         }
     }
 }
@@ -116,6 +126,17 @@ pub enum AnyStore {
     Etcd(EtcdStore),
     /// Kubernetes custom resources.
     Kubernetes(KubeStore),
+}
+
+impl AnyStore {
+    /// The embedded store's health (a fault while its writes fail); `None` for the other backends, whose
+    /// outages are their server's (each request reports them).
+    pub fn health(&self) -> Option<super::embedded::StoreHealth> {
+        match self {
+            Self::Embedded(s) => Some(s.health()),
+            Self::Memory(_) | Self::Etcd(_) | Self::Kubernetes(_) => None,
+        }
+    }
 }
 
 impl Store for AnyStore {

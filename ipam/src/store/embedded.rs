@@ -7,16 +7,24 @@
 //! waits briefly (at most half a commit, at most 1 ms) for as many writes as its last commit held, because the
 //! callers of that commit come back with their next write just after it (see [`gather`]). Every caller still
 //! waits for its own durable commit.
+//!
+//! Storage faults: a commit that fails with an I/O error (a full disk, `EIO`) wrote nothing (redb's commit is all
+//! or nothing; the file keeps the last commit that succeeded). Its callers get an error naming the file and the
+//! cause (`ENOSPC` as a full disk, with what to do); the store is degraded ([`EmbeddedStore::health`]) and, since
+//! redb refuses every later operation after an I/O error, the writer closes and reopens the database at once (a
+//! reopen repairs the file) so reads go on. While degraded the writer probes with an empty commit on a backoff
+//! (0.25 s to 5 s) and before every request's batch; the first commit that succeeds clears the fault. No caller
+//! reopens anything and nothing restarts.
 
 use std::{
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
         mpsc,
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use redb::{
@@ -201,10 +209,50 @@ struct Counters {
     writes: AtomicU64,
 }
 
-struct Inner {
-    db: Arc<Database>,
+/// Why the store's writes fail: its file, the cause, and since when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreFault {
+    /// The database file.
+    pub path: PathBuf,
+    /// What failed and what to do (`the disk is full (…): free space on …`).
+    pub cause: String,
+    /// The cause is a full disk (`ENOSPC`) or an exhausted disk quota (`EDQUOT`).
+    pub full_disk: bool,
+    /// When the first failure of this fault happened.
+    pub since: SystemTime,
+    /// Failed attempts (commits, reopens and probes) since then.
+    pub attempts: u64,
+}
+
+/// The store's health: the fault while writes fail, and how many faults began and cleared.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreHealth {
+    /// Set while the store's writes fail; cleared by the first commit that succeeds again.
+    pub fault: Option<StoreFault>,
+    /// Faults begun since the store was opened.
+    pub faults: u64,
+    /// Faults that cleared (the store recovered by itself).
+    pub recoveries: u64,
+}
+
+/// The shortest and the longest wait between two probes while the store is degraded.
+const PROBE_MIN: Duration = Duration::from_millis(250);
+const PROBE_MAX: Duration = Duration::from_secs(5);
+
+/// What the callers and the writer thread share: the open database (none while a reopen is owed) and its health.
+struct Shared {
+    /// Held for reading by every read and by the writer for a batch; for writing only by a reopen.
+    db: RwLock<Option<Database>>,
     path: PathBuf,
-    counters: Arc<Counters>,
+    sharing: Sharing,
+    counters: Counters,
+    health: Mutex<StoreHealth>,
+    #[cfg(test)]
+    inject: Option<faults::Injector>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
     tx: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -229,8 +277,263 @@ pub struct EmbeddedStore {
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedStore")
-            .field("path", &self.inner.path)
+            .field("path", &self.inner.shared.path)
             .finish()
+    }
+}
+
+/// A storage failure described for the operator, and an `io::Error` of the same kind for the chain of causes.
+struct Cause {
+    text: String,
+    full_disk: bool,
+    io: Option<(Option<i32>, std::io::ErrorKind)>,
+}
+
+impl Cause {
+    fn of_io(e: &std::io::Error, path: &Path) -> Self {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let (text, full_disk) = match (e.raw_os_error(), e.kind()) {
+            (Some(ENOSPC), _) | (None, std::io::ErrorKind::StorageFull) => (
+                format!(
+                    "the disk is full ({e}): free space on the filesystem holding {}; the store resumes by itself \
+                     once a write succeeds, and nothing it stored was lost",
+                    dir.display()
+                ),
+                true,
+            ),
+            (Some(EDQUOT), _) | (None, std::io::ErrorKind::QuotaExceeded) => (
+                format!(
+                    "the disk quota is exceeded ({e}): raise the quota or free space on the filesystem holding {}; \
+                     the store resumes by itself once a write succeeds, and nothing it stored was lost",
+                    dir.display()
+                ),
+                true,
+            ),
+            (Some(EROFS), _) | (None, std::io::ErrorKind::ReadOnlyFilesystem) => (
+                format!(
+                    "the filesystem is read-only ({e}): remount {} read-write; the store resumes by itself once a \
+                     write succeeds",
+                    dir.display()
+                ),
+                false,
+            ),
+            _ => (
+                format!(
+                    "the disk failed ({e}): check the device holding {} (dmesg); the store retries by itself",
+                    dir.display()
+                ),
+                false,
+            ),
+        };
+        Self {
+            text,
+            full_disk,
+            io: Some((e.raw_os_error(), e.kind())),
+        }
+    }
+
+    /// The cause of a redb failure that needs the database reopened, or `None` when the failure is the request's
+    /// own (a value too large, say) and the database is fine.
+    fn of_redb(e: &redb::Error, path: &Path, last: Option<&StoreFault>) -> Option<Self> {
+        match e {
+            redb::Error::Io(io) => Some(Self::of_io(io, path)),
+            redb::Error::PreviousIo | redb::Error::DatabaseClosed => Some(last.map_or_else(
+                || Self {
+                    text: format!(
+                        "an earlier I/O error left the database unusable ({e}); it is reopened"
+                    ),
+                    full_disk: false,
+                    io: None,
+                },
+                |f| Self {
+                    text: f.cause.clone(),
+                    full_disk: f.full_disk,
+                    io: None,
+                },
+            )),
+            redb::Error::Corrupted(_) => Some(Self {
+                text: format!(
+                    "the database file is damaged ({e}): it is reopened (and repaired); if this persists, restore \
+                     the file from a backup"
+                ),
+                full_disk: false,
+                io: None,
+            }),
+            _ => None,
+        }
+    }
+
+    fn of_open(e: &redb::DatabaseError, path: &Path) -> Self {
+        match e {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Self::of_io(io, path),
+            other => Self {
+                text: format!("cannot reopen the database file ({other})"),
+                full_disk: false,
+                io: None,
+            },
+        }
+    }
+
+    fn source(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+        self.io
+            .map(|(raw, kind)| -> Box<dyn std::error::Error + Send + Sync> {
+                Box::new(raw.map_or_else(
+                    || std::io::Error::from(kind),
+                    std::io::Error::from_raw_os_error,
+                ))
+            })
+    }
+}
+
+const ENOSPC: i32 = 28;
+const EDQUOT: i32 = 122;
+const EROFS: i32 = 30;
+
+impl Shared {
+    fn unavailable(
+        &self,
+        detail: String,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> StoreError {
+        StoreError::Unavailable {
+            backend: "embedded",
+            location: self.path.display().to_string(),
+            detail,
+            source,
+        }
+    }
+
+    /// The error a caller gets for a failure of `what` with `cause`.
+    fn failed(&self, what: &str, cause: &Cause) -> StoreError {
+        self.unavailable(format!("{what}: {}", cause.text), cause.source())
+    }
+
+    /// The error a caller gets while the store is degraded and not open.
+    fn degraded(&self) -> StoreError {
+        let health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        let cause = health.fault.as_ref().map_or_else(
+            || "the database is being reopened".to_owned(),
+            |f| f.cause.clone(),
+        );
+        self.unavailable(format!("writes fail, the store is degraded: {cause}"), None)
+    }
+
+    /// Records a failure: begins a fault (logged once) or counts one more attempt of the current one.
+    fn record(&self, what: &str, cause: &Cause) {
+        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut health.fault {
+            Some(fault) => {
+                fault.attempts += 1;
+                if fault.cause != cause.text {
+                    tracing::warn!(path = %self.path.display(), cause = %cause.text, "the embedded datastore still fails, now for another reason");
+                    fault.cause.clone_from(&cause.text);
+                    fault.full_disk = cause.full_disk;
+                }
+            }
+            None => {
+                tracing::error!(path = %self.path.display(), cause = %cause.text, "the embedded datastore cannot write ({what}): allocations are degraded until a write succeeds again");
+                health.faults += 1;
+                health.fault = Some(StoreFault {
+                    path: self.path.clone(),
+                    cause: cause.text.clone(),
+                    full_disk: cause.full_disk,
+                    since: SystemTime::now(),
+                    attempts: 1,
+                });
+            }
+        }
+    }
+
+    /// A commit succeeded: clears the fault, if any (logged once).
+    fn recovered(&self) {
+        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(fault) = health.fault.take() {
+            health.recoveries += 1;
+            tracing::info!(
+                path = %self.path.display(),
+                after_s = fault.since.elapsed().unwrap_or_default().as_secs(),
+                attempts = fault.attempts,
+                "the embedded datastore writes again: allocations are no longer degraded"
+            );
+        }
+    }
+
+    fn is_degraded(&self) -> bool {
+        self.health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fault
+            .is_some()
+    }
+
+    fn last_fault(&self) -> Option<StoreFault> {
+        self.health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fault
+            .clone()
+    }
+
+    /// Closes the database (if open) and opens it again; redb repairs a file an I/O error left unclean. Only
+    /// the writer thread calls this; readers wait on the lock meanwhile.
+    fn reopen(&self) -> Result<(), Cause> {
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = slot.take() {
+            // A close that fails leaves nothing to do: the next open repairs the file.
+            if let Err(e) = old.close() {
+                tracing::debug!(path = %self.path.display(), error = %e, "closing the failed database");
+            }
+        }
+        let db = self.create().map_err(|e| Cause::of_open(&e, &self.path))?;
+        *slot = Some(db);
+        tracing::info!(path = %self.path.display(), "reopened the embedded datastore");
+        Ok(())
+    }
+
+    fn create(&self) -> Result<Database, redb::DatabaseError> {
+        let mut b = Database::builder();
+        b.set_concurrency_mode(match self.sharing {
+            Sharing::Shared => ConcurrencyMode::MultiWriter,
+            Sharing::Exclusive => ConcurrencyMode::ExclusiveWriter,
+        });
+        #[cfg(test)]
+        if let Some(inject) = &self.inject {
+            return inject.create(&b, &self.path);
+        }
+        b.create(&self.path)
+    }
+
+    /// Runs `f` on the open database. While none is open (a reopen failed), asks the writer to try again first,
+    /// which it does at once.
+    fn read<T>(
+        &self,
+        store: &EmbeddedStore,
+        f: impl Fn(&Database) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        let run = || {
+            let slot = self.db.read().unwrap_or_else(PoisonError::into_inner);
+            slot.as_ref().map(&f)
+        };
+        let outcome = match run() {
+            Some(r) => r,
+            None => {
+                store.probe_now();
+                run().ok_or_else(|| self.degraded())?
+            }
+        };
+        outcome.map_err(
+            |e| match Cause::of_redb(&e, &self.path, self.last_fault().as_ref()) {
+                Some(cause) => {
+                    // The writer reopens the database; this read fails with the cause.
+                    store.probe_later();
+                    self.failed("cannot read", &cause)
+                }
+                None => self.unavailable(format!("cannot read ({e})"), Some(Box::new(e))),
+            },
+        )
     }
 }
 
@@ -244,6 +547,22 @@ impl EmbeddedStore {
     /// Opens (or creates) the database at `path`. If another process holds the file in a way `sharing` cannot
     /// join, waits up to `wait` for it to be released.
     pub fn open_with(path: &Path, wait: Duration, sharing: Sharing) -> Result<Self, StoreError> {
+        Self::open_shared(
+            Shared {
+                db: RwLock::new(None),
+                path: path.to_owned(),
+                sharing,
+                counters: Counters::default(),
+                health: Mutex::new(StoreHealth::default()),
+                #[cfg(test)]
+                inject: None,
+            },
+            wait,
+        )
+    }
+
+    fn open_shared(shared: Shared, wait: Duration) -> Result<Self, StoreError> {
+        let path = shared.path.clone();
         let unavailable =
             |detail: String, source: Option<Box<dyn std::error::Error + Send + Sync>>| {
                 StoreError::Unavailable {
@@ -266,12 +585,7 @@ impl EmbeddedStore {
         }
         let deadline = Instant::now() + wait;
         let db = loop {
-            let mut b = Database::builder();
-            b.set_concurrency_mode(match sharing {
-                Sharing::Shared => ConcurrencyMode::MultiWriter,
-                Sharing::Exclusive => ConcurrencyMode::ExclusiveWriter,
-            });
-            match b.create(path) {
+            match shared.create() {
                 Ok(db) => break db,
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
@@ -286,6 +600,13 @@ impl EmbeddedStore {
                         None,
                     ));
                 }
+                Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) => {
+                    let cause = Cause::of_io(&e, &path);
+                    return Err(unavailable(
+                        format!("cannot open the database file: {}", cause.text),
+                        Some(Box::new(e)),
+                    ));
+                }
                 Err(e) => {
                     return Err(unavailable(
                         "cannot open the database file: check the path and permissions".into(),
@@ -294,22 +615,29 @@ impl EmbeddedStore {
                 }
             }
         };
-        let db = Arc::new(db);
-        init_tables(&db)
-            .map_err(|e| unavailable("cannot initialise the database".into(), Some(Box::new(e))))?;
+        init_tables(&db).map_err(|e| {
+            let detail = match &e {
+                redb::Error::Io(io) => {
+                    format!(
+                        "cannot initialise the database: {}",
+                        Cause::of_io(io, &path).text
+                    )
+                }
+                _ => "cannot initialise the database".into(),
+            };
+            unavailable(detail, Some(Box::new(e)))
+        })?;
+        *shared.db.write().unwrap_or_else(PoisonError::into_inner) = Some(db);
+        let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
-        let wdb = db.clone();
-        let counters = Arc::new(Counters::default());
-        let wcounters = Arc::clone(&counters);
+        let wshared = Arc::clone(&shared);
         let writer = std::thread::Builder::new()
             .name("weir-ipam-redb".into())
-            .spawn(move || writer_loop(&wdb, &rx, &wcounters))
+            .spawn(move || writer_loop(&wshared, &rx))
             .map_err(|e| unavailable("cannot start the writer thread".into(), Some(Box::new(e))))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                db,
-                path: path.to_owned(),
-                counters,
+                shared,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(writer)),
             }),
@@ -318,42 +646,78 @@ impl EmbeddedStore {
 
     /// How many durable commits this handle made, and how many writes they held.
     pub fn commit_stats(&self) -> CommitStats {
+        let c = &self.inner.shared.counters;
         CommitStats {
-            commits: self.inner.counters.commits.load(Ordering::Relaxed),
-            writes: self.inner.counters.writes.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
         }
     }
 
-    fn unavailable(
-        &self,
-        detail: &str,
-        e: impl std::error::Error + Send + Sync + 'static,
-    ) -> StoreError {
-        StoreError::Unavailable {
-            backend: "embedded",
-            location: self.inner.path.display().to_string(),
-            detail: detail.to_owned(),
-            source: Some(Box::new(e)),
-        }
+    /// The store's health: the fault while its writes fail (a full disk, an I/O error), and how many faults
+    /// began and cleared. A degraded store reopens its file and probes it by itself (every
+    /// 0.25 s at first, backing off to 5 s, and at once on the next request); the first commit that succeeds
+    /// clears the fault.
+    pub fn health(&self) -> StoreHealth {
+        self.inner
+            .shared
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.shared.path
     }
 
     fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
         let tx = self.inner.tx.lock().ok().and_then(|g| g.clone());
-        let gone = || StoreError::Unavailable {
-            backend: "embedded",
-            location: self.inner.path.display().to_string(),
-            detail: "the writer thread has stopped".into(),
-            source: None,
+        let gone = || {
+            self.inner
+                .shared
+                .unavailable("the writer thread has stopped".into(), None)
         };
         tx.ok_or_else(gone)?.send(job).map_err(|_| gone())
     }
 
     fn gone(&self) -> StoreError {
-        StoreError::Unavailable {
-            backend: "embedded",
-            location: self.inner.path.display().to_string(),
-            detail: "the writer thread dropped the request".into(),
-            source: None,
+        self.inner
+            .shared
+            .unavailable("the writer thread dropped the request".into(), None)
+    }
+
+    /// Asks the writer to reopen and probe now, and waits for it (a read found no open database).
+    fn probe_now(&self) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if self.submit(Box::new(ProbeJob { done: Some(tx) })).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+        }
+    }
+
+    /// Asks the writer to reopen and probe, without waiting (a read failed with an I/O error).
+    fn probe_later(&self) {
+        let _ = self.submit(Box::new(ProbeJob { done: None }));
+    }
+}
+
+/// Writes nothing: its batch's commit (the revision rewritten) probes whether the store writes again.
+struct ProbeJob {
+    done: Option<std::sync::mpsc::SyncSender<()>>,
+}
+
+impl Job for ProbeJob {
+    fn apply(
+        &mut self,
+        _txn: &WriteTransaction,
+        _rev: &mut u64,
+    ) -> Result<Result<(), StoreError>, redb::Error> {
+        Ok(Ok(()))
+    }
+
+    fn finish(mut self: Box<Self>, _result: Result<(), StoreError>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
         }
     }
 }
@@ -416,18 +780,42 @@ fn gather(
     batch
 }
 
-fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>, counters: &Counters) {
+/// The writer thread: group-commits the queued jobs. A commit that fails with an I/O error degrades the store:
+/// the database is closed and reopened (redb refuses every later operation after one), and while degraded the
+/// writer probes with an empty commit on a backoff (and before every batch), until a commit succeeds.
+fn writer_loop(shared: &Shared, rx: &mpsc::Receiver<Box<dyn Job>>) {
     let (mut expect, mut window) = (1usize, Duration::ZERO);
-    while let Ok(first) = rx.recv() {
-        let mut batch = gather(rx, first, expect, window);
+    let mut backoff = PROBE_MIN;
+    loop {
+        let first = if shared.is_degraded() {
+            match rx.recv_timeout(backoff) {
+                Ok(job) => Some(job),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        } else {
+            match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            }
+        };
+        let mut batch = match first {
+            Some(job) => gather(rx, job, expect, window),
+            // Idle while degraded: an empty commit probes the store.
+            None => Vec::new(),
+        };
+        let probing = batch.is_empty();
         let started = Instant::now();
-        let outcome = run_batch(db, &mut batch);
-        expect = batch.len();
-        window = (started.elapsed() / 2).min(GATHER_MAX);
+        let outcome = commit(shared, &mut batch);
+        if !probing {
+            expect = batch.len();
+            window = (started.elapsed() / 2).min(GATHER_MAX);
+        }
         match outcome {
             Ok(results) => {
-                counters.commits.fetch_add(1, Ordering::Relaxed);
-                counters.writes.fetch_add(
+                backoff = PROBE_MIN;
+                shared.counters.commits.fetch_add(1, Ordering::Relaxed);
+                shared.counters.writes.fetch_add(
                     results.iter().filter(|r| r.is_ok()).count() as u64,
                     Ordering::Relaxed,
                 );
@@ -436,18 +824,78 @@ fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn Job>>, counters: &Coun
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, jobs = batch.len(), "embedded datastore commit failed");
-                let msg = e.to_string();
+                if probing {
+                    backoff = (backoff * 2).min(PROBE_MAX);
+                }
                 for job in batch {
-                    job.finish(Err(StoreError::Unavailable {
-                        backend: "embedded",
-                        location: String::new(),
-                        detail: format!("commit failed: {msg}"),
-                        source: None,
-                    }));
+                    job.finish(Err(e.clone_for_caller(shared)));
                 }
             }
         }
+    }
+}
+
+/// Why a batch failed, for each of its callers.
+enum BatchError {
+    /// The storage failed: the store is degraded.
+    Fault(Cause),
+    /// redb refused the transaction for another reason (the database itself is fine).
+    Refused(String),
+}
+
+impl BatchError {
+    fn clone_for_caller(&self, shared: &Shared) -> StoreError {
+        match self {
+            Self::Fault(cause) => shared.failed("the commit failed and wrote nothing", cause),
+            Self::Refused(e) => {
+                shared.unavailable(format!("the commit failed and wrote nothing: {e}"), None)
+            }
+        }
+    }
+}
+
+/// Reopens the database if a fault left it closed, runs the batch in one write transaction and commits it. A
+/// fault is recorded and the database reopened at once (so reads go on); a success clears the fault.
+fn commit(
+    shared: &Shared,
+    batch: &mut [Box<dyn Job>],
+) -> Result<Vec<Result<(), StoreError>>, BatchError> {
+    let closed = shared
+        .db
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_none();
+    if closed && let Err(cause) = shared.reopen() {
+        shared.record("reopen", &cause);
+        return Err(BatchError::Fault(cause));
+    }
+    let outcome = {
+        let slot = shared.db.read().unwrap_or_else(PoisonError::into_inner);
+        match slot.as_ref() {
+            Some(db) => run_batch(db, batch),
+            None => Err(redb::Error::DatabaseClosed),
+        }
+    };
+    match outcome {
+        Ok(results) => {
+            shared.recovered();
+            Ok(results)
+        }
+        Err(e) => match Cause::of_redb(&e, &shared.path, shared.last_fault().as_ref()) {
+            Some(cause) => {
+                shared.record("commit", &cause);
+                // redb refuses every later operation after an I/O error: reopen now, so reads go on (the file
+                // holds the last commit that succeeded; the failed one wrote nothing).
+                if let Err(again) = shared.reopen() {
+                    tracing::warn!(path = %shared.path.display(), cause = %again.text, "cannot reopen the embedded datastore yet; retrying");
+                }
+                Err(BatchError::Fault(cause))
+            }
+            None => {
+                tracing::warn!(path = %shared.path.display(), error = %e, jobs = batch.len(), "embedded datastore commit refused");
+                Err(BatchError::Refused(e.to_string()))
+            }
+        },
     }
 }
 
@@ -475,41 +923,28 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Versioned>, StoreError> {
-        let r = self
-            .inner
-            .db
-            .begin_read()
-            .map_err(|e| self.unavailable("cannot read", e))?;
-        let t = r
-            .open_table(table(key.kind))
-            .map_err(|e| self.unavailable("cannot read", e))?;
-        let v = t
-            .get(key.name.as_str())
-            .map_err(|e| self.unavailable("cannot read", e))?;
-        Ok(v.map(|g| decode(g.value())))
+        self.inner.shared.read(self, |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(table(key.kind))?;
+            let v = t.get(key.name.as_str())?;
+            Ok(v.map(|g| decode(g.value())))
+        })
     }
 
     async fn list(&self, kind: Kind, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
-        let r = self
-            .inner
-            .db
-            .begin_read()
-            .map_err(|e| self.unavailable("cannot read", e))?;
-        let t = r
-            .open_table(table(kind))
-            .map_err(|e| self.unavailable("cannot read", e))?;
-        let mut out = Vec::new();
-        for item in t
-            .range(prefix..)
-            .map_err(|e| self.unavailable("cannot read", e))?
-        {
-            let (k, v) = item.map_err(|e| self.unavailable("cannot read", e))?;
-            if !k.value().starts_with(prefix) {
-                break;
+        self.inner.shared.read(self, |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(table(kind))?;
+            let mut out = Vec::new();
+            for item in t.range(prefix..)? {
+                let (k, v) = item?;
+                if !k.value().starts_with(prefix) {
+                    break;
+                }
+                out.push((k.value().to_owned(), decode(v.value())));
             }
-            out.push((k.value().to_owned(), decode(v.value())));
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<(), StoreError> {
@@ -536,3 +971,8 @@ impl Store for EmbeddedStore {
         rx.await.map_err(|_| self.gone())?
     }
 }
+
+#[cfg(test)]
+mod faults;
+#[cfg(test)]
+mod tests;
