@@ -181,6 +181,20 @@ impl Node {
         mut policies: PolicySet,
         errors: Vec<PolicyFileError>,
     ) -> Result<u64, NodeError> {
+        if self.only_policies_differ(&policies) {
+            // An edit of NetworkPolicies alone (the common one): no endpoint moves and no named
+            // port, remote pod, IPAM hint or Service changes, so only the policies are diffed.
+            self.calc.set_policies(&policies)?;
+            self.policy_warnings = caveats(&policies, &self.policy_warnings);
+            self.retired = Some(PolicySet {
+                policies: std::mem::take(&mut policies.policies),
+                namespaces: std::mem::take(&mut policies.namespaces),
+                ..PolicySet::default()
+            });
+            self.policy_errors = errors;
+            self.flush();
+            return Ok(self.changed());
+        }
         let relabelled: Vec<Endpoint> = self
             .registry
             .endpoints()
@@ -458,6 +472,9 @@ impl Node {
     /// Pod's labels change (so their identities).
     #[must_use]
     pub fn relabelled_endpoints(&self, policies: &PolicySet) -> BTreeSet<String> {
+        if self.only_policies_differ(policies) {
+            return BTreeSet::new();
+        }
         let namespaces = self.calc.relabelled_namespaces(policies);
         self.registry
             .endpoints()
@@ -468,6 +485,20 @@ impl Node {
             })
             .map(Endpoint::key)
             .collect()
+    }
+
+    /// True when `set` differs from what the node holds in its NetworkPolicies alone: its Pods,
+    /// Nodes, Services, EndpointSlices, namespace labels and annotations are the node's (after a
+    /// first whole set).
+    fn only_policies_differ(&self, set: &PolicySet) -> bool {
+        let held = &self.cluster;
+        self.policies_synced
+            && set.pods == held.pods
+            && set.nodes == held.nodes
+            && set.services == held.services
+            && set.endpoint_slices == held.endpoint_slices
+            && set.namespace_annotations == held.namespace_annotations
+            && self.calc.relabelled_namespaces(set).is_empty()
     }
 
     /// The source's Services with their EndpointSlices' endpoints (`GET /v1/services`).
