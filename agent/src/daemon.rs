@@ -156,8 +156,23 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(config: Config) -> Result<(), DaemonError> {
-    let paths = config.paths.clone();
+/// The kernel side loaded: the eBPF object, the conntrack layout and its migration, the programs,
+/// socket LB and the prefilter's driver.
+struct Loaded {
+    object: std::borrow::Cow<'static, [u8]>,
+    ct_layout: u32,
+    pending: migrate::Pending,
+    migration: MigrationReport,
+    programs: Programs,
+    socket_lb: crate::kernel::real::socket_lb::SocketLbReport,
+    prefilter_driver: Prefilter,
+    prefilter: Vec<(String, AttachMode)>,
+}
+
+/// Step 1: conntrack first (refuse a newer layout, copy an older one), then the programs, BPF
+/// host routing, socket LB, the eBPF log and the XDP prefilter.
+fn load_kernel(config: &Config) -> Result<Loaded, DaemonError> {
+    let paths = &config.paths;
     migrate::failpoint::validate().map_err(DaemonError::Failpoint)?;
     let object: std::borrow::Cow<'static, [u8]> = match &config.ebpf_object {
         Some(path) => std::fs::read(path)
@@ -165,36 +180,48 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             .into(),
         None => EBPF_OBJECT.into(),
     };
-    // Conntrack first: refuse a newer layout, copy an older one, before anything is loaded.
     let ct_layout = migrate::object_layout(&object)?;
     crate::kernel::real::bpffs::ensure_mounted(std::path::Path::new(crate::paths::BPFFS_MOUNT))?;
     crate::kernel::real::bpffs::ensure_pin_dir(&paths.bpf_root)?;
     crate::kernel::real::bpffs::ensure_pin_dir(&paths.maps_dir())?;
-    let mut pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
-    let mut migration = pending.report.clone();
-    let programs = Programs::load(&paths, &object, &pending.sizes)?;
+    let pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
+    let migration = pending.report.clone();
+    let programs = Programs::load(paths, &object, &pending.sizes)?;
     crate::kernel::real::programs::set_host_routing(
-        &paths,
+        paths,
         config.host_routing == crate::config::HostRouting::Bpf,
     )?;
-    let program_report = programs.report.programs.clone();
     let socket_lb = crate::kernel::real::socket_lb::reconcile(
-        &paths,
+        paths,
         config.socket_lb_cgroup.as_deref(),
         config.socket_lb_scope,
     )?;
-    crate::observe::ebpf_log::start(&paths);
+    crate::observe::ebpf_log::start(paths);
     // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
     let (prefilter_driver, prefilter) = Prefilter::start(
-        &paths,
+        paths,
         &config.prefilter_interfaces,
         &config.prefilter_deny,
         config.prefilter_deny_file.clone(),
     )?;
+    Ok(Loaded {
+        object,
+        ct_layout,
+        pending,
+        migration,
+        programs,
+        socket_lb,
+        prefilter_driver,
+        prefilter,
+    })
+}
 
+/// Step 2: the drivers and managers over the pinned maps and the loaded programs.
+fn dataplane(config: &Config, programs: Programs) -> Result<Dataplane, DaemonError> {
+    let paths = &config.paths;
     let maps = |name: &str| paths.map_pin(name);
     use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
-    let dataplane = Dataplane {
+    Ok(Dataplane {
         attachments: AttachDriver::new(Box::new(TcLinks::new(
             paths.clone(),
             programs,
@@ -207,26 +234,35 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &maps(IPCACHE4))?)),
         ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &maps(IPCACHE6))?)),
         policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &maps(POLICY))?)),
-        services: crate::dataplane::services::ServiceMaps::open(&paths)?.for_node(&config.node),
-    };
-    // Standalone: the policy files are read now; Kubernetes: the watchers' initial lists gate the
-    // first write (the node is not in sync until their first set).
-    let kube_client = match config.source {
-        SourceMode::Kubernetes => {
-            Some(crate::sources::kube::client(config.kubeconfig.as_deref()).await?)
-        }
-        SourceMode::Standalone => None,
-    };
-    let first_read = kube_client
-        .is_none()
-        .then(|| policy_dir::first_read(&paths.policy_dir));
-    let (policies, policy_errors) = first_read.as_ref().map_or_else(Default::default, |first| {
+        services: crate::dataplane::services::ServiceMaps::open(paths)?.for_node(&config.node),
+    })
+}
+
+/// What the node needs from the cluster beside its own state: the datastore, cluster-wide
+/// identities, node records and what routing found.
+struct Opened {
+    node: Node,
+    ipam: IpamService,
+    cluster_identities: Option<Arc<ClusterIdentities>>,
+    node_records: Option<NodeRecords>,
+    pod_mtu: Option<u32>,
+    underlay: Option<String>,
+}
+
+/// Step 3: the datastore (with etcd or Kubernetes, identities are allocated cluster-wide through
+/// it), the node over `dataplane` with the first policy read, and node routing.
+async fn open_node(
+    config: &Config,
+    dataplane: Dataplane,
+    first_read: Option<&policy_dir::FirstRead>,
+) -> Result<Opened, DaemonError> {
+    let paths = &config.paths;
+    let (policies, policy_errors) = first_read.map_or_else(Default::default, |first| {
         (first.loaded.set.clone(), first.loaded.errors.clone())
     });
     for e in &policy_errors {
         tracing::warn!(error = %e, "policy document refused");
     }
-    // The datastore first: with etcd or Kubernetes, identities are allocated cluster-wide through it.
     let ipam = IpamService::open(
         &config.datastore,
         &config.node,
@@ -251,42 +287,36 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => Identities::load(&paths.identities()).map_err(NodeError::from)?,
     };
     let mut node =
-        Node::open_with_identities(&paths, dataplane, policies, policy_errors, identities)?;
+        Node::open_with_identities(paths, dataplane, policies, policy_errors, identities)?;
     node.set_node_name(&config.node)?;
     // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
     // nodes' blocks.
     let (node_records, pod_mtu, underlay) =
-        match crate::cluster::setup::routing(&config, ipam.ipam().store(), &mut node)? {
+        match crate::cluster::setup::routing(config, ipam.ipam().store(), &mut node)? {
             Some(r) => (Some(r.records), r.pod_mtu, r.underlay),
             None => (None, None, None),
         };
-    // BPF host routing the other way: what other nodes send this node's pods arrives on the
-    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
-    // arrives on the VXLAN device, encapsulated for the node itself).
-    let host_interfaces = crate::dataplane::masquerade::with_underlay(
-        &config.host_interfaces,
-        underlay.filter(|_| {
-            config.host_routing == crate::config::HostRouting::Bpf
-                && config.routing == crate::config::RoutingMode::Native
-        }),
-    );
-    if kube_client.is_some() {
-        node.await_policy_source();
-    }
-    let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
-    let restored = node.summary().endpoints;
-    node.set_refresh_interval(Some(config.refresh_interval).filter(|interval| !interval.is_zero()));
-    // The dataplane loop on its own thread: it owns the node from now on.
-    let (dataplane_loop, loop_thread) = applier::spawn(node)?;
+    Ok(Opened {
+        node,
+        ipam,
+        cluster_identities,
+        node_records,
+        pod_mtu,
+        underlay,
+    })
+}
 
-    if let Some(cluster) = cluster_identities {
-        tokio::spawn(crate::calc::identity_store::upkeep(
-            cluster,
-            dataplane_loop.subscribe(),
-            config.identity_gc_grace,
-        ));
-    }
-
+/// Step 4: the sources that feed the loop: node records, the link watcher (restarted with
+/// backoff when it dies), and the API server's objects or the policy files.
+fn start_sources(
+    config: &Config,
+    dataplane_loop: &LoopHandle,
+    ipam: &IpamService,
+    node_records: Option<NodeRecords>,
+    kube_client: Option<kube::Client>,
+    first_read: Option<policy_dir::FirstRead>,
+) {
+    let paths = &config.paths;
     let mut node_feed = None;
     match node_records {
         Some(NodeRecords::Etcd(record)) => {
@@ -308,8 +338,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         None => {}
     }
-
-    // Link watcher → loop (restarted with backoff when it dies).
     let sysctl_paths = paths.clone();
     tokio::spawn(link_source::supervise(
         dataplane_loop.clone(),
@@ -320,44 +348,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             }
         },
     ));
-
     if let Some(client) = kube_client {
-        // The API server's objects → loop: the whole set after each change, debounced.
+        // The API server's objects → loop: per-object deltas after the initial lists.
         tokio::spawn(crate::sources::kube::run(
             dataplane_loop.clone(),
             client,
             node_feed,
         ));
     } else if let Some(first) = first_read {
-        // Policy files → loop: hot reload (a cheap stat of the directory every 50 ms).
+        // Policy files → loop: hot reload (inotify, with a cheap stat of the directory as backstop).
         tokio::spawn(policy_dir::run(
             dataplane_loop.clone(),
             paths.policy_dir.clone(),
             first,
         ));
     }
+}
 
-    // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
-    ipam.confirm_all(&handles).await?;
-    let ipam = Arc::new(ipam);
-    {
-        let ipam = Arc::clone(&ipam);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if let Err(e) = ipam.expire().await {
-                    tracing::warn!(error = %e, "expiring allocations failed");
-                }
-                // Faulted state files: does their directory take a write again? (The embedded
-                // datastore probes itself.)
-                if !crate::fsutil::faults().is_empty() {
-                    let _ = tokio::task::spawn_blocking(crate::fsutil::probe).await;
-                }
-            }
-        });
-    }
-
-    // Wait for the first in-sync apply, then serve.
+/// Step 5: waits for the first in-sync apply; its generation.
+async fn wait_ready(config: &Config, dataplane_loop: &LoopHandle) -> Result<u64, DaemonError> {
     let ready_timeout = Duration::from_secs(60);
     let mut watch = dataplane_loop.subscribe();
     let first = tokio::time::timeout(
@@ -366,9 +375,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     )
     .await
     .map(|r| r.map(|s| s.applied.clone()));
-    let generation = match first {
-        Ok(Ok(a)) if a.ready => a.generation,
-        Ok(Ok(a)) => return Err(DaemonError::Failing(a.failures)),
+    match first {
+        Ok(Ok(a)) if a.ready => Ok(a.generation),
+        Ok(Ok(a)) => Err(DaemonError::Failing(a.failures)),
         _ => {
             let applied = dataplane_loop.snapshot().applied.clone();
             let error = applied
@@ -378,19 +387,27 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                     SourceMode::Kubernetes => "links not synced, or a Kubernetes watcher has not delivered its initial list".into(),
                     SourceMode::Standalone => "links not synced".into(),
                 });
-            return Err(DaemonError::NotReady(ready_timeout.as_secs(), error));
+            Err(DaemonError::NotReady(ready_timeout.as_secs(), error))
         }
-    };
-    tracing::info!(generation, "dataplane in sync");
-    // Every link runs this object's programs now: merge the conntrack delta, drop old pins.
+    }
+}
+
+/// Step 6, once every link runs this object's programs: merge the conntrack delta and drop
+/// the pins of other layout versions.
+async fn finish_upgrade(
+    config: &Config,
+    object: &[u8],
+    mut pending: migrate::Pending,
+    migration: &mut MigrationReport,
+) -> Result<(), DaemonError> {
     if !pending.is_empty() {
         let finished = tokio::task::spawn_blocking(move || migrate::finish(&mut pending))
             .await
             .map_err(|e| io_err("finish the conntrack migration")(std::io::Error::other(e)))??;
         migration.steps.extend(finished.steps);
     }
-    match pins::sweep_stale(&mut pins::BpffsPins::new(&paths), |present| {
-        loader::stale_map_pins(&object, present)
+    match pins::sweep_stale(&mut pins::BpffsPins::new(&config.paths), |present| {
+        loader::stale_map_pins(object, present)
     }) {
         Ok((removed, failed)) => {
             for name in removed {
@@ -402,38 +419,143 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         Err(e) => tracing::warn!(error = %e, "cannot list the map pins"),
     }
+    Ok(())
+}
 
+/// Step 9: the masquerade: programs on the named interfaces, the pools' CIDRs, the NAT sweep, on
+/// its own thread; the pools are polled here (they change through `weir ipam pool`).
+fn start_masquerade(
+    config: &Config,
+    host_interfaces: &[crate::dataplane::masquerade::MasqSpec],
+    ipam: &Arc<IpamService>,
+    pools: &[crate::calc::ipam_service::PoolStatus],
+    stop: &Arc<AtomicBool>,
+    pressure: crate::dataplane::nat_stats::NatPressure,
+) -> Result<Vec<crate::dataplane::masquerade::AttachedMode>, DaemonError> {
+    let v4 = masquerade_pools;
+    let (masq, modes) = crate::dataplane::masquerade::Masquerade::start(
+        &config.paths,
+        host_interfaces,
+        &v4(pools),
+    )?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _masq_thread = masq
+        .spawn(rx, Arc::clone(stop), pressure)
+        .map_err(io_err("start the masquerade thread"))?;
+    tokio::spawn(crate::upkeep::poll_pools(Arc::clone(ipam), v4(pools), tx));
+    Ok(modes)
+}
+
+/// The address families the pools serve (what the CNI configuration offers).
+fn families(pools: &[crate::calc::ipam_service::PoolStatus]) -> Vec<&'static str> {
+    [("ipv4", true), ("ipv6", false)]
+        .into_iter()
+        .filter(|(_, v4)| {
+            pools
+                .iter()
+                .any(|p| !p.disabled && p.cidr.contains('.') == *v4)
+        })
+        .map(|(family, _)| family)
+        .collect()
+}
+
+/// Runs the agent: load, open the node, start the loop and its sources, wait for the first
+/// in-sync apply, start upkeep, serve the API and metrics, write the CNI configuration, report,
+/// and on SIGTERM leave every pin and attachment in place.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let paths = config.paths.clone();
+    let Loaded {
+        object,
+        ct_layout,
+        pending,
+        mut migration,
+        programs,
+        socket_lb,
+        prefilter_driver,
+        prefilter,
+    } = load_kernel(&config)?;
+    let program_report = programs.report.programs.clone();
+    let dataplane = dataplane(&config, programs)?;
+    // Standalone: the policy files are read now; Kubernetes: the watchers' initial lists gate the
+    // first write (the node is not in sync until their first set).
+    let kube_client = match config.source {
+        SourceMode::Kubernetes => {
+            Some(crate::sources::kube::client(config.kubeconfig.as_deref()).await?)
+        }
+        SourceMode::Standalone => None,
+    };
+    let first_read = kube_client
+        .is_none()
+        .then(|| policy_dir::first_read(&paths.policy_dir));
+    let Opened {
+        mut node,
+        ipam,
+        cluster_identities,
+        node_records,
+        pod_mtu,
+        underlay,
+    } = open_node(&config, dataplane, first_read.as_ref()).await?;
+    // BPF host routing the other way: what other nodes send this node's pods arrives on the
+    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
+    // arrives on the VXLAN device, encapsulated for the node itself).
+    let host_interfaces = crate::dataplane::masquerade::with_underlay(
+        &config.host_interfaces,
+        underlay.filter(|_| {
+            config.host_routing == crate::config::HostRouting::Bpf
+                && config.routing == crate::config::RoutingMode::Native
+        }),
+    );
+    if kube_client.is_some() {
+        node.await_policy_source();
+    }
+    let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
+    let restored = node.summary().endpoints;
+    node.set_refresh_interval(Some(config.refresh_interval).filter(|interval| !interval.is_zero()));
+    // The dataplane loop on its own thread: it owns the node from now on.
+    let (dataplane_loop, loop_thread) = applier::spawn(node)?;
+    if let Some(cluster) = cluster_identities {
+        tokio::spawn(crate::calc::identity_store::upkeep(
+            cluster,
+            dataplane_loop.subscribe(),
+            config.identity_gc_grace,
+        ));
+    }
+    start_sources(
+        &config,
+        &dataplane_loop,
+        &ipam,
+        node_records,
+        kube_client,
+        first_read,
+    );
+    // IPAM: restore confirmations (every handle an endpoint holds) before anything can expire.
+    ipam.confirm_all(&handles).await?;
+    let ipam = Arc::new(ipam);
+    tokio::spawn(crate::upkeep::ipam(Arc::clone(&ipam)));
+
+    let generation = wait_ready(&config, &dataplane_loop).await?;
+    tracing::info!(generation, "dataplane in sync");
+    finish_upgrade(&config, &object, pending, &mut migration).await?;
     host::enable_forwarding(&paths)?;
-    // Conntrack upkeep on its own thread.
+
+    // Upkeep beside the loop: the conntrack sweep (a flush waits for it, and it for a flush).
     let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
     let ct_ops = Arc::new(std::sync::Mutex::new(()));
     let stop = Arc::new(AtomicBool::new(false));
-    {
-        // A flush waits for the sweep, and the sweep for a flush (`Api::ct_ops`).
-        let upkeep = conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats));
-        let mut io = crate::kernel::real::ct::PinnedCt::new(&paths, ct_layout);
-        let stop = Arc::clone(&stop);
-        let (interval, timeouts) = (config.ct_sweep_interval, config.ct_timeouts);
-        std::thread::Builder::new()
-            .name("weir-ct-sweep".into())
-            .spawn(move || {
-                let mut next = std::time::Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    if std::time::Instant::now() >= next {
-                        if let Err(e) = upkeep.sweep(&mut io, &timeouts) {
-                            tracing::warn!(error = %e, "conntrack sweep failed; retrying next interval");
-                        }
-                        next = std::time::Instant::now() + interval;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            })
-            .map_err(io_err("start the conntrack sweep thread"))?;
-    }
+    crate::upkeep::spawn_ct_sweep(
+        conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats)),
+        crate::kernel::real::ct::PinnedCt::new(&paths, ct_layout),
+        config.ct_sweep_interval,
+        config.ct_timeouts,
+        Arc::clone(&stop),
+    )
+    .map_err(io_err("start the conntrack sweep thread"))?;
     let prefilter_reads = prefilter_driver.reads();
     let _prefilter = prefilter_driver
         .spawn(Arc::clone(&stop))
         .map_err(io_err("start the prefilter thread"))?;
+
+    // The API and the metrics, read from the loop's snapshots.
     let inspect: Arc<dyn crate::kernel::InspectIo> =
         Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
     // The NAT map's pressure, kept by the masquerade thread's sweep.
@@ -477,75 +599,24 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Arc::new(metrics_state),
     ));
 
-    // Ready: tell the runtime how to use us.
     let pools = ipam.pools().await?;
-    // The masquerade: programs on the named interfaces, the pools' CIDRs, the NAT sweep, on its
-    // own thread; the pools are polled here (they change through `weir ipam pool`).
-    let masquerade = {
-        let v4 = masquerade_pools;
-        let (masq, modes) =
-            crate::dataplane::masquerade::Masquerade::start(&paths, &host_interfaces, &v4(&pools))?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let _masq_thread = masq
-            .spawn(
-                rx,
-                Arc::clone(&stop),
-                crate::dataplane::nat_stats::NatPressure {
-                    stats: Arc::clone(&nat_stats),
-                    kernel: Arc::clone(&inspect),
-                },
-            )
-            .map_err(io_err("start the masquerade thread"))?;
-        let ipam = Arc::clone(&ipam);
-        let mut last = v4(&pools);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                match ipam.pools().await {
-                    Ok(now) => {
-                        let now = v4(&now);
-                        if now != last {
-                            last.clone_from(&now);
-                            if tx.send(now).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the pools for the masquerade; keeping the last set");
-                    }
-                }
-            }
-        });
-        modes
-    };
-    let mut families = Vec::new();
-    for (family, v4) in [("ipv4", true), ("ipv6", false)] {
-        if pools
-            .iter()
-            .any(|p| !p.disabled && p.cidr.contains('.') == v4)
-        {
-            families.push(family);
-        }
-    }
-    // The conflist sends runtimes to weir-cni, which calls this socket: it answers first.
-    let answering = tokio::time::timeout(Duration::from_secs(10), async {
-        while tokio::net::UnixStream::connect(&paths.api_socket)
-            .await
-            .is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    if answering.await.is_err() {
-        return Err(DaemonError::NotReady(
-            10,
-            "the API socket does not answer".into(),
-        ));
-    }
+    let masquerade = start_masquerade(
+        &config,
+        &host_interfaces,
+        &ipam,
+        &pools,
+        &stop,
+        crate::dataplane::nat_stats::NatPressure {
+            stats: Arc::clone(&nat_stats),
+            kernel: Arc::clone(&inspect),
+        },
+    )?;
+    // Ready: tell the runtime how to use us. The conflist sends runtimes to weir-cni, which calls
+    // this socket: it answers first.
+    await_api_socket(&paths).await?;
     let conflist = host::write_conflist_with_mtu(
         &paths,
-        &families,
+        &families(&pools),
         &config.cni_version,
         config.tc_attach,
         pod_mtu,
@@ -588,6 +659,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     result
 }
 
+/// Waits (bounded) until the API socket answers.
+async fn await_api_socket(paths: &crate::paths::Paths) -> Result<(), DaemonError> {
+    let answering = tokio::time::timeout(Duration::from_secs(10), async {
+        while tokio::net::UnixStream::connect(&paths.api_socket)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    answering
+        .await
+        .map_err(|_| DaemonError::NotReady(10, "the API socket does not answer".into()))
+}
+
 async fn wait_for_shutdown(
     dataplane_loop: &LoopHandle,
     api_task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -609,7 +695,7 @@ async fn wait_for_shutdown(
 }
 
 /// The IPv4 pool CIDRs the masquerade keeps its hands off (disabled pools too: their pods remain).
-fn masquerade_pools(
+pub(crate) fn masquerade_pools(
     pools: &[crate::calc::ipam_service::PoolStatus],
 ) -> Vec<ipnetwork::Ipv4Network> {
     pools

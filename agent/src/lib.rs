@@ -40,6 +40,7 @@ pub mod sources;
 pub mod synthetic;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod upkeep;
 
 #[cfg(test)]
 mod inprocess;
