@@ -27,6 +27,8 @@
 //! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
 //! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
 //! - `prefilter`: the XDP prefilter tests' wire (sources, target) and datagrams counted by source.
+//! - `dpmodel`, `differential`: a model of the endpoint programs and the differential test's
+//!   generators, kernel side and shrinking.
 //! - `wait`: bounded waits on a condition (poll until it holds, fail naming it after the bound).
 //! - `image`: the container image (`cargo xtask image`) and the agent run from it under containerd.
 
@@ -42,6 +44,8 @@ pub mod csum;
 pub mod ct;
 pub mod datapath;
 pub mod demo;
+pub mod differential;
+pub mod dpmodel;
 pub mod echo;
 pub mod etcd_netns;
 pub mod hooks;
