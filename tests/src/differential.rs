@@ -44,7 +44,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn bits(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -54,12 +54,12 @@ impl Rng {
 
     /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.bits() % n as u64) as usize
     }
 
     /// True with probability `percent`/100.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
+        self.bits() % 100 < percent
     }
 
     /// One of `items`.
@@ -68,11 +68,11 @@ impl Rng {
     }
 
     fn byte(&mut self) -> u8 {
-        self.next() as u8
+        self.bits() as u8
     }
 
     fn u16(&mut self) -> u16 {
-        self.next() as u16
+        self.bits() as u16
     }
 }
 
@@ -198,9 +198,9 @@ pub fn gen_state(rng: &mut Rng, ifindex: &[u32; PODS], now: u64) -> State {
             m.endpoints.insert(*ifx, ep);
         }
     }
-    for i in 0..PODS {
+    for (i, pod) in POD4.iter().enumerate() {
         if rng.chance(85) {
-            m.ident4.insert(POD4[i], 1001 + i as u32);
+            m.ident4.insert(*pod, 1001 + i as u32);
             m.ident6.insert(pod6(i), 1001 + i as u32);
         }
     }
@@ -408,6 +408,25 @@ pub fn gen_state(rng: &mut Rng, ifindex: &[u32; PODS], now: u64) -> State {
         }
     };
     let sids: Vec<u32> = (0..=4).collect();
+    // Flows between a pod and a backend, as a Service's translated tuple would be (another
+    // frontend's or none: the tuple is taken).
+    let backends: Vec<Backend4> = m.backends4.values().copied().collect();
+    if !backends.is_empty() {
+        for _ in 0..rng.below(6) {
+            let b = rng.pick(&backends);
+            let proto = rng.pick(&[6, 17]);
+            let key = Ct4Key::of(proto, (rng.pick(&POD4), rng.pick(&PORTS)), (b.addr, b.port));
+            let entry = CtEntry {
+                last_seen_ns: now.saturating_sub(1_000_000_000),
+                flags: rng.pick(&[0x12, 0x32, 0x3a, 0x13a, 0x2, 0xa]),
+                _reserved: 0,
+                created_ns: now.saturating_sub(2_000_000_000),
+                rev_nat: rng.pick(&sids),
+                _pad: 0,
+            };
+            m.ct4.insert(key, entry);
+        }
+    }
     for _ in 0..rng.below(12) {
         let proto = rng.pick(&[6, 17, 1, 132]);
         let (a, b) = (rng.pick(&ADDRS4), rng.pick(&ADDRS4));
@@ -497,7 +516,7 @@ fn l4_header(rng: &mut Rng, proto: u8, v6: bool, sport: u16, dport: u16) -> Vec<
     h.extend_from_slice(&dport.to_be_bytes());
     match proto {
         6 => {
-            h.extend_from_slice(&rng.next().to_be_bytes()[..8]);
+            h.extend_from_slice(&rng.bits().to_be_bytes()[..8]);
             let doff: u8 = if rng.chance(92) {
                 5
             } else {
@@ -527,7 +546,7 @@ fn l4_header(rng: &mut Rng, proto: u8, v6: bool, sport: u16, dport: u16) -> Vec<
             h.extend((0..rng.below(12)).map(|_| 0xab));
         }
         132 => {
-            h.extend_from_slice(&rng.next().to_be_bytes());
+            h.extend_from_slice(&rng.bits().to_be_bytes());
             h.extend_from_slice(&[1, 0, 0, 20]);
             h.extend((0..16).map(|_| 0x5e));
         }
@@ -577,7 +596,16 @@ fn serialise(rng: &mut Rng, s: &Spec, options: bool, frag: bool) -> Vec<u8> {
                 ]),
                 51 => chain.extend_from_slice(&[next, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
                 44 => {
-                    chain.extend_from_slice(&[next, 0, 0, 8 | u8::from(rng.chance(50)), 0, 0, 0, 1])
+                    chain.extend_from_slice(&[
+                        next,
+                        0,
+                        0,
+                        8 | u8::from(rng.chance(50)),
+                        0,
+                        0,
+                        0,
+                        1,
+                    ]);
                 }
                 _ => chain.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]),
             }
@@ -677,7 +705,7 @@ pub fn gen_packet(
     if rng.chance(8) {
         kind.hostile = true;
         for _ in 0..1 + rng.below(3) {
-            let at = 14 + rng.below(frame.len().saturating_sub(14).min(80).max(1));
+            let at = 14 + rng.below(frame.len().saturating_sub(14).clamp(1, 80));
             if at < frame.len() {
                 frame[at] = rng.byte();
             }
@@ -711,7 +739,7 @@ fn fresh(rng: &mut Rng, state: &State, prog: Prog, ifindex: Option<u32>) -> Vec<
     let mut proto = rng.pick(&[6, 6, 6, 17, 17, 17, icmp, icmp, 132, 47]);
     let (sport, mut dport) = (pick_port(rng), pick_port(rng));
     // A pod's packet to one of the state's frontends (a NodePort: on the node's address).
-    if prog == Prog::From && !v6 && !m.svc4.is_empty() && rng.chance(45) {
+    if prog == Prog::From && !v6 && !m.svc4.is_empty() && rng.chance(75) {
         let mut keys: Vec<&Svc4Key> = m.svc4.keys().collect();
         keys.sort();
         let fe = *keys[rng.below(keys.len())];
@@ -800,7 +828,16 @@ fn follow(
     history: &[(Packet, Vec<u8>)],
 ) -> Vec<u8> {
     let _ = (state, ifindex);
-    let (_, out) = &history[history.len() - 1 - rng.below(history.len().min(12))];
+    let (earlier, out) = &history[history.len() - 1 - rng.below(history.len().min(12))];
+    if rng.chance(20) {
+        // The same packet again (the flow's next packet: an ACK for TCP).
+        let mut again = earlier.frame.clone();
+        if again.len() >= 54 && again[12..14] == [0x08, 0x00] && again[23] == 6 && again[14] == 0x45
+        {
+            again[47] = rng.pick(&[0x10, 0x18, 0x02, 0x11]);
+        }
+        return again;
+    }
     let out = out.clone();
     if out.len() < 14 {
         return out;

@@ -145,6 +145,16 @@ pub struct Trail {
     pub ct_created: bool,
     /// An existing conntrack entry was found for a flow packet.
     pub ct_hit: bool,
+    /// A translated flow kept the backend its `svc_ct4` entry names.
+    pub kept_backend: bool,
+    /// A new flow went to the backend its client's affinity entry remembers.
+    pub affinity: bool,
+    /// A new flow's translated tuple was taken: it went to the next slot's backend.
+    pub taken: bool,
+    /// A pod's packet to a NodePort on the node's address.
+    pub node_port: bool,
+    /// Checksum state `Unknown` (the port's change through the helper).
+    pub csum_unknown: bool,
 }
 
 /// An address of either family: IPv4 in the first four bytes.
@@ -261,8 +271,11 @@ fn transport(pkt: &[u8], off: usize, proto: u8) -> Result<(u16, u16, u8), u32> {
     Ok((sport, dport, flags))
 }
 
-/// `ipv4::header`: (proto, src, dst, header length, fragment field).
-fn header4(pkt: &[u8], off: usize) -> Result<(u8, [u8; 4], [u8; 4], usize, u16), u32> {
+/// An IPv4 base header: (proto, src, dst, header length, fragment field).
+type Header4 = (u8, [u8; 4], [u8; 4], usize, u16);
+
+/// `ipv4::header`.
+fn header4(pkt: &[u8], off: usize) -> Result<Header4, u32> {
     if !has(pkt, off, 20) {
         return Err(DROP_MALFORMED);
     }
@@ -547,7 +560,7 @@ pub fn run(maps: &mut Maps, now: u64, prog: Prog, ifindex: u32, frame: &[u8]) ->
 }
 
 impl Model<'_> {
-    fn dispatch(&mut self, ep: &EndpointInfo, pkt: &mut Vec<u8>, note: &mut Option<u32>) -> u32 {
+    fn dispatch(&mut self, ep: &EndpointInfo, pkt: &mut [u8], note: &mut Option<u32>) -> u32 {
         match ethertype(pkt) {
             None => DROP_MALFORMED,
             Some(ETH_P_ARP) => PASS_NEIGHBOUR,
@@ -819,6 +832,7 @@ impl Model<'_> {
         } else {
             v4(&p.tuple.dst)
         };
+        self.trail.node_port = node_port;
         let tr = match self.frontend(&p.tuple, fe, p.tcp_flags) {
             Ok(None) => return self.decide(ep, &mut p),
             Ok(Some(tr)) => tr,
@@ -879,8 +893,9 @@ impl Model<'_> {
         let Some(f) = masq_parse(pkt, 8) else {
             return DROP_MALFORMED;
         };
-        if rewrite(pkt, &f, false, (vip, tr.addr), (vport, tr.port)).is_err() {
-            return DROP_MALFORMED;
+        match rewrite(pkt, &f, false, (vip, tr.addr), (vport, tr.port)) {
+            Ok(unknown) => self.trail.csum_unknown |= unknown,
+            Err(()) => return DROP_MALFORMED,
         }
         self.trail.translated = true;
         if tr.addr == v4(&t.src) {
@@ -908,7 +923,12 @@ impl Model<'_> {
     }
 
     /// `service::frontend`: `Ok(None)` for no frontend.
-    fn frontend(&self, t: &Tuple, fe: [u8; 4], tcp_flags: u8) -> Result<Option<Translation>, u32> {
+    fn frontend(
+        &mut self,
+        t: &Tuple,
+        fe: [u8; 4],
+        tcp_flags: u8,
+    ) -> Result<Option<Translation>, u32> {
         let mut fk = Svc4Key {
             addr: fe,
             port: t.dport,
@@ -944,6 +964,7 @@ impl Model<'_> {
                         || (syn && b.flags & BACKEND_FLAG_TERMINATING != 0)
                 });
             if !gone {
+                self.trail.kept_backend = true;
                 return Ok(Some(Translation {
                     addr: e.addr,
                     service_id,
@@ -962,7 +983,10 @@ impl Model<'_> {
             None
         };
         let (backend_id, slot) = match remembered {
-            Some(chosen) => chosen,
+            Some(chosen) => {
+                self.trail.affinity = true;
+                chosen
+            }
             None => {
                 let hash = flow_hash(v4(&t.src), t.sport, v4(&t.dst), t.dport, t.proto, affinity);
                 let slot = backend_slot(hash, count).ok_or(DROP_SERVICE_NO_BACKEND)?;
@@ -986,6 +1010,7 @@ impl Model<'_> {
                 && let Some(other) = self.maps.backends4.get(id)
             {
                 (backend_id, slot, b) = (*id, next, *other);
+                self.trail.taken = true;
             }
         }
         Ok(Some(Translation {
@@ -1060,7 +1085,8 @@ impl Model<'_> {
             return DROP_MALFORMED;
         };
         match rewrite(pkt, &f, true, (v4(&t.src), addr), (t.sport, port)) {
-            Ok(()) => {
+            Ok(unknown) => {
+                self.trail.csum_unknown |= unknown;
                 self.trail.reply_translated = true;
                 reason
             }
@@ -1293,7 +1319,7 @@ fn rewrite(
     egress: bool,
     (old_addr, new_addr): ([u8; 4], [u8; 4]),
     (old_port, new_port): (u16, u16),
-) -> Result<(), ()> {
+) -> Result<bool, ()> {
     let (port_off, csum_off, addr_flags, port_flags) = match f.proto {
         TCP => (
             f.l4 + if egress { 0 } else { 2 },
@@ -1337,7 +1363,7 @@ fn rewrite(
         if old_port != new_port {
             by_helper(pkt)?;
         }
-        return Ok(());
+        return Ok(false);
     }
     if !has(pkt, csum_off, 2) {
         return Err(());
@@ -1345,20 +1371,20 @@ fn rewrite(
     let before = ld16(pkt, csum_off);
     l4_csum_replace(pkt, csum_off, old_addr, new_addr, addr_flags | 4)?;
     if old_port == new_port || (f.proto == UDP && before == 0) {
-        return Ok(());
+        return Ok(false);
     }
     let after = ld16(pkt, csum_off);
     match checksum::state(before, after, change) {
-        checksum::State::Partial => Ok(()),
+        checksum::State::Partial => Ok(false),
         checksum::State::Full => {
             let mut check = checksum::replace2(after, old_port, new_port);
             if f.proto == UDP && check == 0 {
                 check = 0xffff;
             }
             st16(pkt, csum_off, check);
-            Ok(())
+            Ok(false)
         }
-        checksum::State::Unknown => by_helper(pkt),
+        checksum::State::Unknown => by_helper(pkt).map(|()| true),
     }
 }
 
