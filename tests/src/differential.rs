@@ -1449,73 +1449,42 @@ pub fn replay(k: &mut Kernel<'_>, case: &Case) -> Option<(usize, Vec<String>)> {
     None
 }
 
-fn without<K: Clone + Eq + Hash, V: Clone>(
-    m: &std::collections::HashMap<K, V>,
-    skip: usize,
-) -> std::collections::HashMap<K, V> {
-    m.iter()
-        .enumerate()
-        .filter(|(i, _)| *i != skip)
-        .map(|(_, (k, v))| (k.clone(), v.clone()))
-        .collect()
-}
-
-/// Entries of a state, for shrinking one at a time.
-fn entries(m: &Maps) -> usize {
-    m.endpoints.len()
-        + m.ident4.len()
-        + m.ident6.len()
-        + m.ipcache4.len()
-        + m.ipcache6.len()
-        + m.policy.len()
-        + m.svc4.len()
-        + m.slots.len()
-        + m.members.len()
-        + m.backends4.len()
-        + m.revnat4.len()
-        + m.affinity4.len()
-        + m.ct4.len()
-        + m.ct6.len()
-        + m.svc_ct4.len()
-}
-
-/// `m` without its `i`th entry (in the order of [`entries`]).
-fn drop_entry(m: &Maps, mut i: usize) -> Maps {
-    let mut out = m.clone();
-    macro_rules! try_map {
-        ($field:ident) => {
-            if i < m.$field.len() {
-                out.$field = without(&m.$field, i);
-                return out;
-            }
-            i -= m.$field.len();
+/// Every entry of a state, named by its map and its key (stable across removals).
+fn entry_ids(m: &Maps) -> Vec<(&'static str, String)> {
+    let mut ids = Vec::new();
+    macro_rules! ids {
+        ($($field:ident),+) => {
+            $(ids.extend(m.$field.keys().map(|k| (stringify!($field), format!("{k:?}"))));)+
         };
     }
-    try_map!(endpoints);
-    try_map!(ident4);
-    try_map!(ident6);
-    if i < m.ipcache4.len() {
-        out.ipcache4.remove(i);
-        return out;
+    ids!(
+        endpoints, ident4, ident6, policy, svc4, slots, members, backends4, revnat4, affinity4,
+        ct4, ct6, svc_ct4
+    );
+    ids.extend(m.ipcache4.iter().map(|e| ("ipcache4", format!("{e:?}"))));
+    ids.extend(m.ipcache6.iter().map(|e| ("ipcache6", format!("{e:?}"))));
+    ids.sort();
+    ids
+}
+
+/// `m` without the entry `id` names.
+fn drop_entry(m: &Maps, (map, key): &(&'static str, String)) -> Maps {
+    let mut out = m.clone();
+    macro_rules! drop_in {
+        ($($field:ident),+) => {
+            $(if *map == stringify!($field) {
+                out.$field.retain(|k, _| format!("{k:?}") != *key);
+            })+
+        };
     }
-    i -= m.ipcache4.len();
-    if i < m.ipcache6.len() {
-        out.ipcache6.remove(i);
-        return out;
-    }
-    i -= m.ipcache6.len();
-    try_map!(policy);
-    try_map!(svc4);
-    try_map!(slots);
-    try_map!(members);
-    try_map!(backends4);
-    try_map!(revnat4);
-    try_map!(affinity4);
-    try_map!(ct4);
-    try_map!(ct6);
-    if i < m.svc_ct4.len() {
-        out.svc_ct4 = without(&m.svc_ct4, i);
-    }
+    drop_in!(
+        endpoints, ident4, ident6, policy, svc4, slots, members, backends4, revnat4, affinity4,
+        ct4, ct6, svc_ct4
+    );
+    out.ipcache4
+        .retain(|e| *map != "ipcache4" || format!("{e:?}") != *key);
+    out.ipcache6
+        .retain(|e| *map != "ipcache6" || format!("{e:?}") != *key);
     out
 }
 
@@ -1544,18 +1513,17 @@ pub fn shrink(k: &mut Kernel<'_>, mut case: Case, budget: usize) -> (Case, Vec<S
             None => i += 1,
         }
     }
-    let mut i = 0;
-    while i < entries(&case.state.maps) && tries < budget {
+    for id in entry_ids(&case.state.maps) {
+        if tries >= budget {
+            break;
+        }
         let mut c = case.clone();
-        c.state.maps = drop_entry(&case.state.maps, i);
+        c.state.maps = drop_entry(&case.state.maps, &id);
         tries += 1;
-        match replay(k, &c) {
-            Some((at, w)) => {
-                c.packets.truncate(at + 1);
-                case = c;
-                why = w;
-            }
-            None => i += 1,
+        if let Some((at, w)) = replay(k, &c) {
+            c.packets.truncate(at + 1);
+            case = c;
+            why = w;
         }
     }
     while tries < budget {
