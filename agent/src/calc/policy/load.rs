@@ -126,7 +126,11 @@ pub(super) fn load_file(file: &Path, loaded: &mut Loaded) -> bool {
 
 /// [`load_file`], reusing `docs`' parse of every document it still holds and refilling `docs`
 /// with the file's documents.
-pub(super) fn load_file_with(file: &Path, docs: Option<&mut DocCache>, loaded: &mut Loaded) -> bool {
+pub(super) fn load_file_with(
+    file: &Path,
+    docs: Option<&mut DocCache>,
+    loaded: &mut Loaded,
+) -> bool {
     match fs::read_to_string(file) {
         Ok(text) => {
             load_documents(file, &text, docs, loaded);
@@ -570,7 +574,11 @@ spec:
             assert_eq!(split, stream, "{text:?}");
         }
         // What a split cannot follow is parsed as one stream.
-        for text in ["%YAML 1.2\n---\nkind: Namespace\n", "a: 1\n...\n", "--- {kind: Namespace}\n"] {
+        for text in [
+            "%YAML 1.2\n---\nkind: Namespace\n",
+            "a: 1\n...\n",
+            "--- {kind: Namespace}\n",
+        ] {
             assert!(split_documents(text).is_none(), "{text:?}");
         }
     }
