@@ -52,6 +52,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Ipam(args) => cli::ipam::run(args),
         Command::Status(args) => cli::agent_client::status(args),
         Command::Endpoint(args) => cli::agent_client::endpoint(args),
+        Command::Node(args) => cli::node::run(&args),
         Command::Bpf(args) => cli::agent_client::bpf(args),
         Command::Service(args) => cli::service::run(&args),
         Command::Policy(args) => cli::agent_client::policy(args),

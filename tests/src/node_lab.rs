@@ -154,3 +154,60 @@ pub fn eventually(bound: Duration, mut f: impl FnMut() -> bool) -> bool {
         sleep(Duration::from_millis(50));
     }
 }
+
+/// The agent's own link watcher ([`agent::kernel::real::netlink_links::Netlink`]) in the calling
+/// thread's network namespace (open it inside [`NetNs::run`]): what it reports when something of weir's
+/// is deleted from outside.
+pub struct DriftWatch {
+    runtime: tokio::runtime::Runtime,
+    watch: agent::kernel::LinkWatch,
+}
+
+impl DriftWatch {
+    /// Subscribes in the calling thread's namespace (its dump is dropped).
+    #[must_use]
+    pub fn open() -> Self {
+        use agent::kernel::LinkIo as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let watch = runtime
+            .block_on(agent::kernel::real::netlink_links::Netlink.watch())
+            .expect("the link watcher subscribes");
+        Self { runtime, watch }
+    }
+
+    /// The first drift reported within `bound` (`None`: none).
+    pub fn next_drift(&mut self, bound: Duration) -> Option<agent::kernel::Drift> {
+        use futures_util::StreamExt as _;
+        let events = &mut self.watch.events;
+        self.runtime.block_on(async {
+            tokio::time::timeout(bound, async {
+                while let Some(event) = events.next().await {
+                    if let Ok(agent::kernel::LinkEvent::Drift(drift)) = event {
+                        return Some(drift);
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten()
+        })
+    }
+}
+
+/// Runs `command` (program and arguments) in the calling thread's network namespace; panics unless it
+/// succeeds.
+pub fn run_here(command: &[&str]) {
+    let out = std::process::Command::new(command[0])
+        .args(&command[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

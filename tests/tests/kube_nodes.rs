@@ -13,8 +13,9 @@
 //!   (on the etcd datastore, the test server's kubeconfig) reports B's blocks as a decommissioned node's,
 //!   which it did not while B's Node existed (nor would `weir ipam release-node --node-objects` free them
 //!   then, while it releases a node that has no Node); re-adding it restores the routes;
-//! - B not Ready for a moment keeps its routes, not Ready for longer than `--node-expiry` is expired (swept,
-//!   `health: expired`), Ready again is routed again.
+//! - B not Ready for a moment keeps its routes; not Ready for longer than `--node-expiry` it is silent
+//!   (`health: silent`) and still keeps them, its pod still reached (fail static: routes follow the Node
+//!   object, not its readiness); Ready again, it is alive.
 //!
 //! And the same cluster with `--routing vxlan` (a second test, leaner): each node has the VXLAN device with
 //! a permanent forwarding and neighbour entry for the other Node's InternalIP and routes its blocks through
@@ -476,7 +477,7 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     });
 
     // Readiness: B not Ready for less than --node-expiry (40 s by default) keeps its routes; for longer,
-    // it is expired and swept; Ready again, its routes return.
+    // it is silent and keeps them still (fail static); Ready again, it is alive.
     let b_ready = |status: &str, ago: i64| {
         let now = Timestamp::now().as_second();
         let since = Timestamp::from_second(now - ago).expect("a time");
@@ -484,6 +485,14 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
         node["status"]["conditions"] = json!([{"type": "Ready", "status": status,
                                                "lastTransitionTime": since.to_string()}]);
         node
+    };
+    let b_health = || {
+        cluster
+            .node(0)
+            .nodes()
+            .into_iter()
+            .find(|n| n["name"] == b_name)
+            .expect("B is listed while it exists")
     };
     api.apply(b_ready("Unknown", 0));
     let until = Instant::now() + Duration::from_secs(3);
@@ -497,28 +506,36 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
     }
     api.apply(b_ready("False", 60));
     wait_until(
-        "A sweeps the routes of B, not Ready for 60 s",
+        "A shows B, not Ready for 60 s, as silent",
         NODE_CHANGE,
         || {
-            let have = cluster.node(0).routes();
-            if have.is_empty() {
+            let b = b_health();
+            if b["health"] == "silent" && b["last_seen_secs"].as_u64() >= Some(60) {
                 Ok(())
             } else {
-                Err(format!("A still has {have:?}"))
+                Err(format!("{b}"))
             }
         },
     );
-    let b_entry = cluster
-        .node(0)
-        .nodes()
-        .into_iter()
-        .find(|n| n["name"] == b_name)
-        .expect("B is listed while it exists");
-    assert_eq!(b_entry["health"], "expired", "{b_entry}");
+    assert_eq!(
+        cluster.node(0).routes(),
+        expected_routes(cluster.node(1)),
+        "a silent Node keeps its routes while it exists"
+    );
+    assert!(
+        connects(client, &web),
+        "A's client reaches the silent B's web"
+    );
     api.apply(b_ready("True", 0));
-    wait_until("A routes B's blocks once B is Ready", NODE_CHANGE, || {
-        converged(&cluster)
+    wait_until("A shows B alive once B is Ready", NODE_CHANGE, || {
+        let b = b_health();
+        if b["health"] == "alive" {
+            Ok(())
+        } else {
+            Err(format!("{b}"))
+        }
     });
+    converged(&cluster).expect("A routes B's blocks");
     eprintln!(
         "Node deleted → routes swept in {} ms; re-added → restored in {} ms",
         swept_in.as_millis(),

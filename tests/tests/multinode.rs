@@ -14,8 +14,15 @@
 //!   restarts writing nothing (no route event under weir's protocol and no neighbour event on the device in
 //!   `ip monitor` until its status says it has reconciled; the device's ifindex, forwarding and neighbour
 //!   entries, and the map, program and attached program ids (bpftool) unchanged);
-//! - a node removed (agent stopped, record deleted) has its routes and VXLAN entries swept on the others
-//!   and its blocks reported by `weir ipam check`; `weir ipam release-node` frees them; a node added gets routes everywhere.
+//! - drift from outside on node 1, whose periodic refresh is off (`--refresh-interval 0`): one of weir's
+//!   routes deleted (`ip route del`) and, in vxlan mode, one forwarding entry (`bridge fdb del`) come back
+//!   from the kernel's deletion event alone, counted in `weir status` (`dataplane.repairs`);
+//! - fail static: node 2's agent stopped for three times `--node-expiry`: the others keep its routes and
+//!   VXLAN entries and their pods keep reaching its pods and being reached from them; it shows as `silent`
+//!   with its last-seen age in `weir node list` and `/metrics`; its removal withdraws what points at it —
+//!   native mode: its record deleted (its blocks then reported by `weir ipam check`, freed by
+//!   `weir ipam release-node`); vxlan mode: `weir ipam release-node` alone, with no `--force`;
+//! - a node added gets routes everywhere.
 
 use std::{
     collections::BTreeSet,
@@ -51,6 +58,9 @@ const PORT_TCP: u16 = 8080;
 /// How long a node's change may take to reach every other node's routes (listing every second; etcd on
 /// this shared disk sometimes takes seconds to answer, and a request gives up after 10 s).
 const CONVERGE: Duration = Duration::from_secs(45);
+/// `--node-expiry` (seconds): short, so that a node's agent stopped for three times as long costs the
+/// scenario seconds, not minutes (heartbeats every third of it).
+const EXPIRY: u64 = 5;
 
 /// The blocks node `node` reports for itself (`GET /v1/nodes`).
 fn own_blocks(node: &Node) -> BTreeSet<String> {
@@ -450,10 +460,16 @@ fn three_nodes_route_pods_through_vxlan_survive_an_agent_kill_and_follow_nodes_l
 fn scenario(mode: Mode) {
     let started = Instant::now();
     let mut rng = Rng::seeded();
-    let mut cluster = Cluster::new(&["--node-expiry", "30", "--routing", mode.flag()]);
+    let expiry = EXPIRY.to_string();
+    let mut cluster = Cluster::new(&["--node-expiry", &expiry, "--routing", mode.flag()]);
     let mut servers = Vec::new();
     for i in 0..3 {
-        let node = cluster.add_node();
+        // Node 1 repairs drift only from the kernel's deletion events (its periodic refresh is off).
+        let node = if i == 1 {
+            cluster.add_node_with(|_, _| vec!["--refresh-interval".into(), "0".into()])
+        } else {
+            cluster.add_node()
+        };
         for p in 0..PODS {
             let (namespace, name) = pod_name(i, p);
             // Its labels reach its own node only: the others learn them from its endpoint record.
@@ -492,6 +508,7 @@ fn scenario(mode: Mode) {
         pairs.len()
     );
     assert_eq!(node_pairs.len(), 6, "every ordered node pair is sampled");
+    drift_is_repaired_from_events(&cluster, mode);
 
     // The policy matrix: pods of other nodes are judged by their identities (from their endpoint records).
     let mut pod_labels: Vec<Vec<&str>> = (0..3)
@@ -622,13 +639,70 @@ fn scenario(mode: Mode) {
     );
     drop(conn);
 
-    // Node 2 leaves: its agent stops, its record is deleted; the others sweep its routes.
+    // Node 2 falls silent: its agent stops for three times the expiry. Its pods' datapath keeps running
+    // and the others keep routing to it (fail static); they show it as silent.
     let gone = cluster.node(2).name.clone();
     let gone_blocks = own_blocks(cluster.node(2));
     assert!(!gone_blocks.is_empty());
+    let routes_with_it: Vec<BTreeSet<String>> = [0, 1].map(|i| routes_of(cluster.node(i))).to_vec();
+    for (i, routes) in routes_with_it.iter().enumerate() {
+        assert!(
+            gone_blocks
+                .iter()
+                .all(|b| routes.iter().any(|r| r.starts_with(&format!("{b} ")))),
+            "node {i} routes {gone}'s blocks before it falls silent: {routes:?}"
+        );
+    }
+    let entries_with_it = [0, 1].map(|i| vxlan_entries_if_any(cluster.node(i)));
     cluster.node_mut(2).cni.stop_agent();
-    delete_record(&cluster.infra, &gone);
+    wait_until(
+        &format!("{gone} silent for three times its expiry"),
+        CONVERGE + Duration::from_secs(3 * EXPIRY),
+        || silent_for(cluster.node(0), &gone, 3 * EXPIRY),
+    );
+    silent_for(cluster.node(1), &gone, 3 * EXPIRY).expect("node 1 sees it silent too");
+    for i in [0, 1] {
+        assert_eq!(
+            routes_of(cluster.node(i)),
+            routes_with_it[i],
+            "node {i} keeps the silent node's routes"
+        );
+        assert_eq!(
+            vxlan_entries_if_any(cluster.node(i)),
+            entries_with_it[i],
+            "node {i} keeps the silent node's forwarding and neighbour entries"
+        );
+    }
+    if mode == Mode::Vxlan {
+        assert!(!entries_with_it[0].0.is_empty(), "nothing to compare");
+    }
+    silent_node_is_reached(&cluster, 2);
+    silent_shows_in_node_list_and_metrics(cluster.node(0), &gone);
+
+    // Then it is removed, and the others withdraw its routes and VXLAN entries. Native mode: its record is
+    // deleted (and `weir ipam check` reports its blocks until `weir ipam release-node` frees them); vxlan
+    // mode: `weir ipam release-node` alone (a silent node needs no --force).
     let node2 = cluster.nodes[2].take().expect("node 2");
+    let release = |cluster: &Cluster| {
+        let released = weir_ipam(
+            &cluster.node(0).cni.ns,
+            &["-o", "json", "release-node", &gone],
+        );
+        assert!(
+            released.status.success(),
+            "release-node: {}",
+            String::from_utf8_lossy(&released.stderr)
+        );
+        let report: Value = serde_json::from_slice(&released.stdout).expect("json");
+        assert_eq!(
+            report["blocks"].as_array().map(Vec::len),
+            Some(gone_blocks.len())
+        );
+    };
+    match mode {
+        Mode::Native => delete_record(&cluster.infra, &gone),
+        Mode::Vxlan => release(&cluster),
+    }
     routes_converge(&cluster);
     wait_until("the others sweep its VXLAN entries", CONVERGE, || {
         mode_holds(&cluster, mode)
@@ -642,42 +716,36 @@ fn scenario(mode: Mode) {
             "{} still routes {gone}'s blocks: {have:?}",
             node.name
         );
+        assert!(
+            node.nodes().iter().all(|n| n["name"] != gone.as_str()),
+            "{} still lists {gone}",
+            node.name
+        );
     }
-    let check = ipam_check(&cluster.node(0).cni.ns);
-    let leaks: Vec<String> = check["leaks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| l.as_str().map(str::to_owned))
-        .collect();
-    for block in &gone_blocks {
+    if mode == Mode::Native {
+        let check = ipam_check(&cluster.node(0).cni.ns);
+        let leaks: Vec<String> = check["leaks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(str::to_owned))
+            .collect();
+        for block in &gone_blocks {
+            assert!(
+                leaks
+                    .iter()
+                    .any(|l| l.contains(block.as_str()) && l.contains(&gone)),
+                "weir ipam check does not report {gone}'s block {block}: {leaks:?}"
+            );
+        }
         assert!(
             leaks
                 .iter()
-                .any(|l| l.contains(block.as_str()) && l.contains(&gone)),
-            "weir ipam check does not report {gone}'s block {block}: {leaks:?}"
+                .all(|l| !l.contains("wt-node-0") && !l.contains("wt-node-1")),
+            "a live node's block reported: {leaks:?}"
         );
+        release(&cluster);
     }
-    assert!(
-        leaks
-            .iter()
-            .all(|l| !l.contains("wt-node-0") && !l.contains("wt-node-1")),
-        "a live node's block reported: {leaks:?}"
-    );
-    let released = weir_ipam(
-        &cluster.node(0).cni.ns,
-        &["-o", "json", "release-node", &gone],
-    );
-    assert!(
-        released.status.success(),
-        "release-node: {}",
-        String::from_utf8_lossy(&released.stderr)
-    );
-    let report: Value = serde_json::from_slice(&released.stdout).expect("json");
-    assert_eq!(
-        report["blocks"].as_array().map(Vec::len),
-        Some(gone_blocks.len())
-    );
     // A live node is refused without --force (positive control: it has blocks to release).
     let live = weir_ipam(&cluster.node(0).cni.ns, &["release-node", "wt-node-1"]);
     assert!(!live.status.success(), "a live node's blocks were released");
@@ -694,6 +762,193 @@ fn scenario(mode: Mode) {
     });
     sampled_cross_node_pairs_connect(&cluster, &mut rng);
     eprintln!("multinode {mode:?}: done in {:?}", started.elapsed());
+}
+
+/// `weir status`'s repairs of `driver` on `node` (`dataplane.repairs`).
+fn repairs(node: &Node, driver: &str) -> u64 {
+    let status: Value = node
+        .cni
+        .agent
+        .as_ref()
+        .expect("running")
+        .api(Method::GET, "/v1/status", None)
+        .expect("status");
+    status["dataplane"]["repairs"]
+        .as_array()
+        .expect("repairs in the status")
+        .iter()
+        .find(|r| r[0] == driver)
+        .and_then(|r| r[1].as_u64())
+        .unwrap_or(0)
+}
+
+/// Node 1 (no periodic refresh) repairs, from the kernel's deletion events alone, one of its routes deleted
+/// from outside and, in vxlan mode, one of its forwarding entries; each repair is counted.
+fn drift_is_repaired_from_events(cluster: &Cluster, mode: Mode) {
+    let node = cluster.node(1);
+    let want = routes_of(node);
+    let victim = node
+        .weir_routes()
+        .first()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .expect("a weir route to delete");
+    let before = repairs(node, "routes");
+    node.cni
+        .ns
+        .exec(&["ip", "route", "del", &victim, "proto", "87"]);
+    wait_until(
+        "node 1 puts its deleted route back (an event; no periodic refresh)",
+        CONVERGE,
+        || {
+            let (have, fixed) = (routes_of(node), repairs(node, "routes"));
+            if have == want && fixed > before {
+                Ok(())
+            } else {
+                Err(format!(
+                    "routes {have:?}, repairs {fixed} (before {before})"
+                ))
+            }
+        },
+    );
+    if mode == Mode::Native {
+        return;
+    }
+    let entries = vxlan_entries(node);
+    let fdb = entries
+        .0
+        .first()
+        .expect("a forwarding entry to delete")
+        .clone();
+    let (mac, dst) = (
+        fdb.split(' ').next().expect("a MAC").to_owned(),
+        fdb.split(" dst ")
+            .nth(1)
+            .and_then(|d| d.split(' ').next())
+            .expect("a destination")
+            .to_owned(),
+    );
+    let before = repairs(node, "vxlan");
+    node.cni
+        .ns
+        .exec(&["bridge", "fdb", "del", &mac, "dev", DEVICE, "dst", &dst]);
+    wait_until(
+        "node 1 puts its deleted forwarding entry back (an event; no periodic refresh)",
+        CONVERGE,
+        || {
+            let (have, fixed) = (vxlan_entries(node), repairs(node, "vxlan"));
+            if have == entries && fixed > before {
+                Ok(())
+            } else {
+                Err(format!(
+                    "entries {have:?}, repairs {fixed} (before {before})"
+                ))
+            }
+        },
+    );
+}
+
+/// `node` lists `name` as silent, last seen at least `secs` ago (`weir node list -o json`).
+fn silent_for(node: &Node, name: &str, secs: u64) -> Result<(), String> {
+    let socket = node.cni.socket();
+    let out = node.cni.ns.exec(&[
+        bin::weir().to_str().expect("utf-8 path"),
+        "node",
+        "list",
+        "-o",
+        "json",
+        "--api-socket",
+        socket.to_str().expect("utf-8 path"),
+    ]);
+    let nodes: Vec<Value> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let listed = nodes
+        .iter()
+        .find(|n| n["name"] == name)
+        .ok_or_else(|| format!("{} does not list {name}: {nodes:?}", node.name))?;
+    if listed["health"] == "silent" && listed["last_seen_secs"].as_u64() >= Some(secs) {
+        Ok(())
+    } else {
+        Err(format!("{} lists {listed}", node.name))
+    }
+}
+
+/// Pods of the other nodes reach every pod of the silent node `silent`, and its pods reach theirs.
+fn silent_node_is_reached(cluster: &Cluster, silent: usize) {
+    let others: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| i != silent && cluster.nodes[i].is_some())
+        .collect();
+    let pods = cluster.node(silent).pods.len();
+    let pairs: Vec<Pair> = (0..pods)
+        .flat_map(|p| {
+            others.iter().enumerate().flat_map(move |(k, &o)| {
+                let q = (p + k) % pods;
+                [(o, q, silent, p), (silent, p, o, q)]
+            })
+        })
+        .collect();
+    let node = |i: usize| cluster.node(i);
+    let failed: Vec<String> = probe_all(&pairs, |&(a, p, b, q)| {
+        let to = tests::cni::Pod::ipv4(&node(b).pods[q].1);
+        // A pair that missed a short probe on a loaded machine is tried again before it counts.
+        (!(0..3).any(|_| connects(&node(a).pods[p].0.ns, &to))).then(|| {
+            format!(
+                "pod {p} of {} -> {to} (pod {q} of {})",
+                node(a).name,
+                node(b).name
+            )
+        })
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(
+        failed.is_empty(),
+        "with {} silent, {} of {} pairs fail: {failed:?}",
+        node(silent).name,
+        failed.len(),
+        pairs.len()
+    );
+    eprintln!(
+        "{} silent: {} pairs to and from its pods connect",
+        node(silent).name,
+        pairs.len()
+    );
+}
+
+/// `weir node list` (the table) and `/metrics` on `node` show `name` as silent.
+fn silent_shows_in_node_list_and_metrics(node: &Node, name: &str) {
+    let socket = node.cni.socket();
+    let out = node.cni.ns.exec(&[
+        bin::weir().to_str().expect("utf-8 path"),
+        "node",
+        "list",
+        "--api-socket",
+        socket.to_str().expect("utf-8 path"),
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("weir node list has no {name}:\n{table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[2], "silent", "{table}");
+    assert!(row[3].ends_with('s') && row[4] == "ago", "{table}");
+    let metrics = node
+        .cni
+        .ns
+        .run(|| tests::agent_proc::metrics_get("/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"weir_nodes{health="silent"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with(&format!(r#"weir_node_silent_seconds{{node="{name}"}} "#))),
+        "{metrics}"
+    );
 }
 
 /// [`vxlan_entries`] when the device exists (native mode: none).

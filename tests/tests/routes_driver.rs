@@ -1,18 +1,22 @@
 //! The route driver on a real routing table (inside a test namespace): routes to remote pod blocks under
 //! weir's own protocol number are written, read back and swept; a driver restarted over unchanged state
 //! writes nothing; a route of another protocol is never touched (positive control: it is still there at the
-//! end); everything checked with `ip route` from outside the driver.
+//! end); everything checked with `ip route` from outside the driver. A route of weir's deleted from outside
+//! (`ip route del`) is heard by the agent's link watcher (`RTM_DELROUTE`), put back by the driver's read-back
+//! and counted as a repair.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use agent::{
     dataplane::routes::{NextHop, RouteDriver},
+    kernel::Drift,
     kernel::real::netlink_routes::NetlinkRoutes,
     paths::ROUTE_PROTOCOL,
 };
 use ipnetwork::IpNetwork;
 use tests::{
     netns::{NetNs, VethPair},
+    node_lab::{DriftWatch, run_here},
     privileged::require_root,
 };
 
@@ -127,5 +131,51 @@ fn routes_are_written_read_back_and_swept_and_a_restart_writes_nothing() {
         routes(&ns, "static"),
         vec![format!("10.77.0.0/24 via 192.0.2.9 dev {}", link.a)],
         "a route of another protocol is never touched"
+    );
+}
+
+#[test]
+fn a_route_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair() {
+    if !require_root("a_route_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair") {
+        return;
+    }
+    let ns = NetNs::new();
+    let peer = NetNs::new();
+    let link = VethPair::new(&ns, "rt", &peer, "rp");
+    ns.exec(&["ip", "addr", "add", "192.0.2.1/24", "dev", &link.a]);
+    let want = BTreeMap::from([
+        (net("10.244.1.0/26"), via("192.0.2.2")),
+        (net("10.244.2.0/26"), via("192.0.2.3")),
+    ]);
+    let proto = ROUTE_PROTOCOL.to_string();
+    let (drift, repairs, writes) = ns.run(|| {
+        // The agent's link watcher and a route driver in sync, both in the namespace.
+        let mut watch = DriftWatch::open();
+        let mut driver = RouteDriver::new(Box::new(NetlinkRoutes::open().expect("netlink")));
+        driver.set_desired(want.clone());
+        driver.apply().expect("apply routes");
+        assert_eq!(driver.stats().repairs, 0, "the first apply repairs nothing");
+        // An operator's stray command: the kernel tells the watcher.
+        run_here(&["ip", "route", "del", "10.244.2.0/26", "proto", &proto]);
+        let drift = watch.next_drift(Duration::from_secs(10));
+        // What the agent's loop does with it: read back and repair.
+        let writes = driver.stats().writes;
+        driver.refresh();
+        driver.apply().expect("apply routes");
+        (
+            drift,
+            driver.stats().repairs,
+            driver.stats().writes - writes,
+        )
+    });
+    assert_eq!(drift, Some(Drift::Route), "the deletion is heard");
+    assert_eq!((repairs, writes), (1, 1), "one repair, counted");
+    assert_eq!(
+        routes(&ns, &proto),
+        vec![
+            format!("10.244.1.0/26 via 192.0.2.2 dev {}", link.a),
+            format!("10.244.2.0/26 via 192.0.2.3 dev {}", link.a),
+        ],
+        "the route is back"
     );
 }

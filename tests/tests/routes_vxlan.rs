@@ -4,7 +4,8 @@
 //! device's counters show it went through the tunnel. The device, forwarding entries, neighbour entries and
 //! routes are checked from outside with `ip -d link`, `bridge fdb`, `ip neigh` and `ip route`; a driver
 //! restarted over unchanged state writes nothing (same ifindex); a removed node is swept; native mode then
-//! removes the device and routes via the node addresses.
+//! removes the device and routes via the node addresses. A forwarding entry deleted from outside (`bridge fdb
+//! del`) is heard by the agent's link watcher (`RTM_DELNEIGH`), put back and counted as a repair.
 
 use std::{
     io::{Read as _, Write as _},
@@ -18,13 +19,16 @@ use agent::{
         node_routes::{LocalNode, NodeRoutes, RemoteNode, RoutingMode},
         vxlan::{VXLAN_OVERHEAD_V4, VxlanConfig, format_mac, vtep_mac},
     },
-    kernel::real::{netlink_routes::NetlinkRoutes, netlink_vxlan::NetlinkVxlan},
+    kernel::{
+        Drift,
+        real::{netlink_routes::NetlinkRoutes, netlink_vxlan::NetlinkVxlan},
+    },
     paths::ROUTE_PROTOCOL,
 };
 use tests::{
     names,
     netns::NetNs,
-    node_lab::{LabNode, NodeLab, eventually, tcp_connects},
+    node_lab::{DriftWatch, LabNode, NodeLab, eventually, run_here, tcp_connects},
     privileged::require_root,
 };
 
@@ -280,4 +284,76 @@ fn vxlan_mode_carries_pod_traffic_between_nodes_and_a_restart_writes_nothing() {
         PORT,
         Duration::from_millis(500)
     )));
+}
+
+#[test]
+fn a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair() {
+    if !require_root(
+        "a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair",
+    ) {
+        return;
+    }
+    let lab = Lab {
+        nodes: NodeLab::new(2, |_| None),
+        device: names::unique("vx"),
+    };
+    let device = lab.device.clone();
+    let (a, b) = (&lab.nodes.nodes[0], &lab.nodes.nodes[1]);
+    let b_mac = format_mac(vtep_mac(b.vtep));
+    let entry = format!("{b_mac} dst {} self permanent", b.address);
+    let local = LocalNode {
+        name: "node0".into(),
+        address: IpAddr::V4(a.address),
+        vtep: Some(a.vtep),
+    };
+    let (mode, remotes) = (mode(&device, a), remotes(&lab, 0));
+    let b_address = b.address.to_string();
+    let (drift, (routes, vxlan), fdb_gone) = a.ns.run(|| {
+        // The agent's link watcher and the drivers in sync, all in node a.
+        let mut watch = DriftWatch::open();
+        let mut d = NodeRoutes::new(
+            mode,
+            Box::new(NetlinkRoutes::open().expect("netlink")),
+            Box::new(NetlinkVxlan::open().expect("netlink")),
+            None,
+        );
+        d.set_nodes(local, remotes);
+        d.apply().expect("apply");
+        // An operator's stray command: the kernel tells the watcher.
+        run_here(&[
+            "bridge", "fdb", "del", &b_mac, "dev", &device, "dst", &b_address,
+        ]);
+        let fdb = std::process::Command::new("bridge")
+            .args(["fdb", "show", "dev", &device])
+            .output()
+            .expect("bridge");
+        let fdb_gone = !String::from_utf8_lossy(&fdb.stdout).contains(" dst ");
+        let drift = watch.next_drift(Duration::from_secs(10));
+        // What the agent's loop does with it: read back and repair.
+        d.resync();
+        d.apply().expect("apply");
+        let (r, v) = d.stats();
+        (drift, (r.repairs, v.repairs), fdb_gone)
+    });
+    assert!(fdb_gone, "the entry was deleted (the precondition)");
+    assert_eq!(
+        drift,
+        Some(Drift::Neighbour {
+            ifindex: a.ns.ifindex(&lab.device)
+        }),
+        "the deletion is heard"
+    );
+    assert_eq!(
+        (routes, vxlan),
+        (0, 1),
+        "one repair, counted by the VXLAN driver"
+    );
+    assert_eq!(
+        out(&a.ns, &["bridge", "fdb", "show", "dev", &lab.device])
+            .lines()
+            .filter(|l| l.contains(" dst "))
+            .collect::<Vec<_>>(),
+        vec![entry],
+        "the entry is back"
+    );
 }

@@ -17,13 +17,42 @@ pub struct NodeStatus {
     pub blocks: Vec<IpNetwork>,
     /// Routes this node wants to its blocks (0 for this node itself).
     pub routes: usize,
-    /// `local` (this node), `alive` or `expired`.
+    /// `local` (this node), `alive`, or `silent`: no heartbeat within its expiry (under Kubernetes, its
+    /// Ready condition not True for `--node-expiry`). A silent node keeps its routes while its record
+    /// exists (fail static); it is degraded, not removed.
     pub health: String,
-    /// Its last heartbeat (Unix seconds).
+    /// Its last heartbeat (Unix seconds; under Kubernetes, when its Ready condition stopped being True, 0
+    /// while it is True).
     pub heartbeat: u64,
+    /// Seconds since `heartbeat` when the answer was made; absent for this node and a Ready Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_secs: Option<u64>,
     /// Where its record comes from.
     #[serde(default)]
     pub source: NodeSource,
+}
+
+impl NodeStatus {
+    /// The health of this node itself.
+    pub const LOCAL: &'static str = "local";
+    /// The health of a node heard from within its expiry.
+    pub const ALIVE: &'static str = "alive";
+    /// The health of a node not heard from within its expiry (still routed: degraded, not removed).
+    pub const SILENT: &'static str = "silent";
+
+    /// The same with [`Self::last_seen_secs`] as of `now` (Unix seconds).
+    #[must_use]
+    pub fn seen_at(mut self, now: u64) -> Self {
+        self.last_seen_secs = (self.health != Self::LOCAL && self.heartbeat != 0)
+            .then(|| now.saturating_sub(self.heartbeat));
+        self
+    }
+
+    /// Whether the node is silent (degraded).
+    #[must_use]
+    pub fn is_silent(&self) -> bool {
+        self.health == Self::SILENT
+    }
 }
 
 /// Where the node records come from (`weir status` shows it).
@@ -74,6 +103,23 @@ mod tests {
             (NodeSource::Kubernetes, "kubernetes".into())
         );
         assert_eq!(serde_json::to_value(&parsed).expect("json"), node);
+        let silent = NodeStatus {
+            health: NodeStatus::SILENT.into(),
+            ..parsed
+        }
+        .seen_at(1_767_000_042);
+        assert_eq!(silent.last_seen_secs, Some(42));
+        assert!(silent.is_silent());
+        assert_eq!(
+            serde_json::to_value(&silent).expect("json")["last_seen_secs"],
+            42
+        );
+        let local = NodeStatus {
+            health: NodeStatus::LOCAL.into(),
+            ..silent
+        }
+        .seen_at(1_767_000_042);
+        assert_eq!(local.last_seen_secs, None, "this node is not seen, it is");
         let address =
             json!({"ip": "10.244.1.5", "identity": null, "node": "n2", "pod": "prod/web-0"});
         let parsed: AddressView = serde_json::from_value(address.clone()).expect("address");

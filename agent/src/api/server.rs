@@ -197,7 +197,7 @@ async fn status(State(api): State<Arc<Api>>) -> ApiResult<Status> {
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner),
             ),
-            nodes: (*snapshot.nodes).clone(),
+            nodes: crate::cluster::routing::seen_now(&snapshot.nodes),
             socket_lb: api.socket_lb.clone(),
             socket_lb_scope: api.socket_lb_scope.map(socket_lb_scope),
             nat: *api
@@ -313,7 +313,9 @@ async fn ct_flush(State(api): State<Arc<Api>>) -> ApiResult<weir_api::CtFlushRes
 async fn list_nodes(
     State(api): State<Arc<Api>>,
 ) -> ApiResult<Vec<crate::cluster::routing::NodeStatus>> {
-    Ok(Json((*api.dataplane.snapshot().nodes).clone()))
+    Ok(Json(crate::cluster::routing::seen_now(
+        &api.dataplane.snapshot().nodes,
+    )))
 }
 
 /// `GET /v1/addresses`: every pod address known cluster-wide, with its identity and node.

@@ -171,25 +171,7 @@ pub fn status(args: StatusArgs) -> Result<()> {
                     if pool.disabled { " (disabled)" } else { "" }
                 );
             }
-            if !detail.nodes.is_empty() {
-                println!(
-                    "{:<24} {:<11} {:<8} {:<7} {:<28} BLOCKS",
-                    "NODE", "SOURCE", "HEALTH", "ROUTES", "ADDRESSES"
-                );
-            }
-            for n in &detail.nodes {
-                let addresses: Vec<String> = n.addresses.iter().map(ToString::to_string).collect();
-                let blocks: Vec<String> = n.blocks.iter().map(ToString::to_string).collect();
-                println!(
-                    "{:<24} {:<11} {:<8} {:<7} {:<28} {}",
-                    n.name,
-                    n.source,
-                    n.health,
-                    n.routes,
-                    addresses.join(","),
-                    blocks.join(",")
-                );
-            }
+            print!("{}", super::node::table(&detail.nodes));
             Ok(())
         }
     }

@@ -5,6 +5,7 @@ pub mod install;
 pub mod ipam;
 pub mod log_level;
 pub mod monitor;
+pub mod node;
 pub mod policy_view;
 pub mod service;
 
@@ -40,6 +41,8 @@ pub enum Command {
     Policy(agent_client::PolicyArgs),
     /// The agent's BPF maps and conntrack.
     Bpf(agent_client::BpfArgs),
+    /// The cluster's nodes as this agent knows them: `weir node list` (health, last heartbeat, routes).
+    Node(node::NodeArgs),
     /// Services from the agent's source: `weir service list` (frontends → backends, their state).
     Service(service::ServiceArgs),
     /// Dropped packets as they happen (sampled), with their reason.

@@ -3,6 +3,12 @@
 //! Node object (kubelet writes it) — and its pod blocks are its IPAM block affinities. `store` reads them
 //! behind a small trait, `sources::nodes` (etcd records) or `sources::kube::nodes` (Node objects) turns them
 //! into deltas for the loop, and `routing` keeps the route driver's desired routes from them.
+//!
+//! Fail static (DESIGN.md → "Decisions for the next round"): a node's routes, forwarding and neighbour
+//! entries, and its pods' identities, follow its record, never its heartbeat. A node whose heartbeat is older
+//! than its expiry (or, under Kubernetes, whose Ready condition has not been True for `--node-expiry`) is
+//! *silent*: still routed, shown as degraded in `weir node list`, `weir status` and `/metrics`. Only its
+//! removal (record deleted, `weir ipam release-node`, Node object deleted) withdraws what points at it.
 
 pub mod records;
 pub mod routing;
@@ -28,7 +34,8 @@ pub struct ClusterNode {
     pub labels: BTreeMap<String, String>,
     /// Its pod blocks (confirmed affinities).
     pub blocks: Vec<IpNetwork>,
-    /// Whether its heartbeat is within its expiry (an expired node has no routes).
+    /// Whether its heartbeat is within its expiry; a node that is not is silent (degraded), and keeps its
+    /// routes while its record exists.
     pub alive: bool,
     /// Its last heartbeat (Unix seconds).
     pub heartbeat: u64,

@@ -2,8 +2,11 @@
 //! which give [`crate::dataplane::node_routes::NodeRoutes`] its node view (this node, every other live node
 //! with its address, VTEP and blocks); it drives the VXLAN device (vxlan mode) and then the route driver, in
 //! either mode. Nothing is reconciled before the source's first full listing, so a restart never sweeps
-//! routes it has not yet been told about; a node that is gone (record deleted) or expired (heartbeat too
-//! old) is not in the view, and its routes (and tunnel entries) are swept.
+//! routes it has not yet been told about. A node's routes follow its record, not its heartbeat (fail
+//! static): a silent node (heartbeat older than its expiry, or a Node not Ready for `--node-expiry`) stays
+//! in the view, its pods' datapath keeps running and stays reachable, and it shows as `silent` in the
+//! status; only a node that is gone (record deleted, `weir ipam release-node`, Node object deleted) leaves
+//! the view, and its routes (and tunnel entries) are swept.
 //!
 //! A node's VTEP address is derived from its record alone: its first IPv4 address ([`vtep_of`]), so no
 //! record carries more than its addresses, Node objects included, and traffic from a node's host through
@@ -35,7 +38,7 @@ pub fn vtep_of(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
 }
 
 /// The node view of node `local`: itself (unspecified address and no VTEP until its record is known) and
-/// every remote, live node once per address family it has an address and blocks of. A block of this node,
+/// every remote node with a record, silent or not, once per address family it has an address and blocks of. A block of this node,
 /// or a block already claimed by another node (two nodes claiming one block: the first by name wins), is
 /// left out.
 #[must_use]
@@ -60,7 +63,7 @@ pub fn node_view<'a>(
         .map(|n| n.blocks.iter().copied().collect())
         .unwrap_or_default();
     let mut remotes = Vec::new();
-    for node in nodes.iter().filter(|n| n.name != local && n.alive) {
+    for node in nodes.iter().filter(|n| n.name != local) {
         let blocks: Vec<IpNetwork> = node
             .blocks
             .iter()
@@ -88,6 +91,15 @@ pub fn node_view<'a>(
         }
     }
     (local_node, remotes)
+}
+
+/// `nodes` with their last-seen ages as of now (the snapshot's are as of its publication).
+#[must_use]
+pub fn seen_now(nodes: &[NodeStatus]) -> Vec<NodeStatus> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    nodes.iter().cloned().map(|n| n.seen_at(now)).collect()
 }
 
 /// The cluster's nodes and the routing that follows them.
@@ -123,8 +135,13 @@ impl NodeRoutes {
     pub fn on_delta(&mut self, delta: NodeDelta) {
         match delta {
             NodeDelta::Upsert(node) => {
-                if !node.alive && self.nodes.get(&node.name).is_some_and(|n| n.alive) {
-                    tracing::warn!(node = %node.name, heartbeat = node.heartbeat, "node heartbeat expired; its routes are swept");
+                let was = self.nodes.get(&node.name).map(|n| n.alive);
+                if node.name != self.local {
+                    if !node.alive && was != Some(false) {
+                        tracing::warn!(node = %node.name, heartbeat = node.heartbeat, "node silent: no heartbeat within its expiry; its routes stay until its record is deleted (weir ipam release-node)");
+                    } else if node.alive && was == Some(false) {
+                        tracing::info!(node = %node.name, heartbeat = node.heartbeat, "node heard from again");
+                    }
                 }
                 self.nodes.insert(node.name.clone(), node);
             }
@@ -183,14 +200,15 @@ impl NodeRoutes {
                         .count()
                 },
                 health: if n.name == self.local {
-                    "local"
+                    NodeStatus::LOCAL
                 } else if n.alive {
-                    "alive"
+                    NodeStatus::ALIVE
                 } else {
-                    "expired"
+                    NodeStatus::SILENT
                 }
                 .to_owned(),
                 heartbeat: n.heartbeat,
+                last_seen_secs: None,
                 source: self.source,
             })
             .collect()
@@ -236,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_blocks_are_routed_and_a_gone_or_expired_node_is_swept() {
+    fn remote_blocks_are_routed_a_silent_node_keeps_them_and_a_gone_one_is_swept() {
         let kernel = FakeKernel::default();
         let mut routes = NodeRoutes::new("a", native(&kernel));
         // A leftover of a node that no longer exists: swept once in sync, never before.
@@ -290,11 +308,27 @@ mod tests {
             [("a", 0, "local"), ("b", 1, "alive"), ("c", 1, "alive")]
         );
 
-        // c expires, b is deleted: both are swept.
-        let mut expired = node("c", "192.0.2.3", &["10.244.0.128/26"]);
-        expired.alive = false;
-        routes.on_delta(NodeDelta::Upsert(expired));
+        // c falls silent: its routes stay (fail static), its health says so.
+        let mut silent = node("c", "192.0.2.3", &["10.244.0.128/26"]);
+        silent.alive = false;
+        routes.on_delta(NodeDelta::Upsert(silent));
+        routes.apply().expect("apply");
+        assert_eq!(
+            kernel.routes().routes.len(),
+            2,
+            "a silent node keeps its routes"
+        );
+        assert_eq!(
+            routes
+                .status()
+                .iter()
+                .map(|s| (s.name.as_str(), s.routes, s.health.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", 0, "local"), ("b", 1, "alive"), ("c", 1, "silent")]
+        );
+        // b and c are deleted: both are swept.
         routes.on_delta(NodeDelta::Gone("b".into()));
+        routes.on_delta(NodeDelta::Gone("c".into()));
         routes.apply().expect("apply");
         assert!(kernel.routes().routes.is_empty());
 
@@ -406,7 +440,14 @@ mod tests {
         assert_eq!((r.writes, r.deletes, v.writes, v.deletes), (0, 0, 0, 0));
         assert!(!restarted.is_dirty());
 
-        // c removed: its routes, forwarding and neighbour entries are swept.
+        // c silent: its routes, forwarding and neighbour entries stay; removed: they are swept.
+        let mut silent = nodes[2].clone();
+        silent.alive = false;
+        restarted.on_delta(NodeDelta::Upsert(silent));
+        restarted.apply().expect("apply");
+        assert_eq!(kernel.routes().routes.len(), 3);
+        assert_eq!(kernel.vxlan_table().fdb[&ifindex].len(), 2);
+        assert_eq!(kernel.vxlan_table().neighbours[&ifindex].len(), 2);
         restarted.on_delta(NodeDelta::Gone("c".into()));
         restarted.apply().expect("apply");
         assert_eq!(kernel.routes().routes.len(), 1);

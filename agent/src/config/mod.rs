@@ -197,8 +197,9 @@ pub struct AgentArgs {
     )]
     pub node_addresses: Vec<std::net::IpAddr>,
     /// Seconds a node record stays live without a heartbeat; the agent renews its own every third
-    /// of it, and other nodes sweep the routes to a node whose heartbeat is older. Under
-    /// `--source kubernetes`: how long a Node may be not Ready before its routes are swept.
+    /// of it, and other nodes show a node whose heartbeat is older as silent (degraded; its routes
+    /// stay until its record is deleted, e.g. by `weir ipam release-node`). Under `--source
+    /// kubernetes`: how long a Node may be not Ready before it shows as silent.
     #[arg(long, env = "WEIR_NODE_EXPIRY", default_value_t = 40)]
     pub node_expiry: u64,
     /// The VXLAN device of `--routing vxlan`.

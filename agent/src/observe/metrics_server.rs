@@ -106,6 +106,49 @@ fn gauge_family(
     Ok(())
 }
 
+/// The cluster's nodes by health, and how long each silent one has not been heard from (none without
+/// node records).
+fn node_families(
+    encoder: &mut DescriptorEncoder<'_>,
+    nodes: &[weir_api::NodeStatus],
+) -> Result<(), std::fmt::Error> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let nodes = crate::cluster::routing::seen_now(nodes);
+    let health = |h: &str| [("health", h.to_owned())];
+    let by_health: Vec<_> = [
+        weir_api::NodeStatus::LOCAL,
+        weir_api::NodeStatus::ALIVE,
+        weir_api::NodeStatus::SILENT,
+    ]
+    .into_iter()
+    .map(|h| {
+        (
+            health(h),
+            nodes.iter().filter(|n| n.health == h).count() as u64,
+        )
+    })
+    .collect();
+    gauge_family(
+        encoder,
+        "nodes",
+        "The cluster's nodes by health: local, alive, silent (no heartbeat within its expiry; still routed)",
+        &by_health,
+    )?;
+    let silent: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.is_silent())
+        .map(|n| ([("node", n.name.clone())], n.last_seen_secs.unwrap_or(0)))
+        .collect();
+    gauge_family(
+        encoder,
+        "node_silent_seconds",
+        "Seconds since each silent node's last heartbeat (its routes stay until its record is deleted)",
+        &silent,
+    )
+}
+
 /// The drivers' counters and the loop's progress, from the latest snapshot.
 #[derive(Debug)]
 struct DataplaneCollector(watch::Receiver<Arc<Snapshot>>);
@@ -160,6 +203,7 @@ impl Collector for DataplaneCollector {
             None,
             MetricType::Counter,
         )?)?;
+        node_families(&mut encoder, &snapshot.nodes)?;
         let applied = &snapshot.applied;
         ConstGauge::new(i64::from(applied.ready)).encode(encoder.encode_descriptor(
             "ready",
@@ -793,6 +837,58 @@ mod tests {
         ] {
             assert!(failed.lines().any(|l| l == line), "no {line}:\n{failed}");
         }
+        assert!(
+            !failed.contains("weir_nodes"),
+            "no node families without node records"
+        );
+
+        // Nodes by health; a silent one with the seconds since its last heartbeat.
+        let mut clustered = (**rx.borrow()).clone();
+        let node = |name: &str, health: &str, heartbeat: u64| weir_api::NodeStatus {
+            name: name.into(),
+            addresses: Vec::new(),
+            blocks: Vec::new(),
+            routes: 1,
+            health: health.into(),
+            heartbeat,
+            last_seen_secs: None,
+            source: weir_api::NodeSource::Etcd,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        clustered.nodes = Arc::new(vec![
+            node("a", "local", now),
+            node("b", "alive", now),
+            node("c", "silent", now - 100),
+        ]);
+        let (_keep_nodes, nodes_rx) = watch::channel(Arc::new(clustered));
+        let nodes_state = MetricsState::new(
+            nodes_rx,
+            Arc::clone(&ct),
+            Arc::clone(&nat),
+            Vec::new(),
+            Arc::new(kernel.fake.clone()),
+        );
+        let with_nodes = nodes_state.render().expect("render");
+        for line in [
+            r#"weir_nodes{health="local"} 1"#,
+            r#"weir_nodes{health="alive"} 1"#,
+            r#"weir_nodes{health="silent"} 1"#,
+        ] {
+            assert!(
+                with_nodes.lines().any(|l| l == line),
+                "no {line}:\n{with_nodes}"
+            );
+        }
+        let silent_for: u64 = with_nodes
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"weir_node_silent_seconds{node="c"} "#))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no silent seconds for c:\n{with_nodes}"));
+        assert!((100..200).contains(&silent_for), "{silent_for}");
+        assert!(!with_nodes.contains(r#"weir_node_silent_seconds{node="b"}"#));
 
         // A refused document of the source is counted (and listed by `weir status`).
         let (set, errors) = crate::calc::policy::load::load_dir(&paths.policy_dir);

@@ -3,15 +3,16 @@
 //! watch (etcd) from the listing's revision, and sends the loop only what changed ([`NodeDelta`]s, then
 //! [`NodeDelta::Synced`] after the first listing). A node added or removed reaches the loop as soon as its
 //! watch event does. Liveness needs no event: every [`TICK`] the nodes are judged again at the current time,
-//! so a node whose heartbeat stopped expires. A store without a watch is listed again every [`TICK`].
+//! so a node whose heartbeat stopped turns silent (degraded; its routes stay while its record exists). A store without a watch is listed again every [`TICK`].
 //!
 //! A watch whose revision was compacted is followed by a new listing at once; a listing or watch that fails
 //! marks the source stale (`Command::SourceStale`: not ready, `applied.source_error`) and is retried with
 //! backoff. While the datastore does not answer, the routes in place stay (fail static).
 //!
 //! Endpoints too: this node's endpoints (from the loop's snapshot, with their effective labels) are
-//! published as endpoint records when they change, and every other live node's records reach the loop as
-//! remote pods ([`Command::ClusterPods`]), so this node's maps know their addresses by identity.
+//! published as endpoint records when they change, and the records of every other node with a record,
+//! silent or not, reach the loop as remote pods ([`Command::ClusterPods`]), so this node's maps know their
+//! addresses by identity. A node's silence changes only its health (fail static, `crate::cluster`).
 
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
@@ -322,7 +323,8 @@ pub fn local_records(node: &str, snapshot: &Snapshot) -> Vec<EndpointRecord> {
     records
 }
 
-/// The pods of other, live nodes, sorted by key (`namespace/name`).
+/// The pods of other nodes that have a record (silent ones included: fail static), sorted by key
+/// (`namespace/name`).
 #[must_use]
 pub fn remote_pods(
     node: &str,
@@ -331,7 +333,7 @@ pub fn remote_pods(
 ) -> Vec<ClusterPod> {
     let mut pods: Vec<ClusterPod> = records
         .into_iter()
-        .filter(|r| r.node != node && nodes.get(&r.node).is_some_and(|n| n.alive))
+        .filter(|r| r.node != node && nodes.contains_key(&r.node))
         .map(|r| ClusterPod {
             node: r.node,
             pod: RemotePod {

@@ -4,8 +4,9 @@
 //! [`TICK`](crate::sources::nodes::TICK) and sends the loop what changed as [`NodeDelta`]s —
 //! the same deltas the etcd node records make — then [`NodeDelta::Synced`] after the first full view. A
 //! Node deleted is gone (its routes are swept); a Node without an address is named in the log and left
-//! out; a Node whose Ready condition has not been True for `--node-expiry` is expired (alive again once
-//! Ready), its routes swept as an etcd record's whose heartbeat is too old. The agent never writes Node
+//! out; a Node whose Ready condition has not been True for `--node-expiry` is silent (alive again once
+//! Ready): degraded in the status, its routes kept as long as the Node exists, as Cilium does and as an etcd
+//! record whose heartbeat is too old keeps them (fail static). The agent never writes Node
 //! objects (kubelet does); this node's own is the one named `--node`.
 //! A datastore that does not answer changes nothing: the routes in place stay and the next round retries.
 
@@ -76,8 +77,8 @@ pub fn publish(feed: &Feed, nodes: BTreeMap<String, KubeNode>) {
 }
 
 /// The node records the Node objects make with `blocks` (by host name) at `now` (Unix seconds; a Node not
-/// Ready for `expiry` is not alive), and the names of the Nodes left out because they have no InternalIP
-/// or ExternalIP address.
+/// Ready for `expiry` is not alive: silent, still routed), and the names of the Nodes left out because they
+/// have no InternalIP or ExternalIP address.
 #[must_use]
 pub fn records(
     objects: &BTreeMap<String, KubeNode>,
@@ -124,7 +125,7 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Runs until the loop or the source is gone; a Node not Ready for `expiry` has no routes.
+/// Runs until the loop or the source is gone; a Node not Ready for `expiry` is silent (still routed).
 pub async fn run<S: BlockStore>(
     dataplane: LoopHandle,
     store: S,

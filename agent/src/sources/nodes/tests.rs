@@ -230,6 +230,41 @@ async fn watch_events_arrive_compaction_relists_failures_go_stale_and_expiry_nee
         .await
         .expect("send");
     expect(&mut rx, 2, "e alive", upsert("e", true)).await;
-    expect(&mut rx, 5, "e expired", upsert("e", false)).await;
+    expect(&mut rx, 5, "e silent", upsert("e", false)).await;
     source.abort();
+}
+
+#[test]
+fn a_silent_node_s_pods_stay_remote_pods_until_its_record_goes() {
+    let endpoint = |node: &str, pod: &str, ip: &str| EndpointRecord {
+        node: node.into(),
+        namespace: "default".into(),
+        pod: pod.into(),
+        labels: BTreeMap::new(),
+        ips: vec![ip.parse().expect("ip")],
+    };
+    let records = vec![
+        endpoint("a", "mine", "10.0.0.1"),
+        endpoint("b", "web", "10.0.1.1"),
+        endpoint("c", "db", "10.0.2.1"),
+        endpoint("gone", "old", "10.0.3.1"),
+    ];
+    let mut listed = Records::default();
+    for r in [
+        record("a", "192.0.2.1", 100, 30),
+        record("b", "192.0.2.2", 100, 30),
+        record("c", "192.0.2.3", 10, 30),
+    ] {
+        listed.apply(RecordChange::Node(r.name.clone(), Some(r)));
+    }
+    let nodes = listed.cluster(110);
+    assert!(!nodes["c"].alive, "c is silent");
+    let pods = remote_pods("a", records, &nodes);
+    assert_eq!(
+        pods.iter()
+            .map(|p| (p.node.as_str(), p.pod.key.as_str()))
+            .collect::<Vec<_>>(),
+        [("c", "default/db"), ("b", "default/web")],
+        "other nodes' pods, the silent node's included; none of this node or of a node with no record"
+    );
 }
