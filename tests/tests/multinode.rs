@@ -59,8 +59,10 @@ const PORT_TCP: u16 = 8080;
 /// this shared disk sometimes takes seconds to answer, and a request gives up after 10 s).
 const CONVERGE: Duration = Duration::from_secs(45);
 /// `--node-expiry` (seconds): short, so that a node's agent stopped for three times as long costs the
-/// scenario seconds, not minutes (heartbeats every third of it).
-const EXPIRY: u64 = 5;
+/// scenario seconds, not minutes (heartbeats every third of it); long enough that an etcd stall of a
+/// few seconds on this shared disk does not make a live node look silent (the `release-node` refusal
+/// of a live node counts on it).
+const EXPIRY: u64 = 8;
 
 /// The blocks node `node` reports for itself (`GET /v1/nodes`).
 fn own_blocks(node: &Node) -> BTreeSet<String> {
