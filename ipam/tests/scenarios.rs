@@ -989,7 +989,10 @@ async fn a_block_with_an_unsound_structure_is_refused_not_a_panic() {
                 as fn(&mut serde_json::Value),
         ),
         ("ordinals, but its CIDR holds 64", |b| {
-            b["allocations"].as_array_mut().expect("ordinals").truncate(3);
+            b["allocations"]
+                .as_array_mut()
+                .expect("ordinals")
+                .truncate(3);
             b["unallocated"] = serde_json::json!([2]);
         }),
     ] {
@@ -1013,7 +1016,10 @@ async fn a_block_with_an_unsound_structure_is_refused_not_a_panic() {
             .await
             .expect_err("an unsound block is refused")
             .to_string();
-        assert!(err.contains(&key.to_string()) && err.contains(what), "{err}");
+        assert!(
+            err.contains(&key.to_string()) && err.contains(what),
+            "{err}"
+        );
         let err = ipam
             .release_ips(&plain(&first.ips()))
             .await
