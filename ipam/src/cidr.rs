@@ -117,10 +117,11 @@ pub fn block_count(pool: &IpNetwork, block_size: u8) -> u128 {
         .unwrap_or(u128::MAX)
 }
 
-/// The `index`-th block of `block_size` inside `pool`.
+/// The `index`-th block of `block_size` inside `pool`; `None` when there is none (a block size longer
+/// than the family's addresses comes only from a corrupt stored pool).
 pub fn nth_block(pool: &IpNetwork, block_size: u8, index: u128) -> Option<IpNetwork> {
     let family = Family::of(pool);
-    let shift = u32::from(family.bits() - block_size);
+    let shift = u32::from(family.bits().checked_sub(block_size)?);
     let offset = index.checked_shl(shift)?;
     let start = base(pool).checked_add(offset)?;
     IpNetwork::new(from_u128(family, start), block_size).ok()
@@ -157,6 +158,19 @@ mod tests {
 
     fn net(s: &str) -> IpNetwork {
         s.parse().expect("test network")
+    }
+
+    /// A fuzz finding (`fuzz/`, target `ipam_records`): a stored IPv4 pool with `blockSize` 52 made the
+    /// block search subtract past zero and panic.
+    #[test]
+    fn a_block_size_longer_than_the_family_has_no_blocks() {
+        assert_eq!(nth_block(&net("10.0.0.0/16"), 33, 0), None);
+        assert_eq!(nth_block(&net("10.0.0.0/16"), 200, 1), None);
+        assert_eq!(nth_block(&net("fd80::/64"), 129, 0), None);
+        assert_eq!(
+            nth_block(&net("10.0.0.0/16"), 32, 1),
+            Some(net("10.0.0.1/32"))
+        );
     }
 
     #[test]

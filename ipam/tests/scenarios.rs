@@ -973,3 +973,64 @@ async fn a_stale_block_hint_never_serves_a_block_the_host_lost() {
     );
     assert_consistent(&a).await;
 }
+
+/// A fuzz finding (`fuzz/`, target `ipam_records`): a stored block whose free list names an ordinal
+/// outside the block made allocation index past its ordinals and panic. A block whose structure is
+/// unsound is now refused as corrupt, naming its key, by every operation that changes it; `check` still
+/// lists its problems.
+#[tokio::test]
+async fn a_block_with_an_unsound_structure_is_refused_not_a_panic() {
+    use ipam::store::{Key, Kind};
+
+    for (what, corrupt) in [
+        (
+            "out of range",
+            (|b: &mut serde_json::Value| b["unallocated"][0] = 99.into())
+                as fn(&mut serde_json::Value),
+        ),
+        ("ordinals, but its CIDR holds 64", |b| {
+            b["allocations"]
+                .as_array_mut()
+                .expect("ordinals")
+                .truncate(3);
+            b["unallocated"] = serde_json::json!([2]);
+        }),
+    ] {
+        let store = MemoryStore::new();
+        let ipam = Ipam::new(store.clone());
+        ipam.add_pool(pool("v4", "192.168.1.0/24", 26))
+            .await
+            .expect("add pool");
+        let args = AssignArgs::new("node-a", "h1", 1, 0);
+        let first = ipam.auto_assign(&args).await.expect("first allocation");
+        let blocks = store.list(Kind::Block, "").await.expect("list blocks");
+        let (name, stored) = blocks.first().expect("the block claimed");
+        let mut block: serde_json::Value =
+            serde_json::from_slice(&stored.value).expect("a stored block");
+        corrupt(&mut block);
+        let key = Key::new(Kind::Block, name.clone());
+        store.force_put(key.clone(), serde_json::to_vec(&block).expect("json"));
+
+        let err = ipam
+            .auto_assign(&AssignArgs::new("node-a", "h2", 1, 0))
+            .await
+            .expect_err("an unsound block is refused")
+            .to_string();
+        assert!(
+            err.contains(&key.to_string()) && err.contains(what),
+            "{err}"
+        );
+        let err = ipam
+            .release_ips(&plain(&first.ips()))
+            .await
+            .expect_err("an unsound block is refused")
+            .to_string();
+        assert!(err.contains(what), "{err}");
+        let report = ipam.check().await.expect("check runs");
+        assert!(
+            report.problems.iter().any(|p| p.contains(what)),
+            "{:#?}",
+            report.problems
+        );
+    }
+}

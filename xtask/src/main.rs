@@ -1,9 +1,10 @@
 //! `cargo xtask`: developer and CI tasks. `setup` installs what a fresh machine lacks,
-//! `build-ebpf` builds the programs, `lint` and `test` are the gates, `ci` runs them all,
+//! `build-ebpf` builds the programs, `lint`, `test` and `fuzz --smoke` are the gates, `ci` runs them all,
 //! `bench NAME` runs a benchmark and judges its targets, `demo` shows the datapath to an operator.
 
 mod bench;
 mod ebpf_build;
+mod fuzz;
 mod image;
 mod kernel_calls;
 mod lanes;
@@ -57,8 +58,22 @@ enum Task {
     Lint,
     /// Every test: unit, packet, privileged, black-box; then checks nothing was left behind.
     Test,
-    /// What CI runs: setup, lint, test, and `bench all --smoke --check` (every benchmark, judged).
+    /// What CI runs: setup, lint, test, `fuzz --smoke` and `bench all --smoke --check` (every
+    /// benchmark, judged).
     Ci,
+    /// Build the cargo-fuzz targets of `fuzz/` (nightly) and run each from its seed corpus; prints
+    /// and writes target/weir-fuzz/fuzz.json (executions, exec/s, cov, ft, corpus, findings) and
+    /// fails on any finding (docs/fuzzing.md).
+    Fuzz {
+        /// CI's short run: 15 s per target, a fixed seed, written to fuzz-smoke.json.
+        #[arg(long)]
+        smoke: bool,
+        /// Seconds per target (default 15 with --smoke, else 300).
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Only these targets (default: every one).
+        targets: Vec<String>,
+    },
     /// A real agent, three pods, a sample policy, a denied flow, counters and a trace (root; builds
     /// the debug `weir` it runs first).
     Demo,
@@ -128,6 +143,16 @@ fn main() -> Result<()> {
             util::step("setup", || setup::run(&ws, true))?;
             util::step("lint", || lint::run(&ws))?;
             util::step("test", || test::run(&ws))?;
+            util::step("fuzz --smoke", || {
+                fuzz::run(
+                    &ws,
+                    &fuzz::Options {
+                        smoke: true,
+                        seconds: None,
+                        only: &[],
+                    },
+                )
+            })?;
             util::step("bench all --smoke --check", || {
                 let opts = bench::Options {
                     smoke: true,
@@ -142,6 +167,18 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Task::Fuzz {
+            smoke,
+            seconds,
+            targets,
+        } => fuzz::run(
+            &ws,
+            &fuzz::Options {
+                smoke,
+                seconds,
+                only: &targets,
+            },
+        ),
         Task::Demo => demo(&ws),
         Task::Bench {
             name,

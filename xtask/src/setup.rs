@@ -33,13 +33,14 @@ pub(crate) fn run(ws: &Path, apt: bool) -> Result<()> {
     let nightly = EbpfBuild::nightly(ws).map_err(anyhow::Error::msg)?;
     ensure_toolchain(&nightly, &["rust-src", "clippy", "rustfmt"])?;
     ensure_bpf_linker(&nightly)?;
+    ensure_cargo_fuzz(&nightly)?;
     ensure_target(&user_toolchain(ws)?, crate::image::MUSL_TARGET)?;
     if apt {
         ensure_apt(APT_PACKAGES)?;
         disable_prometheus_server();
     }
     println!(
-        "setup: toolchains, bpf-linker {BPF_LINKER_VERSION}{} present",
+        "setup: toolchains, bpf-linker {BPF_LINKER_VERSION}, cargo-fuzz{} present",
         if apt { " and Debian packages" } else { "" }
     );
     Ok(())
@@ -147,6 +148,22 @@ fn ensure_bpf_linker(nightly: &str) -> Result<()> {
         bail!("building bpf-linker failed ({status}); see TOOLCHAIN.md for the manual steps");
     }
     Ok(())
+}
+
+/// cargo-fuzz, which `cargo xtask fuzz` runs on the eBPF nightly (libFuzzer's flags need one).
+fn ensure_cargo_fuzz(nightly: &str) -> Result<()> {
+    let version = crate::fuzz::CARGO_FUZZ_VERSION;
+    if util::output("rustup", &["run", nightly, "cargo", "fuzz", "--version"])
+        .is_some_and(|v| v.contains(version))
+    {
+        return Ok(());
+    }
+    println!("setup: installing cargo-fuzz {version}");
+    util::run(
+        Path::new("."),
+        "cargo",
+        &["install", "cargo-fuzz", "--version", version, "--locked"],
+    )
 }
 
 /// Debian's `prometheus` (installed for `promtool`) enables a server listening on every address

@@ -5,7 +5,7 @@ use std::{path::Path, process::Command, time::Instant};
 use anyhow::{Context as _, Result, bail};
 
 /// Runs a step and prints how long it took.
-pub(crate) fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     println!("==> {name}");
     let started = Instant::now();
     let result = f();

@@ -7,7 +7,7 @@ use ipnetwork::IpNetwork;
 use super::{
     AssignArgs, AssignResult, Ipam, Snapshot,
     claim::{Claim, Confirm, affinity_key, block_key},
-    decode, encode,
+    decode, decode_block, encode,
     pools::{find_pool, pool_for_ip},
 };
 use crate::{
@@ -344,7 +344,7 @@ impl<S: Store + Clone> Ipam<S> {
                 // Nothing taken: the decision rested on the block (and the affinity), never on the handle.
                 let mut keep = vec![Write::Keep, Write::Unread, Write::Keep];
                 keep.truncate(cur.len());
-                let mut block: Block = match cur[0].as_deref().map(|v| decode(&bk, v)) {
+                let mut block: Block = match cur[0].as_deref().map(|v| decode_block(&bk, v)) {
                     None => return (keep, Took::Missing),
                     Some(Err(e)) => return (keep, Took::Corrupt(e)),
                     Some(Ok(b)) => b,
@@ -465,7 +465,7 @@ impl<S: Store + Clone> Ipam<S> {
                 .store
                 .read_modify_write(vec![bk, hk], move |cur| {
                     let keep = vec![Write::Keep, Write::Keep];
-                    let mut block: Block = match cur[0].as_deref().map(|v| decode(&bk2, v)) {
+                    let mut block: Block = match cur[0].as_deref().map(|v| decode_block(&bk2, v)) {
                         None => return (keep, Ok(false)),
                         Some(Err(e)) => return (keep, Err(e.into())),
                         Some(Ok(b)) => b,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
     IpamError,
-    model::{IpPool, IpUse, IpamConfig, Reservation},
+    model::{Block, IpPool, IpUse, IpamConfig, Reservation},
     store::{Key, Kind, Store, StoreError},
 };
 
@@ -175,6 +175,22 @@ pub(crate) fn decode<T: DeserializeOwned>(key: &Key, bytes: &[u8]) -> Result<T, 
         key: key.to_string(),
         source,
     })
+}
+
+/// Decodes a block for an operation that changes it, refusing one whose structure is unsound (a free
+/// ordinal out of range, fewer ordinals than its CIDR holds, …): those operations index its ordinals.
+/// Reads keep [`decode`], so that `weir ipam check` can still list such a block's problems.
+pub(crate) fn decode_block(key: &Key, bytes: &[u8]) -> Result<Block, StoreError> {
+    let block: Block = decode(key, bytes)?;
+    match block.problems().into_iter().next() {
+        None => Ok(block),
+        Some(problem) => Err(StoreError::Corrupt {
+            key: key.to_string(),
+            source: serde::de::Error::custom(format!(
+                "{problem}; repair or delete the record (`weir ipam check` lists every problem)"
+            )),
+        }),
+    }
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {

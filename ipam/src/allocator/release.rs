@@ -8,7 +8,7 @@ use std::{
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
-use super::{Ipam, claim::block_key, decode, encode, pools::pool_for_ip};
+use super::{Ipam, claim::block_key, decode, decode_block, encode, pools::pool_for_ip};
 use crate::{
     IpamError, cidr,
     model::{Block, Handle, ReleaseCheck, handle::sanitize},
@@ -124,7 +124,7 @@ impl<S: Store + Clone> Ipam<S> {
                             }),
                         );
                     };
-                    let mut block: Block = match decode(&bk, raw) {
+                    let mut block: Block = match decode_block(&bk, raw) {
                         Ok(b) => b,
                         Err(e) => return (keep, Step::Failed(e.into())),
                     };
@@ -228,7 +228,7 @@ impl<S: Store + Clone> Ipam<S> {
                         Some(Ok(h)) => h,
                     };
                     let mut ips = Vec::new();
-                    let block_write = match cur[0].as_deref().map(|v| decode::<Block>(&bk, v)) {
+                    let block_write = match cur[0].as_deref().map(|v| decode_block(&bk, v)) {
                         None => Write::Keep,
                         Some(Err(e)) => return (keep, Err(e.into())),
                         Some(Ok(mut b)) => {

@@ -443,6 +443,13 @@ impl Block {
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
         let name = self.key_name();
+        let size = cidr::size(&self.cidr);
+        if u128::try_from(self.allocations.len()).ok() != Some(size) {
+            p.push(format!(
+                "block {name}: {} ordinals, but its CIDR holds {size} addresses",
+                self.allocations.len()
+            ));
+        }
         let mut seen = BTreeSet::new();
         for &o in &self.unallocated {
             if !seen.insert(o) {

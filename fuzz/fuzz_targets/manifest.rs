@@ -1,0 +1,4 @@
+//! The `manifest` target: [`fuzz::manifest`].
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzz::manifest(data));
