@@ -75,7 +75,7 @@ pub(crate) fn run(ws: &Path, opts: &Options<'_>) -> Result<()> {
         LONG_SECONDS
     });
     let nightly = EbpfBuild::nightly(ws).map_err(anyhow::Error::msg)?;
-    let bins = util::step("fuzz: build the targets", || build(ws, &nightly))?;
+    let bins = util::step("fuzz: build the targets", || build(ws, &nightly, opts.smoke))?;
     let out = ws.join("target/weir-fuzz");
     let mut results = serde_json::Map::new();
     let mut failed = Vec::new();
@@ -133,7 +133,7 @@ pub(crate) fn run(ws: &Path, opts: &Options<'_>) -> Result<()> {
     if !failed.is_empty() {
         bail!(
             "fuzz targets {failed:?} found inputs that crash or hang (the artifacts above); reproduce one with \
-             `target/x86_64-unknown-linux-gnu/release/TARGET ARTIFACT` and make it a regression test (docs/fuzzing.md)"
+             `target/x86_64-unknown-linux-gnu/release (debug after --smoke)/TARGET ARTIFACT` and make it a regression test (docs/fuzzing.md)"
         );
     }
     Ok(())
@@ -142,8 +142,10 @@ pub(crate) fn run(ws: &Path, opts: &Options<'_>) -> Result<()> {
 /// `cargo fuzz build` on the eBPF nightly: every target, no sanitizer (the code under test is
 /// safe Rust: a panic is the finding, and AddressSanitizer would halve the executions), 16
 /// codegen units (cargo-fuzz's default of one makes the agent's dependencies build for many
-/// minutes). The directory of the built targets.
-fn build(ws: &Path, nightly: &str) -> Result<PathBuf> {
+/// minutes). A smoke run's build is the dev profile (`--dev`: no optimisation, so a fresh clone
+/// in CI builds in a fraction of the release build's time; fewer executions in its short run).
+/// The directory of the built targets.
+fn build(ws: &Path, nightly: &str, dev: bool) -> Result<PathBuf> {
     let version = util::output("rustup", &["run", nightly, "cargo", "fuzz", "--version"])
         .context("cargo-fuzz is not installed: run `cargo xtask setup` (or `cargo install --locked cargo-fuzz`)")?;
     if !version.contains(CARGO_FUZZ_VERSION) {
@@ -155,6 +157,7 @@ fn build(ws: &Path, nightly: &str) -> Result<PathBuf> {
     let status = Command::new("rustup")
         .args(["run", nightly, "cargo", "fuzz", "build"])
         .args(["--sanitizer", "none", "--codegen-units", "16"])
+        .args(dev.then_some("--dev"))
         .current_dir(ws)
         .env_remove("RUSTUP_TOOLCHAIN")
         .status()
@@ -162,7 +165,8 @@ fn build(ws: &Path, nightly: &str) -> Result<PathBuf> {
     if !status.success() {
         bail!("`cargo fuzz build` failed ({status})");
     }
-    Ok(ws.join("target/x86_64-unknown-linux-gnu/release"))
+    let profile = if dev { "debug" } else { "release" };
+    Ok(ws.join("target/x86_64-unknown-linux-gnu").join(profile))
 }
 
 /// Runs one target for `seconds` from its seeds; its figures, its findings (crash, timeout and
