@@ -75,7 +75,9 @@ pub(crate) fn run(ws: &Path, opts: &Options<'_>) -> Result<()> {
         LONG_SECONDS
     });
     let nightly = EbpfBuild::nightly(ws).map_err(anyhow::Error::msg)?;
-    let bins = util::step("fuzz: build the targets", || build(ws, &nightly, opts.smoke))?;
+    let bins = util::step("fuzz: build the targets", || {
+        build(ws, &nightly, opts.smoke)
+    })?;
     let out = ws.join("target/weir-fuzz");
     let mut results = serde_json::Map::new();
     let mut failed = Vec::new();
