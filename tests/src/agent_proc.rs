@@ -267,6 +267,24 @@ impl AgentProcess {
         call_api(&self.socket, method, path, body)
     }
 
+    /// The repairs `weir status` counts for `driver` (`dataplane.repairs`; 0 when none).
+    ///
+    /// # Panics
+    /// The status cannot be read or has no repairs list.
+    #[must_use]
+    pub fn repairs(&self, driver: &str) -> u64 {
+        let status: serde_json::Value = self
+            .api(hyper::Method::GET, "/v1/status", None)
+            .expect("status");
+        status["dataplane"]["repairs"]
+            .as_array()
+            .expect("repairs in the status")
+            .iter()
+            .find(|r| r[0] == driver)
+            .and_then(|r| r[1].as_u64())
+            .unwrap_or(0)
+    }
+
     /// The map ids of the start report, by name.
     #[must_use]
     pub fn map_ids(&self) -> Vec<(String, u64)> {

@@ -17,8 +17,6 @@ use std::{
     time::Duration,
 };
 
-use hyper::Method;
-use serde_json::Value;
 use tests::{
     agent_pod::{Pod, connects, pod},
     agent_proc::{AgentDirs, AgentProcess, metrics_get},
@@ -148,18 +146,6 @@ fn bpftool_map(op: &str, pin: &str, key: &[String], value: Option<&[String]>) {
     );
 }
 
-/// Every `[driver, repairs]` of `weir status`.
-fn repairs(agent: &AgentProcess, driver: &str) -> u64 {
-    let status: Value = agent.api(Method::GET, "/v1/status", None).expect("status");
-    status["dataplane"]["repairs"]
-        .as_array()
-        .expect("repairs in the status")
-        .iter()
-        .find(|r| r[0] == driver)
-        .and_then(|r| r[1].as_u64())
-        .unwrap_or(0)
-}
-
 /// The clsact filters on `dev` in `node`, as `tc filter show` prints them (one hook).
 fn filters(node: &NetNs, dev: &str, hook: &str) -> String {
     String::from_utf8_lossy(
@@ -234,7 +220,7 @@ fn drift_is_repaired_and_tampering_never_admits_the_denied_peer() {
             .is_some_and(|a| a.len() == keys.len())
     });
     expect(&web, &client, &other, true, "policy entries repaired");
-    assert!(repairs(&agent, "policy_v1") >= 1);
+    assert!(agent.repairs("policy_v1") >= 1);
 
     // client's identity entry altered to other's: client is denied meanwhile, then repaired.
     let ident = pin(&root, "ident4_v1");
@@ -249,7 +235,7 @@ fn drift_is_repaired_and_tampering_never_admits_the_denied_peer() {
         || lookup(&ident, &ipv4(&client.ip)),
     );
     expect(&web, &client, &other, true, "identity entry repaired");
-    assert!(repairs(&agent, "ident4_v1") >= 1);
+    assert!(agent.repairs("ident4_v1") >= 1);
 
     // web's endpoint entry deleted: web drops everything meanwhile (unknown endpoint), then repaired.
     let endpoints = pin(&root, "endpoints_v1");
@@ -263,7 +249,7 @@ fn drift_is_repaired_and_tampering_never_admits_the_denied_peer() {
         || lookup(&endpoints, &web_key),
     );
     expect(&web, &client, &other, true, "endpoint entry repaired");
-    assert!(repairs(&agent, "endpoints_v1") >= 1);
+    assert!(agent.repairs("endpoints_v1") >= 1);
 
     // The policy map's pin removed: the agent pins the map it holds open again (the same map).
     let id = bpftool(&["map", "show", "pinned", &policy])["id"]
@@ -312,12 +298,12 @@ fn drift_is_repaired_and_tampering_never_admits_the_denied_peer() {
         filters(&node, &web.host, "egress").contains("to_endpoint")
     });
     expect(&web, &client, &other, true, "filter repaired");
-    assert_eq!(repairs(&agent, "tc-attachments"), 1);
+    assert_eq!(agent.repairs("tc-attachments"), 1);
     node.exec(&["tc", "qdisc", "del", "dev", &web.host, "clsact"]);
     wait::until("web's qdisc and both filters are back", REPAIRED, || {
         both_programs(&node, &web.host)
     });
     expect(&web, &client, &other, true, "qdisc repaired");
-    assert_eq!(repairs(&agent, "tc-attachments"), 3);
+    assert_eq!(agent.repairs("tc-attachments"), 3);
     assert!(agent.terminate().success());
 }

@@ -768,20 +768,7 @@ fn scenario(mode: Mode) {
 
 /// `weir status`'s repairs of `driver` on `node` (`dataplane.repairs`).
 fn repairs(node: &Node, driver: &str) -> u64 {
-    let status: Value = node
-        .cni
-        .agent
-        .as_ref()
-        .expect("running")
-        .api(Method::GET, "/v1/status", None)
-        .expect("status");
-    status["dataplane"]["repairs"]
-        .as_array()
-        .expect("repairs in the status")
-        .iter()
-        .find(|r| r[0] == driver)
-        .and_then(|r| r[1].as_u64())
-        .unwrap_or(0)
+    node.cni.agent.as_ref().expect("running").repairs(driver)
 }
 
 /// Node 1 (no periodic refresh) repairs, from the kernel's deletion events alone, one of its routes deleted
