@@ -211,10 +211,23 @@ fn check(sources: &[(String, String)], allowed: &[(&str, &str, &str)]) -> Result
             .with_context(|| format!("the layer lint cannot parse {AGENT_SRC}/{rel}"))?;
         parsed.push((rel.as_str(), file));
     }
-    let test_files: Vec<String> = parsed
+    // The modules declared under `#[cfg(test)]`, and (to a fixed point) every module a test file declares.
+    let mut test_files: Vec<String> = parsed
         .iter()
-        .flat_map(|(rel, file)| test_modules(rel, file))
+        .flat_map(|(rel, file)| test_modules(rel, file, false))
         .collect();
+    loop {
+        let more: Vec<String> = parsed
+            .iter()
+            .filter(|(rel, _)| test_files.iter().any(|t| rel.starts_with(t.as_str())))
+            .flat_map(|(rel, file)| test_modules(rel, file, true))
+            .filter(|m| !test_files.contains(m))
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        test_files.extend(more);
+    }
     let is_test = |rel: &str| test_files.iter().any(|t| rel.starts_with(t.as_str()));
 
     let mut problems = Vec::new();
@@ -289,8 +302,8 @@ fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
 }
 
 /// The files (paths under `agent/src/`, or folder prefixes ending in `/`) of the modules `file` declares
-/// under `#[cfg(test)]`.
-fn test_modules(rel: &str, file: &syn::File) -> Vec<String> {
+/// under `#[cfg(test)]` (`all`: every module it declares, for a file that is test code itself).
+fn test_modules(rel: &str, file: &syn::File, all: bool) -> Vec<String> {
     let (dir, stem) = match rel.rsplit_once('/') {
         Some((dir, name)) => (format!("{dir}/"), name.trim_end_matches(".rs")),
         None => (String::new(), rel.trim_end_matches(".rs")),
@@ -303,7 +316,7 @@ fn test_modules(rel: &str, file: &syn::File) -> Vec<String> {
     let mut out = Vec::new();
     for item in &file.items {
         let syn::Item::Mod(m) = item else { continue };
-        if m.content.is_some() || !is_cfg_test(&m.attrs) {
+        if m.content.is_some() || !(all || is_cfg_test(&m.attrs)) {
             continue;
         }
         let path_attr = m.attrs.iter().find_map(|a| match &a.meta {
@@ -553,9 +566,13 @@ mod tests {
                  #[cfg(test)]\nmod inline { use crate::api::server; }\n#[cfg(any(test, feature = \"testing\"))]\n\
                  pub mod testkit;\n",
             ),
-            ("calc/equivalence.rs", "use crate::control::node::Node;\n"),
             ("calc/x_tests.rs", "use crate::observe::trace;\n"),
             ("calc/testkit.rs", "use crate::control::node::Node;\n"),
+            (
+                "calc/equivalence.rs",
+                "#[path = \"eq_more.rs\"]\nmod more;\nuse crate::control::node::Node;\n",
+            ),
+            ("calc/eq_more.rs", "use crate::api::server;\n"),
         ]);
         let problems = check(&sources, &[]).expect("parses");
         assert_eq!(
