@@ -19,7 +19,7 @@ use std::{
 };
 
 use tokio::sync::{mpsc, oneshot, watch};
-use weir_api::EndpointView;
+use weir_api::{Endpoint, EndpointView};
 
 use crate::{
     calc::policy::{delta::Delta, load::PolicyFileError, model::PolicySet},
@@ -29,7 +29,6 @@ use crate::{
     },
     kernel::LinkEvent,
     observe::trace::{TraceRequest, TraceResult},
-    sources::registry::Endpoint,
 };
 
 #[cfg(test)]
@@ -345,7 +344,7 @@ struct DataplaneLoop {
     /// When every driver next reads its kernel state back (`--refresh-interval`).
     refresh_at: Option<Instant>,
     /// Apply durations and the sources' sync state, for `/metrics`.
-    measured: crate::observe::metrics_server::LoopMeasures,
+    measured: crate::control::snapshot::LoopMeasures,
 }
 
 impl DataplaneLoop {
