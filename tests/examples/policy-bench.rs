@@ -1,8 +1,8 @@
 //! `cargo xtask bench policy`: the calculation and the dataplane loop on the real kernel maps,
-//! in process (issue 10's benchmark). The maps are the agent's own, created and pinned by its
-//! loader under a `wt*` pin root of the benchmark's (removed at the end); there are no veths (the
-//! attachment driver sees every link in place), so what is measured is sources → calculation →
-//! map drivers → kernel maps.
+//! in process (issue 10's benchmark; `tests::bench_node`). The maps are the agent's own, created and
+//! pinned by its loader under a `wt*` pin root of the benchmark's (removed at the end); there are no
+//! veths (the attachment driver sees every link in place), so what is measured is sources →
+//! calculation → map drivers → kernel maps.
 //! - full compute: 1,000 endpoints in 50 namespaces and 500 NetworkPolicies (selectors over pod
 //!   and namespace labels, ports and ranges, CIDRs with exceptions), from the registry and policy
 //!   files on disk to every entry in the kernel maps, from empty maps;
@@ -16,10 +16,9 @@
 //!   that source runs, the compute-only part: the directory parsed outside the clock, then from the
 //!   source's command (`Command::Policies`) to the kernel (`policy_compute_*`), and the parse alone
 //!   (`policy_reload_parse_p50_ms`);
-//! - `GET /v1/status` over the real unix socket while the loop converges 10,000 endpoints;
-//! - then the drift refresh over those maps (issue 39): every driver reads its kernel state back
-//!   (`refresh_full_ms`: CPU per refresh) and `refresh_cpu_pct`, that CPU over the agent's default
-//!   10 s interval, as a share of one core.
+//! - `GET /v1/status` over the real unix socket while the loop converges 10,000 endpoints.
+//!
+//! The drift refresh's cost over the same kind of node is `cargo xtask bench datapath`'s.
 //!
 //! Prints a table and writes the JSON given by `--out`. `--smoke`: small sizes, few rounds.
 
@@ -40,113 +39,18 @@ use agent::{
         types::Status,
     },
     calc::{ipam_service::IpamService, reference},
-    control::{
-        applier::{self, Command, LoopHandle},
-        node::Node,
-    },
-    dataplane::{
-        attachments::{AttachDriver, Attacher, Hook},
-        endpoints::EndpointsManager,
-        map_driver::MapDriver,
-        plane::Dataplane,
-    },
-    kernel::{KernelError, LinkEvent, PinnedHash, PinnedLpm, real::programs::Programs},
+    control::applier::{Command, LoopHandle},
     paths::Paths,
     sources::policy_dir,
     synthetic::{self, Sizes},
 };
 use anyhow::{Context as _, Result};
 use serde_json::json;
-use tests::{agent_proc::AgentDirs, bpf::PinRoot};
-
-/// Every workload link already runs the programs (the benchmark has no veths).
-struct LinksInPlace;
-
-impl Attacher for LinksInPlace {
-    fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
-        Ok(Vec::new())
-    }
-    fn has_pin(&self, _: &str, _: &str) -> bool {
-        false
-    }
-    fn hook(
-        &mut self,
-        _: &str,
-        _: u32,
-        _: &str,
-        _: aya::programs::TcAttachType,
-    ) -> Result<Hook, KernelError> {
-        Ok(Hook {
-            ours: Some(1),
-            leftovers: false,
-        })
-    }
-    fn current(&self, _: &str) -> u32 {
-        1
-    }
-    fn link_exists(&self, _: &str, _: u32) -> bool {
-        true
-    }
-    fn attach(
-        &mut self,
-        _: &str,
-        _: u32,
-        _: &str,
-        _: aya::programs::TcAttachType,
-    ) -> Result<(), KernelError> {
-        Ok(())
-    }
-    fn update(
-        &mut self,
-        _: &str,
-        _: u32,
-        _: &str,
-        _: aya::programs::TcAttachType,
-    ) -> Result<(), KernelError> {
-        Ok(())
-    }
-    fn sweep(
-        &mut self,
-        _: &str,
-        _: u32,
-        _: &str,
-        _: aya::programs::TcAttachType,
-    ) -> Result<u64, KernelError> {
-        Ok(0)
-    }
-    fn unpin(&mut self, _: &str, _: &str) -> Result<(), KernelError> {
-        Ok(())
-    }
-}
-
-/// The agent's maps, created and pinned by its loader under `paths.bpf_root`.
-fn dataplane(paths: &Paths) -> Result<Dataplane> {
-    use maps_schema::maps::{ENDPOINTS, IDENT4, IDENT6, IPCACHE4, IPCACHE6, POLICY};
-    drop(Programs::load(paths, agent::EBPF_OBJECT, &[])?);
-    let pin = |n: &str| paths.map_pin(n);
-    Ok(Dataplane {
-        attachments: AttachDriver::new(Box::new(LinksInPlace)),
-        endpoints: MapDriver::new(Box::new(PinnedHash::open(ENDPOINTS, &pin(ENDPOINTS))?)),
-        endpoints_manager: EndpointsManager::new(),
-        ident4: MapDriver::new(Box::new(PinnedHash::open(IDENT4, &pin(IDENT4))?)),
-        ident6: MapDriver::new(Box::new(PinnedHash::open(IDENT6, &pin(IDENT6))?)),
-        ipcache4: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE4, &pin(IPCACHE4))?)),
-        ipcache6: MapDriver::new(Box::new(PinnedLpm::open(IPCACHE6, &pin(IPCACHE6))?)),
-        policy: MapDriver::new(Box::new(PinnedHash::open(POLICY, &pin(POLICY))?)),
-        services: agent::dataplane::services::ServiceMaps::open(paths)?,
-    })
-}
-
-fn links(sizes: Sizes) -> BTreeMap<String, u32> {
-    (0..sizes.endpoints)
-        .map(|i| {
-            (
-                synthetic::host_ifname(i),
-                1_000_000 + u32::try_from(i).unwrap_or(0),
-            )
-        })
-        .collect()
-}
+use tests::{
+    agent_proc::AgentDirs,
+    bench_node::{feed_links, links, open, wait},
+    bpf::PinRoot,
+};
 
 /// Kernel writes and deletes of every map driver so far.
 fn writes(handle: &LoopHandle) -> u64 {
@@ -161,58 +65,6 @@ fn writes_in(snapshot: &agent::control::snapshot::Snapshot) -> u64 {
         .iter()
         .map(|(_, s)| s.writes + s.deletes)
         .sum()
-}
-
-async fn wait(
-    handle: &LoopHandle,
-    what: &str,
-    ok: impl Fn(&agent::control::snapshot::Snapshot) -> bool,
-) -> Result<()> {
-    let mut rx = handle.subscribe();
-    tokio::time::timeout(Duration::from_secs(300), rx.wait_for(|s| ok(s)))
-        .await
-        .with_context(|| {
-            format!(
-                "{what}: not within 300 s; the loop reports {:?}",
-                handle.snapshot().applied
-            )
-        })?
-        .with_context(|| format!("{what}: the loop stopped"))?;
-    Ok(())
-}
-
-/// Opens the node over fresh maps and starts the loop; returns the program load time too.
-fn open(paths: &Paths) -> Result<(LoopHandle, std::thread::JoinHandle<()>, f64)> {
-    open_refreshing(paths, None)
-}
-
-/// [`open`] with the loop's periodic refresh (`--refresh-interval`) every `refresh`.
-fn open_refreshing(
-    paths: &Paths,
-    refresh: Option<Duration>,
-) -> Result<(LoopHandle, std::thread::JoinHandle<()>, f64)> {
-    let t = Instant::now();
-    let dataplane = dataplane(paths)?;
-    let load = t.elapsed().as_secs_f64();
-    let (set, errors) = agent::calc::policy::load::load_dir(&paths.policy_dir);
-    anyhow::ensure!(errors.is_empty(), "bench policy refused: {errors:?}");
-    let mut node = Node::open(paths, dataplane, set, Vec::new())?;
-    node.set_refresh_interval(refresh);
-    let (handle, thread) = applier::spawn(node)?;
-    Ok((handle, thread, load))
-}
-
-/// Sends every link and `Synced`, as the link watcher's first dump does.
-fn feed_links(handle: &LoopHandle, links: &BTreeMap<String, u32>) -> Result<()> {
-    for (ifname, ifindex) in links {
-        handle.send(Command::Link(LinkEvent::Up {
-            ifname: ifname.clone(),
-            ifindex: *ifindex,
-            up: true,
-        }))?;
-    }
-    handle.send(Command::Link(LinkEvent::Synced))?;
-    Ok(())
 }
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
@@ -417,51 +269,8 @@ async fn edits_through_source(
     Ok((ms, most_writes, most_expected))
 }
 
-/// The interval the converge phase's loop refreshes at (the agent's default is
-/// [`DEFAULT_REFRESH_S`]): short, so that [`REFRESHES`] refreshes take seconds.
-const BENCH_REFRESH: Duration = Duration::from_secs(1);
-/// The agent's default `--refresh-interval` (seconds), which `refresh_cpu_pct` is taken against.
-const DEFAULT_REFRESH_S: f64 = 10.0;
-/// Refreshes timed.
-const REFRESHES: u64 = 5;
-
-/// This process's CPU time (user and system, every thread), in ms.
-fn cpu_ms() -> f64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-        usage.assume_init()
-    };
-    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
-    ms(usage.ru_utime) + ms(usage.ru_stime)
-}
-
-/// The loop's periodic refresh over a converged node, idle otherwise: the CPU (ms) this
-/// process spends per refresh (every driver reading its kernel state back, then the apply that
-/// repairs nothing), over [`REFRESHES`] refreshes; idle time in the window counts too (an upper
-/// bound). Fails when a refresh repairs anything (nothing changed the maps from outside).
-async fn refresh_cost(handle: &LoopHandle) -> Result<f64> {
-    let refreshes = |s: &agent::control::snapshot::Snapshot| s.measured.refreshes;
-    let first = refreshes(&handle.snapshot()) + 1;
-    wait(handle, "a first refresh", |s| refreshes(s) >= first).await?;
-    let cpu = cpu_ms();
-    wait(handle, "the timed refreshes", |s| {
-        refreshes(s) >= first + REFRESHES
-    })
-    .await?;
-    let per_refresh = (cpu_ms() - cpu) / REFRESHES as f64;
-    let repairs: u64 = handle.snapshot().stats.repairs.iter().map(|(_, n)| n).sum();
-    anyhow::ensure!(
-        repairs == 0,
-        "the refresh repaired {repairs} entries nothing had changed"
-    );
-    Ok(per_refresh)
-}
-
-/// `GET /v1/status` latencies over the real socket while the loop converges `sizes`; then the
-/// refresh's cost over the converged maps ([`refresh_cost`]).
-async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize, f64)> {
+/// `GET /v1/status` latencies over the real socket while the loop converges `sizes`.
+async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize)> {
     let root = PinRoot::new();
     let dirs = AgentDirs::new();
     let mut paths = root.paths();
@@ -470,7 +279,7 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize, f
     paths.api_socket = dirs.path("weir.sock");
     synthetic::write(&paths, sizes)?;
     let links = links(sizes);
-    let (handle, thread, _) = open_refreshing(&paths, Some(BENCH_REFRESH))?;
+    let (handle, thread, _) = open(&paths, None)?;
     let ipam = IpamService::open(
         &format!("embedded:{}", dirs.path("ipam.redb").display()),
         "wt-bench",
@@ -541,10 +350,9 @@ async fn status_during_converge(sizes: Sizes) -> Result<(Vec<f64>, f64, usize, f
         .map(|(_, s)| s.writes)
         .sum::<u64>();
     server.abort();
-    let refresh_ms = refresh_cost(&handle).await?;
     handle.stop();
     let _joined = thread.join();
-    Ok((ms, converge_s, usize::try_from(entries)?, refresh_ms))
+    Ok((ms, converge_s, usize::try_from(entries)?))
 }
 
 async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
@@ -573,7 +381,7 @@ async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
     synthetic::write(&paths, sizes)?;
     let links = links(sizes);
     let t = Instant::now();
-    let (handle, thread, load_s) = open(&paths)?;
+    let (handle, thread, load_s) = open(&paths, None)?;
     feed_links(&handle, &links)?;
     wait(&handle, "full compute", |s| s.applied.ready).await?;
     let full_s = t.elapsed().as_secs_f64() - load_s;
@@ -607,7 +415,7 @@ async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
             policies: 50,
         }
     };
-    let (status_ms, converge_s, converge_entries, refresh_ms) = status_during_converge(big).await?;
+    let (status_ms, converge_s, converge_entries) = status_during_converge(big).await?;
 
     Ok(HashMap::from([
         ("smoke", json!(smoke)),
@@ -658,11 +466,6 @@ async fn run(smoke: bool) -> Result<HashMap<&'static str, serde_json::Value>> {
         ("converge_endpoints", json!(big.endpoints)),
         ("converge_entries", json!(converge_entries)),
         ("converge_s", json!(converge_s)),
-        ("refresh_full_ms", json!(refresh_ms)),
-        (
-            "refresh_cpu_pct",
-            json!(refresh_ms / (DEFAULT_REFRESH_S * 1e3) * 100.0),
-        ),
         ("status_samples_during_converge", json!(status_ms.len())),
         (
             "status_p50_ms_during_converge",
@@ -719,8 +522,6 @@ fn main() -> Result<()> {
         ("converge_endpoints", ""),
         ("converge_entries", ""),
         ("converge_s", ""),
-        ("refresh_full_ms", ""),
-        ("refresh_cpu_pct", "<= 1 %"),
         ("status_samples_during_converge", ""),
         ("status_p50_ms_during_converge", ""),
         ("status_p99_ms_during_converge", "<= 50 ms"),

@@ -26,6 +26,7 @@
 //! - `netfilter`: read-only snapshots of a namespace's iptables and nftables rules, compared.
 //! - `svc_maps`: ClusterIP services written into a loaded object's service maps (tests, bench).
 //! - `bench_net`: pieces the traffic benchmarks share (pod plumbing, CPU pinning, rule loading).
+//! - `bench_node`: the agent's dataplane loop in process over its real maps, links in place (benchmarks).
 //! - `prefilter`: the XDP prefilter tests' wire (sources, target) and datagrams counted by source.
 //! - `dpmodel`, `differential`: a model of the endpoint programs and the differential test's
 //!   generators, kernel side and shrinking.
@@ -35,6 +36,7 @@
 pub mod agent_pod;
 pub mod agent_proc;
 pub mod bench_net;
+pub mod bench_node;
 pub mod bin;
 pub mod bpf;
 pub mod cgroup;

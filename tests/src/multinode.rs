@@ -65,6 +65,44 @@ impl Node {
         nodes.as_array().cloned().unwrap_or_default()
     }
 
+    /// `weir node list` (the table) and `/metrics` on this node show `name` as silent: `health` `silent` with
+    /// its last-seen age, `weir_nodes{health="silent"} 1` and `weir_node_silent_seconds{node=…}`.
+    pub fn shows_silent(&self, name: &str) {
+        let socket = self.cni.socket();
+        let out = self.cni.ns.exec(&[
+            crate::bin::weir().to_str().expect("utf-8 path"),
+            "node",
+            "list",
+            "--api-socket",
+            socket.to_str().expect("utf-8 path"),
+        ]);
+        let table = String::from_utf8_lossy(&out.stdout);
+        let row: Vec<&str> = table
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("weir node list has no {name}:\n{table}"))
+            .split_whitespace()
+            .collect();
+        assert_eq!(row[2], "silent", "{table}");
+        assert!(row[3].ends_with('s') && row[4] == "ago", "{table}");
+        let metrics = self
+            .cni
+            .ns
+            .run(|| crate::agent_proc::metrics_get("/metrics"));
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == r#"weir_nodes{health="silent"} 1"#),
+            "{metrics}"
+        );
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(&format!(r#"weir_node_silent_seconds{{node="{name}"}} "#))),
+            "{metrics}"
+        );
+    }
+
     /// The blocks this node reports for itself (`GET /v1/nodes`).
     #[must_use]
     pub fn own_blocks(&self) -> BTreeSet<String> {

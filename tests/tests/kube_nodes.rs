@@ -14,8 +14,9 @@
 //!   which it did not while B's Node existed (nor would `weir ipam release-node --node-objects` free them
 //!   then, while it releases a node that has no Node); re-adding it restores the routes;
 //! - B not Ready for a moment keeps its routes; not Ready for longer than `--node-expiry` it is silent
-//!   (`health: silent`) and still keeps them, its pod still reached (fail static: routes follow the Node
-//!   object, not its readiness); Ready again, it is alive.
+//!   (`health: silent` in `GET /v1/nodes` and `weir node list`, `weir_nodes{health="silent"}` in `/metrics`)
+//!   and still keeps them, its pod still reached (fail static: routes follow the Node object, not its
+//!   readiness); Ready again, it is alive.
 //!
 //! And the same cluster with `--routing vxlan` (a second test, leaner): each node has the VXLAN device with
 //! a permanent forwarding and neighbour entry for the other Node's InternalIP and routes its blocks through
@@ -522,6 +523,8 @@ fn node_objects_route_each_nodes_blocks_and_their_deletion_sweeps_them() {
         expected_routes(cluster.node(1)),
         "a silent Node keeps its routes while it exists"
     );
+    // And the operator sees it: `weir node list` and `/metrics` on A.
+    cluster.node(0).shows_silent(b_name);
     assert!(
         connects(client, &web),
         "A's client reaches the silent B's web"

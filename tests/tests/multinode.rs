@@ -679,7 +679,7 @@ fn scenario(mode: Mode) {
         assert!(!entries_with_it[0].0.is_empty(), "nothing to compare");
     }
     silent_node_is_reached(&cluster, 2);
-    silent_shows_in_node_list_and_metrics(cluster.node(0), &gone);
+    cluster.node(0).shows_silent(&gone);
 
     // Then it is removed, and the others withdraw its routes and VXLAN entries. Native mode: its record is
     // deleted (and `weir ipam check` reports its blocks until `weir ipam release-node` frees them); vxlan
@@ -900,43 +900,6 @@ fn silent_node_is_reached(cluster: &Cluster, silent: usize) {
         "{} silent: {} pairs to and from its pods connect",
         node(silent).name,
         pairs.len()
-    );
-}
-
-/// `weir node list` (the table) and `/metrics` on `node` show `name` as silent.
-fn silent_shows_in_node_list_and_metrics(node: &Node, name: &str) {
-    let socket = node.cni.socket();
-    let out = node.cni.ns.exec(&[
-        bin::weir().to_str().expect("utf-8 path"),
-        "node",
-        "list",
-        "--api-socket",
-        socket.to_str().expect("utf-8 path"),
-    ]);
-    let table = String::from_utf8_lossy(&out.stdout);
-    let row: Vec<&str> = table
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("weir node list has no {name}:\n{table}"))
-        .split_whitespace()
-        .collect();
-    assert_eq!(row[2], "silent", "{table}");
-    assert!(row[3].ends_with('s') && row[4] == "ago", "{table}");
-    let metrics = node
-        .cni
-        .ns
-        .run(|| tests::agent_proc::metrics_get("/metrics"));
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == r#"weir_nodes{health="silent"} 1"#),
-        "{metrics}"
-    );
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with(&format!(r#"weir_node_silent_seconds{{node="{name}"}} "#))),
-        "{metrics}"
     );
 }
 

@@ -5,7 +5,8 @@
 //! routes are checked from outside with `ip -d link`, `bridge fdb`, `ip neigh` and `ip route`; a driver
 //! restarted over unchanged state writes nothing (same ifindex); a removed node is swept; native mode then
 //! removes the device and routes via the node addresses. A forwarding entry deleted from outside (`bridge fdb
-//! del`) is heard by the agent's link watcher (`RTM_DELNEIGH`), put back and counted as a repair.
+//! del`) is heard by the agent's link watcher (`RTM_DELNEIGH`), put back and counted as a repair; so is a
+//! permanent neighbour entry deleted with `ip neigh del` (which the kernel announces in state `FAILED`).
 
 use std::{
     io::{Read as _, Write as _},
@@ -287,9 +288,10 @@ fn vxlan_mode_carries_pod_traffic_between_nodes_and_a_restart_writes_nothing() {
 }
 
 #[test]
-fn a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair() {
+fn a_forwarding_or_neighbour_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair()
+{
     if !require_root(
-        "a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair",
+        "a_forwarding_or_neighbour_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_repair",
     ) {
         return;
     }
@@ -308,7 +310,9 @@ fn a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_re
     };
     let (mode, remotes) = (mode(&device, a), remotes(&lab, 0));
     let b_address = b.address.to_string();
-    let (drift, (routes, vxlan), fdb_gone) = a.ns.run(|| {
+    let b_vtep = b.vtep.to_string();
+    let neighbour = format!("{} lladdr {b_mac} PERMANENT", b.vtep);
+    let (drift, (routes, vxlan), fdb_gone, neigh) = a.ns.run(|| {
         // The agent's link watcher and the drivers in sync, all in node a.
         let mut watch = DriftWatch::open();
         let mut d = NodeRoutes::new(
@@ -333,7 +337,30 @@ fn a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_re
         d.resync();
         d.apply().expect("apply");
         let (r, v) = d.stats();
-        (drift, (r.repairs, v.repairs), fdb_gone)
+        // The neighbour entry, deleted as an operator would: heard too, and put back by the read-back.
+        let shown = || {
+            let o = std::process::Command::new("ip")
+                .args(["neigh", "show", "dev", &device])
+                .output()
+                .expect("ip");
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let neigh_before = shown();
+        run_here(&["ip", "neigh", "del", &b_vtep, "dev", &device]);
+        let neigh_gone = shown();
+        let neigh_heard = watch.next_drift(Duration::from_secs(10));
+        d.resync();
+        d.apply().expect("apply");
+        let neigh_repairs = d.stats().1.repairs - v.repairs;
+        (
+            drift,
+            (r.repairs, v.repairs),
+            fdb_gone,
+            (neigh_before, neigh_gone, neigh_heard, neigh_repairs),
+        )
     });
     assert!(fdb_gone, "the entry was deleted (the precondition)");
     assert_eq!(
@@ -355,5 +382,31 @@ fn a_forwarding_entry_deleted_from_outside_is_heard_put_back_and_counted_as_a_re
             .collect::<Vec<_>>(),
         vec![entry],
         "the entry is back"
+    );
+
+    let (neigh_before, neigh_gone, neigh_heard, neigh_repairs) = neigh;
+    assert_eq!(
+        neigh_before, neighbour,
+        "the neighbour entry is there first"
+    );
+    assert_eq!(
+        neigh_gone, "",
+        "the neighbour entry was deleted (the precondition)"
+    );
+    assert_eq!(
+        neigh_heard,
+        Some(Drift::Neighbour {
+            ifindex: a.ns.ifindex(&lab.device)
+        }),
+        "the neighbour entry's deletion is heard"
+    );
+    assert_eq!(
+        neigh_repairs, 1,
+        "one more repair, counted by the VXLAN driver"
+    );
+    assert_eq!(
+        out(&a.ns, &["ip", "neigh", "show", "dev", &lab.device]),
+        neighbour,
+        "the neighbour entry is back"
     );
 }

@@ -1,5 +1,6 @@
 //! `weir node list [-o json]`: the cluster's nodes as this node's agent knows them (`GET /v1/nodes`), each
-//! with its source, health, routes, addresses and blocks. A `silent` node has not been heard from within
+//! with its source, health, routes, addresses and blocks; without node records (a node-local datastore), one
+//! line that says so. A `silent` node has not been heard from within
 //! its expiry: its routes stay while its record exists (fail static), and the table says for how long.
 
 use anyhow::Result;
@@ -37,9 +38,24 @@ fn list(common: &Common) -> Result<()> {
     match common.output {
         Output::Json => print_json(&nodes),
         Output::Table => {
-            print!("{}", table(&nodes));
+            print!("{}", list_text(&nodes));
             Ok(())
         }
+    }
+}
+
+/// What `weir node list` prints without node records.
+pub const NO_RECORDS: &str = "no node records: this agent keeps none with a node-local datastore (the default \
+    embedded one; node records, routes to other nodes and their health come with a shared datastore: \
+    `--datastore etcd:URL`, or `--datastore kubernetes` with `--source kubernetes`), or it has not read them yet";
+
+/// `weir node list`'s table, or [`NO_RECORDS`] when there are no nodes.
+#[must_use]
+pub fn list_text(nodes: &[NodeStatus]) -> String {
+    if nodes.is_empty() {
+        format!("{NO_RECORDS}\n")
+    } else {
+        table(nodes)
     }
 }
 
@@ -106,5 +122,23 @@ mod tests {
             "{text}"
         );
         assert!(table(&[]).is_empty());
+        assert_eq!(
+            list_text(&[node("a", "local", None)]),
+            table(&[node("a", "local", None)])
+        );
+    }
+
+    #[test]
+    fn the_list_without_node_records_says_so_and_why() {
+        let text = list_text(&[]);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.starts_with("no node records: "), "{text}");
+        for why in [
+            "node-local datastore",
+            "--datastore etcd:URL",
+            "--source kubernetes",
+        ] {
+            assert!(text.contains(why), "{why:?} not in {text}");
+        }
     }
 }

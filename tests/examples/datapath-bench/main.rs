@@ -4,11 +4,16 @@
 //!   at 10 / 1,000 / 10,000 endpoints × 100 / 10,000 / 100,000 policy entries, 100,000 conntrack
 //!   entries present;
 //! - `traffic`: the added per-packet cost of weir, iptables-nft and iptables-legacy (flat
-//!   per-endpoint chains) on real UDP traffic between namespaces, over no filtering.
+//!   per-endpoint chains) on real UDP traffic between namespaces, over no filtering;
+//! - `refresh`: the drift refresh's CPU over the agent's real maps at 10,000 endpoints and at least
+//!   100,000 policy entries (issue 39);
+//! - `differential`: the datapath against its model, 1,000,000 seeded cases (issue 39).
 //!
-//! Usage (root): `datapath-bench --object PATH --out PATH [--smoke] [--only testrun|traffic]`.
-//! Writes one flat JSON object.
+//! Usage (root): `datapath-bench --object PATH --out PATH [--smoke]
+//! [--only testrun|traffic|refresh|differential]`. Writes one flat JSON object.
 
+mod differential;
+mod refresh;
 mod testrun;
 mod traffic;
 
@@ -28,6 +33,9 @@ pub struct Sizes {
     pub traffic_packets: usize,
     pub traffic_runs: usize,
     pub traffic_endpoints: usize,
+    /// The synthetic node the drift refresh runs over.
+    pub refresh: agent::synthetic::Sizes,
+    pub differential_cases: u64,
 }
 
 const FULL: Sizes = Sizes {
@@ -40,6 +48,12 @@ const FULL: Sizes = Sizes {
     traffic_packets: 1_000_000,
     traffic_runs: 5,
     traffic_endpoints: 1_000,
+    refresh: agent::synthetic::Sizes {
+        endpoints: 10_000,
+        namespaces: 50,
+        policies: 50,
+    },
+    differential_cases: 1_000_000,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -52,6 +66,12 @@ const SMOKE: Sizes = Sizes {
     traffic_packets: 20_000,
     traffic_runs: 2,
     traffic_endpoints: 100,
+    refresh: agent::synthetic::Sizes {
+        endpoints: 200,
+        namespaces: 10,
+        policies: 20,
+    },
+    differential_cases: 10_000,
 };
 
 pub fn main() -> Result<()> {
@@ -68,7 +88,7 @@ pub fn main() -> Result<()> {
             "--only" => only = args.next(),
             other => bail!(
                 "unknown argument {other:?}; usage: --object PATH --out PATH [--smoke] \
-                 [--only testrun|traffic]"
+                 [--only testrun|traffic|refresh|differential]"
             ),
         }
     }
@@ -85,18 +105,25 @@ pub fn main() -> Result<()> {
     let buf =
         unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len()) };
     buf.copy_from_slice(&bytes);
-    let (testrun, traffic) = match only.as_deref() {
-        None => (true, true),
-        Some("testrun") => (true, false),
-        Some("traffic") => (false, true),
-        Some(other) => bail!("--only {other:?}: choose `testrun` or `traffic`"),
-    };
+    const PARTS: [&str; 4] = ["testrun", "traffic", "refresh", "differential"];
+    if let Some(part) = only.as_deref()
+        && !PARTS.contains(&part)
+    {
+        bail!("--only {part:?}: choose one of {PARTS:?}");
+    }
+    let runs = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let mut figures = BTreeMap::new();
-    if testrun {
+    if runs("testrun") {
         testrun::run(buf, sizes, &mut figures)?;
     }
-    if traffic {
+    if runs("traffic") {
         traffic::run(buf, sizes, &mut figures)?;
+    }
+    if runs("refresh") {
+        refresh::run(sizes, !smoke, &mut figures)?;
+    }
+    if runs("differential") {
+        differential::run(sizes, &mut figures)?;
     }
     figures.insert("smoke".to_owned(), serde_json::json!(smoke));
     std::fs::write(&out, serde_json::to_string_pretty(&figures)?)

@@ -1,7 +1,8 @@
-//! `cargo xtask bench datapath [--smoke] [--only testrun|traffic]`: builds the `bench` variant of the eBPF object (with the
-//! empty `wt_empty` tc program, the floor), runs the `datapath-bench` example of the tests crate
-//! (root: it loads programs and builds namespaces), prints a table and writes
-//! `target/weir-bench/datapath.json`.
+//! `cargo xtask bench datapath [--smoke] [--only testrun|traffic|refresh|differential]`: builds the `bench`
+//! variant of the eBPF object (with the empty `wt_empty` tc program, the floor), runs the `datapath-bench`
+//! example of the tests crate (root: it loads programs and builds namespaces), prints a table and writes
+//! `target/weir-bench/datapath.json`. Besides the per-packet cost: the drift refresh's cost over the
+//! agent's real maps (`refresh_*`) and the datapath against its model (`differential_*`, issue 39).
 
 use std::{path::Path, process::Command};
 
@@ -44,6 +45,53 @@ pub(crate) const TARGETS: &[Target] = &[
         "BENCHMARKS.md: Datapath",
     )
     .any_sign(),
+    Target::full(
+        "refresh_cpu_pct",
+        Cmp::Le,
+        1.0,
+        "the drift refresh over 10,000 endpoints and 100,000 policy entries takes at most 1% of one core at \
+         the default 10 s interval",
+        "issue 39: Benchmark",
+    ),
+    Target::full(
+        "refresh_control_repairs",
+        Cmp::Ge,
+        1.0,
+        "the refresh reads the maps back: a policy entry deleted from outside is repaired (positive control)",
+        "issue 39: Drift repair",
+    )
+    .always(),
+    Target::full(
+        "differential_mismatches",
+        Cmp::Le,
+        0.0,
+        "the datapath and its model agree on every seeded case",
+        "issue 39: The datapath against its model",
+    )
+    .always(),
+    Target::full(
+        "differential_cases",
+        Cmp::Ge,
+        1_000_000.0,
+        "a full run compares at least 1,000,000 cases",
+        "issue 39: Benchmark",
+    ),
+    Target::full(
+        "differential_control_caught",
+        Cmp::Ge,
+        1.0,
+        "a model without the kernel's endpoints is caught disagreeing (positive control)",
+        "docs/differential.md",
+    )
+    .always(),
+    Target::full(
+        "differential_classes_missing",
+        Cmp::Le,
+        0.0,
+        "the generator produced every class of case (at full size: smoke runs are too short for the rarest)",
+        "docs/differential.md",
+    )
+    .may_be_zero(),
 ];
 
 /// Figures printed, with the target each one is measured against.
@@ -97,6 +145,27 @@ const ROWS: &[(&str, &str)] = &[
     ),
     ("iptables_nft_over_weir_per_run_min", "    its lowest run"),
     ("iptables_nft_over_weir_per_run_max", "    its highest run"),
+    ("refresh_endpoints", "refresh: endpoints"),
+    ("refresh_policy_entries", "refresh: policy_v1 entries"),
+    ("refresh_full_ms", "refresh: CPU per full refresh, ms"),
+    (
+        "refresh_cpu_pct",
+        "  % of one core at the 10 s default (target <= 1)",
+    ),
+    (
+        "refresh_control_repairs",
+        "  control: deleted entry repaired",
+    ),
+    ("differential_cases", "differential: cases"),
+    (
+        "differential_mismatches",
+        "  states with a mismatch (target 0)",
+    ),
+    (
+        "differential_control_caught",
+        "  control: packets caught of 100",
+    ),
+    ("differential_s", "  seconds"),
 ];
 
 pub(crate) fn run(workspace: &Path, smoke: bool) -> Result<()> {
@@ -122,7 +191,7 @@ pub(crate) fn run_part(workspace: &Path, smoke: bool, only: Option<&str>) -> Res
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     let mut figures: Value = serde_json::from_str(&text).context("malformed datapath.json")?;
-    if only != Some("traffic") {
+    if matches!(only, None | Some("testrun")) {
         // The same packet-level figures with the per-rule hit counters compiled out, in this run.
         let off = EbpfBuild {
             workspace,

@@ -78,13 +78,6 @@ pub(crate) const TARGETS: &[Target] = &[
     )
     .always(),
     Target::full(
-        "refresh_cpu_pct",
-        Cmp::Le,
-        1.0,
-        "the drift refresh over 10,000 endpoints takes at most 1% of one core at the default interval",
-        "issue 39: Benchmark",
-    ),
-    Target::full(
         "status_p99_ms_during_converge",
         Cmp::Le,
         50.0,

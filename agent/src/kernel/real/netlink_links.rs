@@ -78,9 +78,15 @@ fn event(message: RouteNetlinkMessage) -> Option<LinkEvent> {
             == netlink_packet_route::route::RouteProtocol::from(crate::paths::ROUTE_PROTOCOL))
         .then_some(LinkEvent::Drift(Drift::Route)),
         // weir's forwarding and neighbour entries are permanent; the kernel's own garbage
-        // collection removes only the others.
+        // collection removes only the others. A permanent neighbour entry deleted with `ip neigh
+        // del` is announced in state `FAILED` (as a collected entry may be): taken too, since the
+        // read-back it triggers is cheap and finds whether it was weir's.
         RouteNetlinkMessage::DelNeighbour(msg)
-            if msg.header.state == netlink_packet_route::neighbour::NeighbourState::Permanent =>
+            if matches!(
+                msg.header.state,
+                netlink_packet_route::neighbour::NeighbourState::Permanent
+                    | netlink_packet_route::neighbour::NeighbourState::Failed
+            ) =>
         {
             Some(LinkEvent::Drift(Drift::Neighbour {
                 ifindex: msg.header.ifindex,
