@@ -547,7 +547,7 @@ impl AgentArgs {
         })?;
         let mut prefilter_deny = Vec::new();
         for cidr in &self.prefilter_deny {
-            let net = crate::dataplane::prefilter::parse_cidr(cidr).ok_or_else(|| {
+            let net = crate::sources::prefilter_file::parse_cidr(cidr).ok_or_else(|| {
                 invalid(
                     "--prefilter-deny (WEIR_PREFILTER_DENY)",
                     cidr,
