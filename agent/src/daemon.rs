@@ -310,6 +310,34 @@ async fn open_node(
     })
 }
 
+/// Step 3b: the host interfaces' drivers, held by the node and applied by the loop: the prefilter
+/// from its first pass, the masquerade (programs on the named interfaces, the pools' CIDRs) once in
+/// sync.
+fn host_drivers(
+    config: &Config,
+    node: &mut Node,
+    prefilter: Prefilter,
+    underlay: Option<String>,
+    pools: &[crate::calc::ipam_service::PoolStatus],
+) -> Result<(), DaemonError> {
+    // BPF host routing the other way: what other nodes send this node's pods arrives on the
+    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
+    // arrives on the VXLAN device, encapsulated for the node itself).
+    let host_interfaces = crate::dataplane::masquerade::with_underlay(
+        &config.host_interfaces,
+        underlay.filter(|_| {
+            config.host_routing == crate::config::HostRouting::Bpf
+                && config.routing == crate::config::RoutingMode::Native
+        }),
+    );
+    let mut masquerade = MasqDriver::open(&config.paths)?;
+    masquerade.set_interfaces(host_interfaces);
+    masquerade.set_pools(masquerade_pools(pools));
+    node.host.prefilter = Some(prefilter);
+    node.host.masquerade = Some(masquerade);
+    Ok(())
+}
+
 /// Step 4: the sources that feed the loop: node records, the link watcher (restarted with
 /// backoff when it dies), and the API server's objects or the policy files.
 fn start_sources(
@@ -426,6 +454,52 @@ async fn finish_upgrade(
     Ok(())
 }
 
+/// What upkeep shares with the API and the metrics: the conntrack sweep's figures and its lock
+/// (a flush waits for the sweep, and it for a flush), and the NAT map's pressure.
+struct Upkeep {
+    ct_stats: Arc<std::sync::Mutex<CtStats>>,
+    ct_ops: Arc<std::sync::Mutex<()>>,
+    nat_stats: Arc<std::sync::Mutex<crate::dataplane::nat_stats::NatStats>>,
+}
+
+/// Step 7: upkeep beside the loop, until `stop`: the conntrack sweep and the NAT sweep.
+fn start_upkeep(
+    config: &Config,
+    ct_layout: u32,
+    inspect: &Arc<dyn crate::kernel::InspectIo>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Upkeep, DaemonError> {
+    let paths = &config.paths;
+    let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
+    let ct_ops = Arc::new(std::sync::Mutex::new(()));
+    crate::upkeep::spawn_ct_sweep(
+        conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats)),
+        crate::kernel::real::ct::PinnedCt::new(paths, ct_layout),
+        config.ct_sweep_interval,
+        config.ct_timeouts,
+        Arc::clone(stop),
+    )
+    .map_err(io_err("start the conntrack sweep thread"))?;
+    let nat_stats = Arc::new(std::sync::Mutex::new(
+        crate::dataplane::nat_stats::NatStats::default(),
+    ));
+    use maps_schema::maps::NAT4;
+    crate::upkeep::spawn_nat_sweep(
+        Box::new(PinnedHash::open(NAT4, &paths.map_pin(NAT4))?),
+        crate::dataplane::nat_stats::NatPressure {
+            stats: Arc::clone(&nat_stats),
+            kernel: Arc::clone(inspect),
+        },
+        Arc::clone(stop),
+    )
+    .map_err(io_err("start the nat sweep thread"))?;
+    Ok(Upkeep {
+        ct_stats,
+        ct_ops,
+        nat_stats,
+    })
+}
+
 /// The address families the pools serve (what the CNI configuration offers).
 fn families(pools: &[crate::calc::ipam_service::PoolStatus]) -> Vec<&'static str> {
     [("ipv4", true), ("ipv6", false)]
@@ -475,27 +549,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         pod_mtu,
         underlay,
     } = open_node(&config, dataplane, first_read.as_ref()).await?;
-    // BPF host routing the other way: what other nodes send this node's pods arrives on the
-    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
-    // arrives on the VXLAN device, encapsulated for the node itself).
-    let host_interfaces = crate::dataplane::masquerade::with_underlay(
-        &config.host_interfaces,
-        underlay.filter(|_| {
-            config.host_routing == crate::config::HostRouting::Bpf
-                && config.routing == crate::config::RoutingMode::Native
-        }),
-    );
     if kube_client.is_some() {
         node.await_policy_source();
     }
-    // The host interfaces' drivers, applied by the loop: the prefilter from its first pass, the
-    // masquerade (programs on the named interfaces, the pools' CIDRs) once in sync.
     let pools = ipam.pools().await?;
-    let mut masquerade = MasqDriver::open(&paths)?;
-    masquerade.set_interfaces(host_interfaces);
-    masquerade.set_pools(masquerade_pools(&pools));
-    node.host.prefilter = Some(prefilter);
-    node.host.masquerade = Some(masquerade);
+    host_drivers(&config, &mut node, prefilter, underlay, &pools)?;
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
     node.set_refresh_interval(Some(config.refresh_interval).filter(|interval| !interval.is_zero()));
@@ -530,18 +588,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     finish_upgrade(&config, &object, pending, &mut migration).await?;
     host::enable_forwarding(&paths)?;
 
-    // Upkeep beside the loop: the conntrack sweep (a flush waits for it, and it for a flush).
-    let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
-    let ct_ops = Arc::new(std::sync::Mutex::new(()));
+    let inspect: Arc<dyn crate::kernel::InspectIo> =
+        Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
     let stop = Arc::new(AtomicBool::new(false));
-    crate::upkeep::spawn_ct_sweep(
-        conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats)),
-        crate::kernel::real::ct::PinnedCt::new(&paths, ct_layout),
-        config.ct_sweep_interval,
-        config.ct_timeouts,
-        Arc::clone(&stop),
-    )
-    .map_err(io_err("start the conntrack sweep thread"))?;
+    let Upkeep {
+        ct_stats,
+        ct_ops,
+        nat_stats,
+    } = start_upkeep(&config, ct_layout, &inspect, &stop)?;
     // The host drivers' sources: the deny file and the pools.
     let prefilter_reads = deny_file
         .as_ref()
@@ -556,12 +610,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     ));
 
     // The API and the metrics, read from the loop's snapshots.
-    let inspect: Arc<dyn crate::kernel::InspectIo> =
-        Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
-    // The NAT map's pressure, kept by the NAT sweep.
-    let nat_stats = Arc::new(std::sync::Mutex::new(
-        crate::dataplane::nat_stats::NatStats::default(),
-    ));
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
@@ -598,19 +646,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         metrics_listener,
         Arc::new(metrics_state),
     ));
-
-    crate::upkeep::spawn_nat_sweep(
-        Box::new(PinnedHash::open(
-            maps_schema::maps::NAT4,
-            &paths.map_pin(maps_schema::maps::NAT4),
-        )?),
-        crate::dataplane::nat_stats::NatPressure {
-            stats: Arc::clone(&nat_stats),
-            kernel: Arc::clone(&inspect),
-        },
-        Arc::clone(&stop),
-    )
-    .map_err(io_err("start the nat sweep thread"))?;
     // Ready: tell the runtime how to use us. The conflist sends runtimes to weir-cni, which calls
     // this socket: it answers first.
     await_api_socket(&paths).await?;
