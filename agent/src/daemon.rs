@@ -64,10 +64,10 @@ pub enum DaemonError {
     Programs(#[from] ProgramsError),
     /// BPF host routing could not be set.
     #[error(transparent)]
-    HostRouting(#[from] crate::kernel::real::programs::HostRoutingError),
+    HostRouting(#[from] crate::dataplane::host_routing::HostRoutingError),
     /// Socket LB could not be attached or detached.
     #[error(transparent)]
-    SocketLb(#[from] crate::kernel::real::socket_lb::SocketLbError),
+    SocketLb(#[from] crate::dataplane::socket_lb::SocketLbError),
     /// The conntrack maps could not be migrated (or are newer than this agent).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
@@ -139,7 +139,7 @@ pub struct Started<'a> {
     /// Masquerade attachments: (interface, program, how).
     pub masquerade: Vec<(String, String, AttachMode)>,
     /// Socket LB: the cgroup its programs are attached to (none: off), links removed.
-    pub socket_lb: crate::kernel::real::socket_lb::SocketLbReport,
+    pub socket_lb: crate::dataplane::socket_lb::SocketLbReport,
     /// Endpoints restored from the registry.
     pub endpoints: usize,
     /// The conntrack layout in use.
@@ -162,7 +162,7 @@ struct Loaded {
     pending: migrate::Pending,
     migration: MigrationReport,
     programs: Programs,
-    socket_lb: crate::kernel::real::socket_lb::SocketLbReport,
+    socket_lb: crate::dataplane::socket_lb::SocketLbReport,
     prefilter: Prefilter,
     deny_file: Option<DenyFile>,
 }
@@ -185,12 +185,12 @@ fn load_kernel(config: &Config) -> Result<Loaded, DaemonError> {
     let pending = migrate::prepare(&paths.maps_dir(), ct_layout, config.ct_max_entries)?;
     let migration = pending.report.clone();
     let programs = Programs::load(paths, &object, &pending.sizes)?;
-    crate::kernel::real::programs::set_host_routing(
-        paths,
+    crate::dataplane::host_routing::reconcile(
+        &mut crate::kernel::real::host_fwd::PinnedHostFwd::new(paths),
         config.host_routing == crate::config::HostRouting::Bpf,
     )?;
-    let socket_lb = crate::kernel::real::socket_lb::reconcile(
-        paths,
+    let socket_lb = crate::dataplane::socket_lb::reconcile(
+        &mut crate::kernel::real::socket_lb::PinnedSocketLb::new(paths),
         config.socket_lb_cgroup.as_deref(),
         config.socket_lb_scope,
     )?;
@@ -296,8 +296,11 @@ async fn open_node(
     // With a shared etcd (or Node objects and a shared datastore): node records, and routes to the other
     // nodes' blocks.
     let (node_records, pod_mtu, underlay) =
-        match crate::cluster::setup::routing(config, ipam.ipam().store(), &mut node)? {
-            Some(r) => (Some(r.records), r.pod_mtu, r.underlay),
+        match crate::cluster::setup::routing(config, ipam.ipam().store())? {
+            Some(r) => {
+                node.set_routing(r.routes);
+                (Some(r.records), r.pod_mtu, r.underlay)
+            }
             None => (None, None, None),
         };
     Ok(Opened {
@@ -563,6 +566,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         tokio::spawn(crate::calc::identity_store::upkeep(
             cluster,
             dataplane_loop.subscribe(),
+            |s: &Arc<crate::control::snapshot::Snapshot>| {
+                s.endpoints.values().filter_map(|e| e.identity).collect()
+            },
             config.identity_gc_grace,
         ));
     }

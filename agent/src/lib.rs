@@ -18,8 +18,14 @@
 //!
 //! Beside them: `paths` (every path and name), `config/` (the validated configuration), `daemon` (the
 //! `weir agent` wiring), `attach` (the tc/XDP attachment helper, the crate `agent/attach` shared with
-//! weir-cni), `logging`, `memory`, `fsutil`, `synthetic` (generated nodes for tests and benches), and
-//! `testing` (an in-process agent, feature `testing`). The `weir` binary's CLI is `cli/` (in `main.rs`).
+//! weir-cni), `logging`, `memory`, `fsutil`, `fasthash` (the integer-keyed tables' hasher), `synthetic`
+//! (generated nodes for tests and benches), and `testing` (an in-process agent, feature `testing`). The
+//! `weir` binary's CLI is `cli/` (in `main.rs`).
+//!
+//! A layer imports only itself and the layers below it: the helpers < `kernel` < `setup` < `dataplane` <
+//! `config` < `calc` < `cluster` < `control` < `sources` < `observe` < `api` < the wiring (`daemon`,
+//! `upkeep`, the test tiers). `cargo xtask lint` checks it (`xtask/src/layers.rs`, with its few allowed
+//! exceptions and their reasons).
 
 pub mod api;
 pub use attach;
@@ -29,6 +35,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod dataplane;
+pub(crate) mod fasthash;
 pub mod fsutil;
 pub mod kernel;
 pub mod logging;

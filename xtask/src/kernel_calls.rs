@@ -49,10 +49,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "nix::unistd::gethostname gives the default node name while the configuration is read, before any seam exists",
     ),
     (
-        "agent/src/setup/uninstall.rs",
-        "`weir uninstall` lists the host's interfaces (nix) to remove weir's leftovers, with the agent stopped",
-    ),
-    (
         "agent/src/calc/bench.rs",
         "a cfg(test) benchmark reading the thread's CPU time (nix::time); measures, touches no kernel state",
     ),

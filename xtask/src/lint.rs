@@ -1,6 +1,6 @@
-//! `cargo xtask lint`: the kernel-call check (`kernel_calls`), the Markdown checks (`md_lint`),
-//! rustfmt, BENCHMARKS.md's summary against the recorded results (`bench::summary`), and clippy
-//! with `-D warnings` on every crate — the host crates for the host, the eBPF crate (and each
+//! `cargo xtask lint`: the kernel-call check (`kernel_calls`), the layer check (`layers`), the Markdown
+//! checks (`md_lint`), rustfmt, BENCHMARKS.md's summary against the recorded results (`bench::summary`),
+//! and clippy with `-D warnings` on every crate — the host crates for the host, the eBPF crate (and each
 //! test-only variant) for its BPF target.
 
 use std::{path::Path, process::Command};
@@ -20,6 +20,7 @@ const EBPF_VARIANTS: &[&[&str]] = &[
 
 pub(crate) fn run(ws: &Path) -> Result<()> {
     crate::kernel_calls::run(ws)?;
+    crate::layers::run(ws)?;
     crate::md_lint::run(ws).context("the Markdown lint failed")?;
     util::run(ws, "cargo", &["fmt", "--all", "--check"])
         .context("formatting differs: run `cargo fmt --all`")?;

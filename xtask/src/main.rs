@@ -8,6 +8,7 @@ mod fuzz;
 mod image;
 mod kernel_calls;
 mod lanes;
+mod layers;
 mod lint;
 mod md_lint;
 mod setup;

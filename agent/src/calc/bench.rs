@@ -16,16 +16,16 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::{Calculation, equivalence::Rng, testkit};
-use crate::{
-    calc::{
-        identity::{Identities, LabelSet},
-        policy::{
-            compile::{Subject, compile},
-            model::{Peer, Policy, PolicySet, PortSpec, Rule},
-            selector::Selector,
-        },
+
+use weir_api::Endpoint;
+
+use crate::calc::{
+    identity::{Identities, LabelSet},
+    policy::{
+        compile::{Subject, compile},
+        model::{Peer, Policy, PolicySet, PortSpec, Rule},
+        selector::Selector,
     },
-    sources::registry::Endpoint,
 };
 
 const NAMESPACES: u32 = 50;

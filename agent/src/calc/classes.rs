@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{Calculation, Class, Member, Source, groups::GroupKey};
-use crate::sources::registry::Endpoint;
+use weir_api::Endpoint;
 
 impl Calculation {
     /// An endpoint registered or replaced; `identity` is its label set's (already allocated).

@@ -17,6 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use maps_schema::{IdentityInfo, PolicyKey, PolicyValue, identity::HOST};
 
 use super::{Calculation, testkit};
+
+use weir_api::Endpoint;
+
 use crate::{
     calc::{
         identity::{Identities, LabelSet},
@@ -29,7 +32,6 @@ use crate::{
     },
     dataplane::{endpoints, plane::Dataplane},
     kernel::Prefix,
-    sources::registry::Endpoint,
 };
 
 /// splitmix64: a seeded generator in plain code (no dependency), reproducible by seed.

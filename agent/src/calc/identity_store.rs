@@ -15,10 +15,7 @@ use std::{
 use ipam::{identity::IdentityAllocator, store::AnyStore};
 use tokio::sync::watch;
 
-use crate::{
-    calc::identity::{IdentityError, LabelSet},
-    control::snapshot::Snapshot,
-};
+use crate::calc::identity::{IdentityError, LabelSet};
 
 /// Label key of a CIDR identity's label set.
 const CIDR_LABEL: &str = "weir.dev/cidr";
@@ -84,13 +81,9 @@ impl ClusterIdentities {
         Ok(id)
     }
 
-    /// The numbers to renew: the endpoints' identities in `snapshot` and every CIDR identity answered.
-    fn in_use(&self, snapshot: &Snapshot) -> BTreeSet<u32> {
-        let mut ids: BTreeSet<u32> = snapshot
-            .endpoints
-            .values()
-            .filter_map(|e| e.identity)
-            .collect();
+    /// The numbers to renew: the endpoints' identities `endpoints` and every CIDR identity answered.
+    fn in_use(&self, endpoints: Vec<u32>) -> BTreeSet<u32> {
+        let mut ids: BTreeSet<u32> = endpoints.into_iter().collect();
         let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         ids.extend(
             known
@@ -106,9 +99,12 @@ impl ClusterIdentities {
 /// the loop's snapshots end. Failures are logged and retried at the next round; an identity found gone while
 /// in use (collected during a datastore partition longer than the grace period) is logged as an error naming
 /// the fix.
-pub async fn upkeep(
+/// `snapshots` are the loop's (`control::snapshot`), `endpoint_identities` reads the endpoints' identities
+/// from one (so this layer need not know the loop's types).
+pub async fn upkeep<S: Send + Sync + 'static>(
     identities: Arc<ClusterIdentities>,
-    snapshots: watch::Receiver<Arc<Snapshot>>,
+    snapshots: watch::Receiver<S>,
+    endpoint_identities: impl Fn(&S) -> Vec<u32> + Send + 'static,
     grace: Duration,
 ) {
     let renew_every = grace / 4;
@@ -120,8 +116,8 @@ pub async fn upkeep(
         }
         round += 1;
         let ids: Vec<u32> = {
-            let snapshot = snapshots.borrow();
-            identities.in_use(&snapshot).into_iter().collect()
+            let endpoints = endpoint_identities(&snapshots.borrow());
+            identities.in_use(endpoints).into_iter().collect()
         };
         match identities.allocator.renew(&ids, now()).await {
             Ok(gone) if gone.is_empty() => {

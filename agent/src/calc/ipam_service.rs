@@ -38,6 +38,20 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::calc::pod_ipam::{self, AnnotationError, PodHints};
 
+/// One IPAM pool's usage, as IPAM last computed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// The pool's name.
+    pub pool: String,
+    /// Addresses allocated.
+    pub allocated: u128,
+    /// Addresses in the pool's CIDR.
+    pub capacity: u128,
+}
+
+/// The pools' usage, refreshed by IPAM whenever it lists its pools (`IpamService::pools`).
+pub type PoolUsageCache = Arc<StdMutex<Vec<PoolUsage>>>;
+
 /// Errors of the agent's IPAM.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamServiceError {
@@ -179,7 +193,7 @@ struct Core {
     batches: AtomicU64,
     commits: AtomicU64,
     /// The pools' usage as [`IpamService::pools`] last computed it (`/metrics`).
-    usage: crate::observe::metrics_server::PoolUsageCache,
+    usage: PoolUsageCache,
     /// The pools as [`IpamService::pools`] last read them (the status while the store is degraded).
     last_pools: StdMutex<Vec<PoolStatus>>,
 }
@@ -248,7 +262,7 @@ impl IpamService {
             queued: AtomicUsize::new(0),
             batches: AtomicU64::new(0),
             commits: AtomicU64::new(0),
-            usage: crate::observe::metrics_server::PoolUsageCache::default(),
+            usage: PoolUsageCache::default(),
             last_pools: StdMutex::new(Vec::new()),
         });
         core.ensure_pools(pools, block_sizes).await?;
@@ -434,7 +448,7 @@ impl IpamService {
     }
 
     /// The pools' usage for `/metrics`, refreshed by every [`Self::pools`].
-    pub fn pool_usage(&self) -> crate::observe::metrics_server::PoolUsageCache {
+    pub fn pool_usage(&self) -> PoolUsageCache {
         Arc::clone(&self.core.usage)
     }
 
@@ -447,7 +461,7 @@ impl IpamService {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = util
             .iter()
-            .map(|u| crate::observe::metrics_server::PoolUsage {
+            .map(|u| PoolUsage {
                 pool: u.pool.clone(),
                 allocated: u.in_use,
                 capacity: u.capacity,

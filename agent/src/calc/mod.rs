@@ -34,7 +34,7 @@ pub mod services;
 
 mod classes;
 mod deltas;
-pub(crate) mod fasthash;
+pub(crate) use crate::fasthash;
 mod groups;
 mod layered;
 mod named;
@@ -73,6 +73,9 @@ use self::{
     rule_ids::RuleIds,
     slab::Slab,
 };
+
+use weir_api::Endpoint;
+
 use crate::{
     calc::{
         identity::{Identities, IdentityError, LabelSet},
@@ -84,7 +87,6 @@ use crate::{
     },
     dataplane::{endpoints, map_driver::MapDriver, plane::Dataplane},
     kernel::Prefix,
-    sources::registry::Endpoint,
 };
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();

@@ -183,8 +183,7 @@ fn compile_with(
         .endpoints()
         .map(|e| crate::calc::policy::pods::effective(e, &set))
         .collect();
-    let endpoints: Vec<&crate::sources::registry::Endpoint> =
-        effective.iter().map(AsRef::as_ref).collect();
+    let endpoints: Vec<&weir_api::Endpoint> = effective.iter().map(AsRef::as_ref).collect();
     let empty = BTreeMap::new();
     let mut ids = Vec::with_capacity(endpoints.len());
     for e in &endpoints {

@@ -9,6 +9,8 @@ use std::{
 
 use maps_schema::{EndpointInfo, IdentityInfo, PolicyKey, PolicyValue};
 
+use weir_api::Endpoint;
+
 use crate::{
     dataplane::{
         attachments::{AttachDriver, Attacher, Hook},
@@ -17,7 +19,6 @@ use crate::{
         plane::Dataplane,
     },
     kernel::{KernelError, MapIo, Prefix, TcAttachType},
-    sources::registry::Endpoint,
 };
 
 /// One kernel operation: a write (`Some`) or a delete (`None`).

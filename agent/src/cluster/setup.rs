@@ -1,5 +1,5 @@
 //! The agent's node routing at start: with an `etcd:` datastore, this node's record (its addresses from
-//! `--node-address`, or the source address of its route to etcd) and the route driver in the node; under
+//! `--node-address`, or the source address of its route to etcd) and the route driver for the node; under
 //! `--source kubernetes` with a shared datastore (etcd or Kubernetes), the route driver with the Node
 //! objects as records (kubelet writes this node's); with a node-local datastore, nothing (one node).
 //! `--routing vxlan` also finds the VXLAN device's underlay (`--vxlan-underlay`, or the device holding
@@ -13,7 +13,6 @@ use ipam::{model::NodeRecord, store::AnyStore};
 use super::{NodeSource, routing::NodeRoutes};
 use crate::{
     config::{Config, ConfigError, RoutingMode, SourceMode},
-    control::node::Node,
     dataplane::{
         node_routes::{self, NodeRoutes as Routes},
         routes::RouteError,
@@ -92,9 +91,11 @@ pub enum NodeRecords {
     Kubernetes,
 }
 
-/// Node routing as set up: where the records come from, and the pods' MTU when routing lowers it.
-#[derive(Debug)]
+/// Node routing as set up: the routing to give the node, where the records come from, and the pods' MTU
+/// when routing lowers it.
 pub struct Routing {
+    /// The route driver over the cluster's nodes, for `control::node::Node::set_routing`.
+    pub routes: NodeRoutes,
     /// Where the node records come from.
     pub records: NodeRecords,
     /// The MTU the conflist gives pods (vxlan mode: the VXLAN device's), `None` for weir-cni's default.
@@ -104,13 +105,9 @@ pub struct Routing {
     pub underlay: Option<String>,
 }
 
-/// Sets up routing on `node` when `store` is shared: a shared etcd, or under `--source kubernetes` etcd or
-/// the Kubernetes datastore; returns where the node records come from and the pods' MTU.
-pub fn routing(
-    config: &Config,
-    store: &AnyStore,
-    node: &mut Node,
-) -> Result<Option<Routing>, RoutingSetupError> {
+/// Sets up the node's routing when `store` is shared: a shared etcd, or under `--source kubernetes` etcd or
+/// the Kubernetes datastore; returns the routing, where the node records come from and the pods' MTU.
+pub fn routing(config: &Config, store: &AnyStore) -> Result<Option<Routing>, RoutingSetupError> {
     let kube = config.source == SourceMode::Kubernetes;
     if kube && let Err(e) = super::store::shared(store) {
         tracing::info!(reason = %e, "node routing off");
@@ -128,8 +125,9 @@ pub fn routing(
         } else {
             config.node_addresses.clone()
         };
-        let (pod_mtu, underlay) = install(config, node, NodeSource::Kubernetes, &addresses)?;
+        let (routes, pod_mtu, underlay) = install(config, NodeSource::Kubernetes, &addresses)?;
         return Ok(Some(Routing {
+            routes,
             records: NodeRecords::Kubernetes,
             pod_mtu,
             underlay,
@@ -141,8 +139,9 @@ pub fn routing(
     } else {
         config.node_addresses.clone()
     };
-    let (pod_mtu, underlay) = install(config, node, NodeSource::Etcd, &addresses)?;
+    let (routes, pod_mtu, underlay) = install(config, NodeSource::Etcd, &addresses)?;
     Ok(Some(Routing {
+        routes,
         records: NodeRecords::Etcd(NodeRecord {
             name: config.node.clone(),
             addresses,
@@ -155,14 +154,13 @@ pub fn routing(
     }))
 }
 
-/// Puts the routing in `node` (its records from `source`, this node's `addresses` if known); returns the
-/// pods' MTU and the device holding this node's first IPv4 address.
+/// The node's routing (its records from `source`, this node's `addresses` if known), the pods' MTU and the
+/// device holding this node's first IPv4 address.
 fn install(
     config: &Config,
-    node: &mut Node,
     source: NodeSource,
     addresses: &[IpAddr],
-) -> Result<(Option<u32>, Option<String>), RoutingSetupError> {
+) -> Result<(NodeRoutes, Option<u32>, Option<String>), RoutingSetupError> {
     // The netlink sockets' own runtimes cannot start inside the agent's: open and query them on a thread of
     // its own (same network namespace); the loop's thread, outside any runtime, uses them from then on.
     let (routes, vxlan, mode, pod_mtu, underlay) = std::thread::scope(|scope| {
@@ -190,9 +188,9 @@ fn install(
     .map_err(|_| RoutingSetupError::OpenPanicked)??;
     let device = Some(config.vxlan.device.clone());
     let routes = Routes::new(mode, Box::new(routes), Box::new(vxlan), device);
-    node.set_routing(NodeRoutes::new(&config.node, routes).with_source(source));
+    let node_routes = NodeRoutes::new(&config.node, routes).with_source(source);
     tracing::info!(node = %config.node, addresses = ?addresses, routing = %config.routing, %source, ?pod_mtu, ?underlay, "node routing on");
-    Ok((pod_mtu, underlay))
+    Ok((node_routes, pod_mtu, underlay))
 }
 
 /// The VXLAN device's settings (its underlay: `--vxlan-underlay`, or the device holding this node's first

@@ -268,24 +268,8 @@ impl std::fmt::Display for HostRouting {
     }
 }
 
-/// Which sockets socket LB places (`--socket-lb-scope`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum SocketLbScope {
-    /// Every socket of a process in the cgroup.
-    All,
-    /// Only sockets of the node's own network namespace (the agent's).
-    Host,
-}
-
-impl std::fmt::Display for SocketLbScope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::All => "all",
-            Self::Host => "host",
-        })
-    }
-}
+/// Which sockets socket LB places (`--socket-lb-scope`), kept by its driver.
+pub use crate::dataplane::socket_lb::SocketLbScope;
 
 /// The validated configuration.
 #[derive(Debug, Clone, Serialize)]
@@ -547,7 +531,7 @@ impl AgentArgs {
         })?;
         let mut prefilter_deny = Vec::new();
         for cidr in &self.prefilter_deny {
-            let net = crate::sources::prefilter_file::parse_cidr(cidr).ok_or_else(|| {
+            let net = crate::dataplane::prefilter::parse_cidr(cidr).ok_or_else(|| {
                 invalid(
                     "--prefilter-deny (WEIR_PREFILTER_DENY)",
                     cidr,

@@ -20,7 +20,7 @@ use std::{
 };
 
 use tokio::sync::{mpsc, oneshot, watch};
-use weir_api::EndpointView;
+use weir_api::{Endpoint, EndpointView};
 
 use crate::{
     calc::policy::{delta::Delta, load::PolicyFileError, model::PolicySet},
@@ -30,7 +30,6 @@ use crate::{
     },
     kernel::LinkEvent,
     observe::trace::{TraceRequest, TraceResult},
-    sources::registry::Endpoint,
 };
 
 #[cfg(test)]
@@ -144,7 +143,7 @@ pub enum Command {
     Addresses(oneshot::Sender<Vec<crate::cluster::AddressView>>),
     /// A new read of `--prefilter-deny-file` (its CIDRs, or why it was refused: the last good set
     /// stays), from `sources::prefilter_file`.
-    PrefilterDenyFile(crate::sources::prefilter_file::DenyFileRead),
+    PrefilterDenyFile(crate::dataplane::prefilter::DenyFileRead),
     /// The pools' IPv4 CIDRs for the masquerade, from `sources::pools`.
     MasqueradePools(Vec<ipnetwork::Ipv4Network>),
     /// Every Service frontend with its backends (`weir service list`).
@@ -351,7 +350,7 @@ struct DataplaneLoop {
     /// When every driver next reads its kernel state back (`--refresh-interval`).
     refresh_at: Option<Instant>,
     /// Apply durations and the sources' sync state, for `/metrics`.
-    measured: crate::observe::metrics_server::LoopMeasures,
+    measured: crate::control::snapshot::LoopMeasures,
 }
 
 impl DataplaneLoop {

@@ -10,6 +10,8 @@ use std::{
     sync::Arc,
 };
 
+use weir_api::Endpoint;
+
 use crate::{
     calc::{
         Calculation,
@@ -30,7 +32,7 @@ use crate::{
     dataplane::plane::Dataplane,
     kernel::{Drift, LinkEvent},
     paths::Paths,
-    sources::registry::{Endpoint, Registry, RegistryError},
+    sources::registry::{Registry, RegistryError},
 };
 
 /// Errors of node state changes.
@@ -309,7 +311,7 @@ impl Node {
         for (node, ip) in nodes {
             out.push(AddressView {
                 ip,
-                identity: Some(crate::observe::trace::identity_of(self, ip)),
+                identity: Some(self.dataplane.identity_of(ip)),
                 node: node.to_owned(),
                 pod: String::new(),
             });

@@ -5,13 +5,13 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use super::{Node, NodeError};
-use crate::{
-    calc::policy::{
-        delta::{Delta, Key, NamespaceObject, ObjectChange},
-        model::Pod,
-        pods, warnings,
-    },
-    sources::registry::Endpoint,
+
+use weir_api::Endpoint;
+
+use crate::calc::policy::{
+    delta::{Delta, Key, NamespaceObject, ObjectChange},
+    model::Pod,
+    pods, warnings,
 };
 
 /// What a batch of deltas did.

@@ -10,6 +10,9 @@ use maps_schema::{
 };
 
 use super::Node;
+
+use weir_api::Endpoint;
+
 use crate::{
     calc::{
         policy::{load::parse_str, model::PolicySet},
@@ -17,7 +20,6 @@ use crate::{
     },
     kernel::LinkEvent,
     paths::Paths,
-    sources::registry::Endpoint,
 };
 
 const WEB: &str = r"

@@ -14,6 +14,46 @@ use crate::{
     },
     dataplane::plane::DataplaneStats,
 };
+use prometheus_client::metrics::histogram::Histogram;
+
+/// Upper bounds (seconds) of the apply duration histogram: 0.5 ms to 10 s.
+const APPLY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// What the dataplane loop measures beside its state, published in every snapshot.
+#[derive(Clone, Debug)]
+pub struct LoopMeasures {
+    /// Durations of the loop's applies (one histogram shared by every snapshot).
+    pub apply_durations: Histogram,
+    /// The sources' sync state as of the snapshot.
+    pub sources: SourceSync,
+    /// Periodic refreshes started (`--refresh-interval`).
+    pub refreshes: u64,
+}
+
+impl Default for LoopMeasures {
+    fn default() -> Self {
+        Self {
+            apply_durations: Histogram::new(APPLY_BUCKETS),
+            sources: SourceSync::default(),
+            refreshes: 0,
+        }
+    }
+}
+
+/// Whether each source the loop reads is in sync, and how often it came back after being down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceSync {
+    /// The link watcher has dumped the links and is running.
+    pub links: bool,
+    /// Times the link watcher synced again after it stopped and was restarted.
+    pub links_resyncs: u64,
+    /// The cluster source (policy directory, or the API server's lists) was read and is not stale.
+    pub cluster: bool,
+    /// Times the cluster source became reachable again after going stale.
+    pub cluster_resyncs: u64,
+}
 
 /// The node as the loop last published it.
 #[derive(Clone, Debug)]
@@ -42,7 +82,7 @@ pub struct Snapshot {
     /// Service or an EndpointSlice changed.
     pub services: Arc<ServiceViews>,
     /// What the loop measures for `/metrics`: apply durations, the sources' sync state.
-    pub measured: crate::observe::metrics_server::LoopMeasures,
+    pub measured: LoopMeasures,
     /// The host interfaces' drivers: the prefilter's and the masquerade's attachments and errors.
     pub host: Arc<crate::dataplane::host::HostStatus>,
 }
@@ -61,7 +101,7 @@ impl Snapshot {
             nodes: Arc::new(node.node_status()),
             ipam_hints: node.ipam_hints(),
             services: node.service_view_parts(),
-            measured: crate::observe::metrics_server::LoopMeasures::default(),
+            measured: LoopMeasures::default(),
             host: Arc::new(node.host.status().clone()),
         }
     }
@@ -83,7 +123,7 @@ pub fn endpoint_views(node: &Node) -> BTreeMap<String, Arc<EndpointView>> {
 
 /// One endpoint as the API shows it.
 #[must_use]
-pub fn view(node: &Node, endpoint: &crate::sources::registry::Endpoint) -> EndpointView {
+pub fn view(node: &Node, endpoint: &weir_api::Endpoint) -> EndpointView {
     EndpointView {
         // With its Pod's labels when the source has the Pod.
         endpoint: node.effective(endpoint),

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use maps_schema::EndpointInfo;
 
 use super::map_driver::MapDriver;
-use crate::sources::registry::Endpoint;
+use weir_api::Endpoint;
 
 /// The map entry of an endpoint.
 #[must_use]

@@ -14,9 +14,8 @@ use ipnetwork::Ipv4Network;
 use super::{
     masquerade::{AttachedMode, MasqDriver},
     plane::ApplyError,
-    prefilter::Prefilter,
+    prefilter::{DenyFileRead, Prefilter},
 };
-use crate::sources::prefilter_file::DenyFileRead;
 
 /// A failed apply with no interface in backoff (a read back that failed) is retried after this.
 const RETRY: Duration = Duration::from_secs(1);

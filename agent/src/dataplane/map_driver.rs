@@ -15,7 +15,7 @@ use std::{
 use serde::Serialize;
 
 use super::retry::Backoff;
-use crate::calc::fasthash::{FastMap, FastSet};
+use crate::fasthash::{FastMap, FastSet};
 use crate::kernel::{KernelError, MapIo};
 
 /// What a driver did, for metrics and `weir status`.
@@ -39,7 +39,7 @@ pub struct DriverStats {
 pub struct MapDriver<K, V> {
     io: Box<dyn MapIo<K, V>>,
     /// Keys are the agent's own numbers (ids, addresses, ports), hashed with the fast hasher
-    /// (`calc::fasthash`): a converge sets and applies 100,000s of them.
+    /// (`fasthash`): a converge sets and applies 100,000s of them.
     desired: FastMap<K, V>,
     dirty: FastSet<K>,
     resync: bool,

@@ -55,6 +55,36 @@ pub struct DataplaneStats {
 }
 
 impl Dataplane {
+    /// The identity the programs would give `ip` on the desired state (exact, else LPM, else world).
+    pub fn identity_of(&self, ip: std::net::IpAddr) -> u32 {
+        use std::net::IpAddr;
+        let exact = match ip {
+            IpAddr::V4(a) => self.ident4.desired(&a.octets()).copied(),
+            IpAddr::V6(a) => self.ident6.desired(&a.octets()).copied(),
+        };
+        let lpm = |best: Option<(u32, IdentityInfo)>, (len, info): (u32, IdentityInfo)| match best {
+            Some((l, _)) if l >= len => best,
+            _ => Some((len, info)),
+        };
+        let cidr = match ip {
+            IpAddr::V4(a) => self
+                .ipcache4
+                .entries()
+                .filter(|(p, _)| covers(&p.data, p.len, &a.octets()))
+                .map(|(p, i)| (p.len, *i))
+                .fold(None, lpm),
+            IpAddr::V6(a) => self
+                .ipcache6
+                .entries()
+                .filter(|(p, _)| covers(&p.data, p.len, &a.octets()))
+                .map(|(p, i)| (p.len, *i))
+                .fold(None, lpm),
+        };
+        exact
+            .or(cidr.map(|(_, i)| i))
+            .map_or(maps_schema::identity::WORLD, |i| i.identity)
+    }
+
     /// True when an apply has work to do.
     pub fn is_dirty(&self) -> bool {
         self.attachments.is_dirty()
@@ -253,6 +283,16 @@ impl Gate {
     }
 }
 
+/// True when the prefix `net`/`len` covers `addr`.
+pub(crate) fn covers<const N: usize>(net: &[u8; N], len: u32, addr: &[u8; N]) -> bool {
+    let full = (len / 8) as usize;
+    if net[..full.min(N)] != addr[..full.min(N)] {
+        return false;
+    }
+    let rest = len % 8;
+    rest == 0 || full >= N || (net[full] ^ addr[full]) >> (8 - rest) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -266,10 +306,12 @@ mod tests {
     };
 
     use super::*;
+
+    use weir_api::Endpoint;
+
     use crate::{
         dataplane::{attachments::AttachDriver, endpoints},
         kernel::fake::FakeKernel,
-        sources::registry::Endpoint,
     };
 
     struct Kernel {

@@ -7,7 +7,9 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fs, io,
     net::IpAddr,
+    path::{Path, PathBuf},
     time::Instant,
 };
 
@@ -22,7 +24,64 @@ use super::{
 };
 use crate::kernel::{KernelError, MapIo, Prefix, XdpIo};
 use crate::paths::Paths;
-use crate::sources::prefilter_file::{DenyFileRead, parse_cidr};
+
+/// A deny file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DenyFileError {
+    /// The file cannot be read.
+    #[error("cannot read the prefilter deny file {path}: {source}; check --prefilter-deny-file")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A line is not a CIDR.
+    #[error(
+        "{path}:{line}: {text:?} is not a CIDR (write one address or CIDR per line, such as 192.0.2.0/24 or 2001:db8::/32; # starts a comment)"
+    )]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
+    },
+}
+
+/// One CIDR as the operator writes it (`192.0.2.0/24`, a bare address is a /32 or /128),
+/// normalised to its network address.
+#[must_use]
+pub fn parse_cidr(text: &str) -> Option<IpNetwork> {
+    let net: IpNetwork = text.trim().parse().ok()?;
+    IpNetwork::new(net.network(), net.prefix()).ok()
+}
+
+/// The CIDRs of a deny file: one per line; blank lines and `#` comments are skipped.
+pub fn read_deny_file(path: &Path) -> Result<Vec<IpNetwork>, DenyFileError> {
+    let text = fs::read_to_string(path).map_err(|source| DenyFileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        out.push(parse_cidr(line).ok_or_else(|| DenyFileError::Line {
+            path: path.to_owned(),
+            line: i + 1,
+            text: line.to_owned(),
+        })?);
+    }
+    Ok(out)
+}
+
+/// One read of the file: its CIDRs, or why it was refused.
+pub type DenyFileRead = Result<Vec<IpNetwork>, DenyFileError>;
 
 /// Rule ids written with each CIDR (not interpreted by the program; shown by `bpftool`).
 pub const RULE_FLAG: u32 = 1;
@@ -488,5 +547,17 @@ mod tests {
             )],
             "a good file replaces it"
         );
+    }
+
+    #[test]
+    fn a_bad_line_names_the_file_and_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("deny");
+        std::fs::write(&path, "# deny list\n10.0.0.0/8\n\n2001:db8::/32 # docs\n").expect("write");
+        let got = read_deny_file(&path).expect("valid file");
+        assert_eq!(got, vec![net("10.0.0.0/8"), net("2001:db8::/32")]);
+        std::fs::write(&path, "10.0.0.0/8\n10.0.0.300/8\n").expect("write");
+        let err = read_deny_file(&path).expect_err("bad line").to_string();
+        assert!(err.contains(&format!("{}:2:", path.display())), "{err}");
     }
 }

@@ -21,13 +21,13 @@ use crate::{
     control::applier::{self, Command},
     dataplane::{
         masquerade::{MasqDriver, parse_spec},
-        prefilter::{Prefilter, PrefilterDriver, RULE_FILE, RULE_FLAG},
+        prefilter::{Prefilter, PrefilterDriver, RULE_FILE, RULE_FLAG, parse_cidr},
     },
     kernel::{Prefix, fake::FakeMap},
     paths::Paths,
     sources::{
         link_source,
-        prefilter_file::{DenyFile, DenyFileReads, parse_cidr},
+        prefilter_file::{DenyFile, DenyFileReads},
     },
 };
 

@@ -22,6 +22,9 @@
 //! - [`RouteIo`]: weir's routes (`real::netlink_routes::NetlinkRoutes`).
 //! - [`VxlanIo`]: the VXLAN device, its address, forwarding and neighbour entries
 //!   (`real::netlink_vxlan::NetlinkVxlan`).
+//! - [`HostFwdIo`]: BPF host routing's program array (`real::host_fwd::PinnedHostFwd`).
+//! - [`SocketLbIo`]: socket LB's cgroup links and settings map (`real::socket_lb::PinnedSocketLb`).
+//! - [`UninstallIo`]: the filters and files `weir uninstall` removes (`real::uninstall::HostUninstall`).
 
 pub mod ct_layout;
 pub mod migrate;
@@ -933,4 +936,63 @@ pub trait VxlanIo: Send {
     ) -> Result<(), VxlanError>;
     /// Deletes the neighbour entry for `ip`.
     fn neigh_delete(&mut self, ifindex: u32, ip: std::net::Ipv4Addr) -> Result<(), VxlanError>;
+}
+
+// Host routing, socket LB and `weir uninstall`: what the agent's start and the uninstall write outside the loop.
+
+/// BPF host routing's program array (`host_fwd_v1`, `real::host_fwd::PinnedHostFwd`): the program each slot
+/// holds, by the kernel ids of the pinned programs.
+pub trait HostFwdIo: Send {
+    /// The id of the program slot `slot` holds (`None`: empty).
+    fn slot(&mut self, slot: u32) -> Result<Option<u32>, KernelError>;
+    /// The id of the program pinned as `program`.
+    fn program_id(&mut self, program: &str) -> Result<u32, KernelError>;
+    /// Puts the program pinned as `program` into slot `slot`.
+    fn set(&mut self, slot: u32, program: &str) -> Result<(), KernelError>;
+    /// Empties slot `slot`.
+    fn clear(&mut self, slot: u32) -> Result<(), KernelError>;
+}
+
+/// Socket LB's programs on a cgroup (`real::socket_lb::PinnedSocketLb`): bpf links pinned as
+/// `links/<program>`, so they stay attached while the agent restarts, and the settings map `sock_cfg_v1`.
+pub trait SocketLbIo: Send {
+    /// Whether `cgroup` is a directory on a cgroup v2 filesystem; an error when it cannot be examined.
+    fn is_cgroup2(&mut self, cgroup: &Path) -> io::Result<bool>;
+    /// The cookie of this network namespace (`SO_NETNS_COOKIE`, kernel 5.14 or later).
+    fn netns_cookie(&mut self) -> io::Result<u64>;
+    /// Writes which sockets the programs place into `sock_cfg_v1`: a namespace's cookie, or 0 for every one.
+    fn write_scope(&mut self, netns_cookie: u64) -> Result<(), KernelError>;
+    /// Attaches the pinned `program` to `cgroup` by a new bpf link and pins it over `links/<program>`
+    /// (which detaches the link pinned before).
+    fn attach(&mut self, cgroup: &Path, program: &'static str) -> Result<(), KernelError>;
+    /// Removes the link pin of `program`, detaching its link; false when there was none.
+    fn detach(&mut self, program: &str) -> Result<bool, KernelError>;
+}
+
+/// What `weir uninstall` reads and removes (`real::uninstall::HostUninstall`): the tc filters on this
+/// network namespace's interfaces, and weir's files (the conflist, link pins, the pin root, the API socket).
+pub trait UninstallIo {
+    /// True when something answers on the unix socket `socket` (a running agent).
+    fn agent_running(&self, socket: &Path) -> bool;
+    /// (index, name) of every interface in this network namespace.
+    fn interfaces(&mut self) -> Result<Vec<(u32, String)>, KernelError>;
+    /// The `bpf` filters at `hook` of interface `ifindex`; `None` when the interface is gone.
+    fn filters(
+        &mut self,
+        ifindex: u32,
+        hook: TcAttachType,
+    ) -> Result<Option<Vec<attach::filter::BpfFilter>>, KernelError>;
+    /// Deletes `filter` from `hook` of interface `ifindex`.
+    fn delete_filter(
+        &mut self,
+        ifindex: u32,
+        hook: TcAttachType,
+        filter: &attach::filter::BpfFilter,
+    ) -> Result<(), KernelError>;
+    /// The names of the entries of directory `dir`; `None` when there is no such directory.
+    fn list(&mut self, dir: &Path) -> io::Result<Option<Vec<String>>>;
+    /// Removes file `path`; false when there was none.
+    fn remove_file(&mut self, path: &Path) -> io::Result<bool>;
+    /// Removes directory `dir` with everything in it; false when there was none.
+    fn remove_tree(&mut self, dir: &Path) -> io::Result<bool>;
 }

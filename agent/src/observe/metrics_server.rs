@@ -14,70 +14,21 @@ use axum::{
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _, prometheus_text, text},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::{Registry, Unit},
 };
 use tokio::sync::watch;
 
+pub use crate::{
+    calc::ipam_service::{PoolUsage, PoolUsageCache},
+    control::snapshot::{LoopMeasures, SourceSync},
+};
 use crate::{
     control::snapshot::Snapshot,
     dataplane::{conntrack::CtStats, nat_stats::NatStats},
 };
 
 type Label = [(&'static str, String); 1];
-
-/// Upper bounds (seconds) of the apply duration histogram: 0.5 ms to 10 s.
-const APPLY_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// What the dataplane loop measures beside its state, published in every snapshot.
-#[derive(Clone, Debug)]
-pub struct LoopMeasures {
-    /// Durations of the loop's applies (one histogram shared by every snapshot).
-    pub apply_durations: Histogram,
-    /// The sources' sync state as of the snapshot.
-    pub sources: SourceSync,
-    /// Periodic refreshes started (`--refresh-interval`).
-    pub refreshes: u64,
-}
-
-impl Default for LoopMeasures {
-    fn default() -> Self {
-        Self {
-            apply_durations: Histogram::new(APPLY_BUCKETS),
-            sources: SourceSync::default(),
-            refreshes: 0,
-        }
-    }
-}
-
-/// Whether each source the loop reads is in sync, and how often it came back after being down.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SourceSync {
-    /// The link watcher has dumped the links and is running.
-    pub links: bool,
-    /// Times the link watcher synced again after it stopped and was restarted.
-    pub links_resyncs: u64,
-    /// The cluster source (policy directory, or the API server's lists) was read and is not stale.
-    pub cluster: bool,
-    /// Times the cluster source became reachable again after going stale.
-    pub cluster_resyncs: u64,
-}
-
-/// One IPAM pool's usage, as IPAM last computed it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolUsage {
-    /// The pool's name.
-    pub pool: String,
-    /// Addresses allocated.
-    pub allocated: u128,
-    /// Addresses in the pool's CIDR.
-    pub capacity: u128,
-}
-
-/// The pools' usage, refreshed by IPAM whenever it lists its pools (`IpamService::pools`).
-pub type PoolUsageCache = Arc<Mutex<Vec<PoolUsage>>>;
 
 fn counter_family(
     encoder: &mut DescriptorEncoder<'_>,

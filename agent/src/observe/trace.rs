@@ -8,9 +8,8 @@
 use std::net::IpAddr;
 
 use maps_schema::{
-    IdentityInfo,
     endpoint::{FLAG_ISOLATED_EGRESS, FLAG_ISOLATED_INGRESS},
-    identity::{HOST, WORLD, reserved_name},
+    identity::{HOST, reserved_name},
     policy::{EGRESS, INGRESS, VERDICT_ALLOW, decide},
     service::{
         SCOPE_ALL, SCOPE_PODS, SVC_FLAG_AFFINITY, SVC_FLAG_EXTERNAL_LOCAL, SlotKey, Svc4Key,
@@ -36,41 +35,9 @@ pub fn protocol(name: &str) -> Option<u8> {
     }
 }
 
-/// The identity the programs would give `ip` on the desired state (exact, else LPM, else world).
+/// The identity the programs would give `ip` on the node's desired state (`Dataplane::identity_of`).
 pub(crate) fn identity_of(node: &Node, ip: IpAddr) -> u32 {
-    let dp = &node.dataplane;
-    let exact = match ip {
-        IpAddr::V4(a) => dp.ident4.desired(&a.octets()).copied(),
-        IpAddr::V6(a) => dp.ident6.desired(&a.octets()).copied(),
-    };
-    let lpm = |best: Option<(u32, IdentityInfo)>, (len, info): (u32, IdentityInfo)| match best {
-        Some((l, _)) if l >= len => best,
-        _ => Some((len, info)),
-    };
-    let cidr = match ip {
-        IpAddr::V4(a) => dp
-            .ipcache4
-            .entries()
-            .filter(|(p, _)| covers(&p.data, p.len, &a.octets()))
-            .map(|(p, i)| (p.len, *i))
-            .fold(None, lpm),
-        IpAddr::V6(a) => dp
-            .ipcache6
-            .entries()
-            .filter(|(p, _)| covers(&p.data, p.len, &a.octets()))
-            .map(|(p, i)| (p.len, *i))
-            .fold(None, lpm),
-    };
-    exact.or(cidr.map(|(_, i)| i)).map_or(WORLD, |i| i.identity)
-}
-
-fn covers<const N: usize>(net: &[u8; N], len: u32, addr: &[u8; N]) -> bool {
-    let full = (len / 8) as usize;
-    if net[..full.min(N)] != addr[..full.min(N)] {
-        return false;
-    }
-    let rest = len % 8;
-    rest == 0 || full >= N || (net[full] ^ addr[full]) >> (8 - rest) == 0
+    node.dataplane.identity_of(ip)
 }
 
 fn name(identity: u32) -> String {
@@ -277,6 +244,7 @@ mod tests {
 
     #[test]
     fn prefixes_cover_what_they_should() {
+        use crate::dataplane::plane::covers;
         assert!(covers(&[10, 0, 0, 0], 8, &[10, 1, 2, 3]));
         assert!(!covers(&[10, 0, 0, 0], 8, &[11, 1, 2, 3]));
         assert!(covers(&[10, 1, 128, 0], 17, &[10, 1, 200, 1]));

@@ -22,10 +22,12 @@ use super::{
     model::{Peer, PolicySet, PortSpec, Rule},
     pods::RemotePod,
 };
+
+use weir_api::Endpoint;
+
 use crate::{
     calc::identity::{Identities, IdentityError, LabelSet},
     kernel::Prefix,
-    sources::registry::Endpoint,
 };
 
 /// A local endpoint as the compiler sees it.

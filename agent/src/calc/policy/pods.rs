@@ -8,7 +8,7 @@
 use std::{borrow::Cow, collections::BTreeSet, net::IpAddr};
 
 use super::model::{Labels, NamedPort, Pod, PolicySet};
-use crate::sources::registry::Endpoint;
+use weir_api::Endpoint;
 
 /// The Pod object of a local endpoint, if the source has one.
 #[must_use]

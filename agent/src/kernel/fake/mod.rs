@@ -9,6 +9,13 @@ pub(crate) mod ct;
 #[cfg(test)]
 pub(crate) mod masq;
 pub(crate) mod vxlan;
+// Host routing, socket LB and `weir uninstall`.
+#[cfg(test)]
+pub(crate) mod host_fwd;
+#[cfg(test)]
+pub(crate) mod socket_lb;
+#[cfg(test)]
+pub(crate) mod uninstall;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -346,6 +353,13 @@ pub(crate) struct FakeKernel {
     /// The masquerade side (`masq`).
     #[cfg(test)]
     pub(crate) masq: Arc<Mutex<crate::kernel::fake::masq::MasqTable>>,
+    /// Host routing, socket LB and `weir uninstall` (`host_fwd`, `socket_lb`, `uninstall`).
+    #[cfg(test)]
+    pub(crate) host_fwd: Arc<Mutex<crate::kernel::fake::host_fwd::HostFwdTable>>,
+    #[cfg(test)]
+    pub(crate) socket_lb: Arc<Mutex<crate::kernel::fake::socket_lb::SocketLbTable>>,
+    #[cfg(test)]
+    pub(crate) uninstall: Arc<Mutex<crate::kernel::fake::uninstall::UninstallTable>>,
     counters: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     rule_hits: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
     maps: Arc<Mutex<BTreeMap<String, MapMeta>>>,
@@ -406,6 +420,28 @@ impl FakeKernel {
     #[cfg(test)]
     pub(crate) fn masq_table(&self) -> MutexGuard<'_, crate::kernel::fake::masq::MasqTable> {
         lock(&self.masq)
+    }
+
+    /// The host routing side: the program array's slots, the pinned programs.
+    #[cfg(test)]
+    pub(crate) fn host_fwd(&self) -> MutexGuard<'_, crate::kernel::fake::host_fwd::HostFwdTable> {
+        lock(&self.host_fwd)
+    }
+
+    /// The socket LB side: cgroups, link pins, the scope.
+    #[cfg(test)]
+    pub(crate) fn socket_lb(
+        &self,
+    ) -> MutexGuard<'_, crate::kernel::fake::socket_lb::SocketLbTable> {
+        lock(&self.socket_lb)
+    }
+
+    /// The uninstall side: interfaces, filters, files.
+    #[cfg(test)]
+    pub(crate) fn uninstall_table(
+        &self,
+    ) -> MutexGuard<'_, crate::kernel::fake::uninstall::UninstallTable> {
+        lock(&self.uninstall)
     }
 
     /// The link table (addresses, faults).

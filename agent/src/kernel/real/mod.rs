@@ -1,7 +1,8 @@
 //! The real kernel: the seam's implementations over aya, netlink, bpffs and the `bpf()` batch calls, and
 //! loading the object. bpffs and the pin directories (`bpffs`), loading the object with its maps pinned by
-//! versioned name (`loader`), keeping or replacing the pinned programs (`programs`), socket LB's cgroup links
-//! (`socket_lb`), batch map operations (`batch`), the conntrack maps (`ct`) and their pins (`ct_maps`), the
+//! versioned name (`loader`), keeping or replacing the pinned programs (`programs`), BPF host routing's
+//! program array (`host_fwd`), socket LB's cgroup links (`socket_lb`), what `weir uninstall` removes
+//! (`uninstall`), batch map operations (`batch`), the conntrack maps (`ct`) and their pins (`ct_maps`), the
 //! counter arrays (`counters`), the masquerade's programs on host interfaces (`host_tc`), the pin root read
 //! on request (`inspect`), links and addresses (`netlink_links`), routes (`netlink_routes`), the VXLAN
 //! device (`netlink_vxlan`), the endpoint programs on workload links (`tc_links`) and the XDP prefilter on
@@ -12,6 +13,7 @@ pub mod bpffs;
 pub mod counters;
 pub mod ct;
 pub mod ct_maps;
+pub mod host_fwd;
 pub mod host_tc;
 pub mod inspect;
 pub mod loader;
@@ -21,4 +23,5 @@ pub mod netlink_vxlan;
 pub mod programs;
 pub mod socket_lb;
 pub mod tc_links;
+pub mod uninstall;
 pub mod xdp;
