@@ -36,6 +36,7 @@ use crate::{
         conntrack::{self, CtStats},
         endpoints::EndpointsManager,
         map_driver::MapDriver,
+        masquerade::MasqDriver,
         pins,
         plane::Dataplane,
         prefilter::{Prefilter, PrefilterError},
@@ -52,7 +53,7 @@ use crate::{
     },
     observe::metrics_server,
     setup::host,
-    sources::{link_source, policy_dir},
+    sources::{link_source, policy_dir, pools::masquerade_pools, prefilter_file::DenyFile},
 };
 
 /// Errors that stop the agent.
@@ -85,9 +86,6 @@ pub enum DaemonError {
     /// The prefilter could not be set up.
     #[error(transparent)]
     Prefilter(#[from] PrefilterError),
-    /// The masquerade could not be set up.
-    #[error(transparent)]
-    Masquerade(#[from] crate::dataplane::masquerade::MasqueradeError),
     /// The persisted state could not be restored.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -157,7 +155,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError
 
 /// Runs the agent until SIGTERM or SIGINT.
 /// The kernel side loaded: the eBPF object, the conntrack layout and its migration, the programs,
-/// socket LB and the prefilter's driver.
+/// socket LB, and the prefilter opened with the deny file's first read (the loop applies it).
 struct Loaded {
     object: std::borrow::Cow<'static, [u8]>,
     ct_layout: u32,
@@ -165,12 +163,12 @@ struct Loaded {
     migration: MigrationReport,
     programs: Programs,
     socket_lb: crate::dataplane::socket_lb::SocketLbReport,
-    prefilter_driver: Prefilter,
-    prefilter: Vec<(String, AttachMode)>,
+    prefilter: Prefilter,
+    deny_file: Option<DenyFile>,
 }
 
 /// Step 1: conntrack first (refuse a newer layout, copy an older one), then the programs, BPF
-/// host routing, socket LB, the eBPF log and the XDP prefilter.
+/// host routing, socket LB, the eBPF log, and the XDP prefilter's program and maps opened.
 fn load_kernel(config: &Config) -> Result<Loaded, DaemonError> {
     let paths = &config.paths;
     migrate::failpoint::validate().map_err(DaemonError::Failpoint)?;
@@ -197,12 +195,18 @@ fn load_kernel(config: &Config) -> Result<Loaded, DaemonError> {
         config.socket_lb_scope,
     )?;
     crate::observe::ebpf_log::start(paths);
-    // The XDP prefilter: deny CIDRs and attachments reconciled by its driver, on its own thread.
-    let (prefilter_driver, prefilter) = Prefilter::start(
+    // The XDP prefilter: a driver the loop applies from its first pass, with the deny file's
+    // first read (later reads come from its source).
+    let (deny_file, first) = config
+        .prefilter_deny_file
+        .clone()
+        .map(DenyFile::first_read)
+        .unzip();
+    let prefilter = Prefilter::open(
         paths,
         &config.prefilter_interfaces,
         &config.prefilter_deny,
-        config.prefilter_deny_file.clone(),
+        first.as_ref(),
     )?;
     Ok(Loaded {
         object,
@@ -211,8 +215,8 @@ fn load_kernel(config: &Config) -> Result<Loaded, DaemonError> {
         migration,
         programs,
         socket_lb,
-        prefilter_driver,
         prefilter,
+        deny_file,
     })
 }
 
@@ -307,6 +311,34 @@ async fn open_node(
         pod_mtu,
         underlay,
     })
+}
+
+/// Step 3b: the host interfaces' drivers, held by the node and applied by the loop: the prefilter
+/// from its first pass, the masquerade (programs on the named interfaces, the pools' CIDRs) once in
+/// sync.
+fn host_drivers(
+    config: &Config,
+    node: &mut Node,
+    prefilter: Prefilter,
+    underlay: Option<String>,
+    pools: &[crate::calc::ipam_service::PoolStatus],
+) -> Result<(), DaemonError> {
+    // BPF host routing the other way: what other nodes send this node's pods arrives on the
+    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
+    // arrives on the VXLAN device, encapsulated for the node itself).
+    let host_interfaces = crate::dataplane::masquerade::with_underlay(
+        &config.host_interfaces,
+        underlay.filter(|_| {
+            config.host_routing == crate::config::HostRouting::Bpf
+                && config.routing == crate::config::RoutingMode::Native
+        }),
+    );
+    let mut masquerade = MasqDriver::open(&config.paths)?;
+    masquerade.set_interfaces(host_interfaces);
+    masquerade.set_pools(masquerade_pools(pools));
+    node.host.prefilter = Some(prefilter);
+    node.host.masquerade = Some(masquerade);
+    Ok(())
 }
 
 /// Step 4: the sources that feed the loop: node records, the link watcher (restarted with
@@ -425,28 +457,50 @@ async fn finish_upgrade(
     Ok(())
 }
 
-/// Step 9: the masquerade: programs on the named interfaces, the pools' CIDRs, the NAT sweep, on
-/// its own thread; the pools are polled here (they change through `weir ipam pool`).
-fn start_masquerade(
+/// What upkeep shares with the API and the metrics: the conntrack sweep's figures and its lock
+/// (a flush waits for the sweep, and it for a flush), and the NAT map's pressure.
+struct Upkeep {
+    ct_stats: Arc<std::sync::Mutex<CtStats>>,
+    ct_ops: Arc<std::sync::Mutex<()>>,
+    nat_stats: Arc<std::sync::Mutex<crate::dataplane::nat_stats::NatStats>>,
+}
+
+/// Step 7: upkeep beside the loop, until `stop`: the conntrack sweep and the NAT sweep.
+fn start_upkeep(
     config: &Config,
-    host_interfaces: &[crate::dataplane::masquerade::MasqSpec],
-    ipam: &Arc<IpamService>,
-    pools: &[crate::calc::ipam_service::PoolStatus],
+    ct_layout: u32,
+    inspect: &Arc<dyn crate::kernel::InspectIo>,
     stop: &Arc<AtomicBool>,
-    pressure: crate::dataplane::nat_stats::NatPressure,
-) -> Result<Vec<crate::dataplane::masquerade::AttachedMode>, DaemonError> {
-    let v4 = masquerade_pools;
-    let (masq, modes) = crate::dataplane::masquerade::Masquerade::start(
-        &config.paths,
-        host_interfaces,
-        &v4(pools),
-    )?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _masq_thread = masq
-        .spawn(rx, Arc::clone(stop), pressure)
-        .map_err(io_err("start the masquerade thread"))?;
-    tokio::spawn(crate::upkeep::poll_pools(Arc::clone(ipam), v4(pools), tx));
-    Ok(modes)
+) -> Result<Upkeep, DaemonError> {
+    let paths = &config.paths;
+    let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
+    let ct_ops = Arc::new(std::sync::Mutex::new(()));
+    crate::upkeep::spawn_ct_sweep(
+        conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats)),
+        crate::kernel::real::ct::PinnedCt::new(paths, ct_layout),
+        config.ct_sweep_interval,
+        config.ct_timeouts,
+        Arc::clone(stop),
+    )
+    .map_err(io_err("start the conntrack sweep thread"))?;
+    let nat_stats = Arc::new(std::sync::Mutex::new(
+        crate::dataplane::nat_stats::NatStats::default(),
+    ));
+    use maps_schema::maps::NAT4;
+    crate::upkeep::spawn_nat_sweep(
+        Box::new(PinnedHash::open(NAT4, &paths.map_pin(NAT4))?),
+        crate::dataplane::nat_stats::NatPressure {
+            stats: Arc::clone(&nat_stats),
+            kernel: Arc::clone(inspect),
+        },
+        Arc::clone(stop),
+    )
+    .map_err(io_err("start the nat sweep thread"))?;
+    Ok(Upkeep {
+        ct_stats,
+        ct_ops,
+        nat_stats,
+    })
 }
 
 /// The address families the pools serve (what the CNI configuration offers).
@@ -474,8 +528,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         mut migration,
         programs,
         socket_lb,
-        prefilter_driver,
         prefilter,
+        deny_file,
     } = load_kernel(&config)?;
     let program_report = programs.report.programs.clone();
     let dataplane = dataplane(&config, programs)?;
@@ -498,19 +552,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         pod_mtu,
         underlay,
     } = open_node(&config, dataplane, first_read.as_ref()).await?;
-    // BPF host routing the other way: what other nodes send this node's pods arrives on the
-    // underlay, whose `masq_ingress` hands it to `host_fwd_in` (native routing only: VXLAN traffic
-    // arrives on the VXLAN device, encapsulated for the node itself).
-    let host_interfaces = crate::dataplane::masquerade::with_underlay(
-        &config.host_interfaces,
-        underlay.filter(|_| {
-            config.host_routing == crate::config::HostRouting::Bpf
-                && config.routing == crate::config::RoutingMode::Native
-        }),
-    );
     if kube_client.is_some() {
         node.await_policy_source();
     }
+    let pools = ipam.pools().await?;
+    host_drivers(&config, &mut node, prefilter, underlay, &pools)?;
     let handles: BTreeSet<String> = node.endpoints().map(|e| e.handle.clone()).collect();
     let restored = node.summary().endpoints;
     node.set_refresh_interval(Some(config.refresh_interval).filter(|interval| !interval.is_zero()));
@@ -541,33 +587,35 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     let generation = wait_ready(&config, &dataplane_loop).await?;
     tracing::info!(generation, "dataplane in sync");
+    let host_status = Arc::clone(&dataplane_loop.snapshot().host);
+    if let Some(error) = &host_status.prefilter_error {
+        return Err(PrefilterError::Apply(error.clone()).into());
+    }
     finish_upgrade(&config, &object, pending, &mut migration).await?;
     host::enable_forwarding(&paths)?;
 
-    // Upkeep beside the loop: the conntrack sweep (a flush waits for it, and it for a flush).
-    let ct_stats = Arc::new(std::sync::Mutex::new(CtStats::default()));
-    let ct_ops = Arc::new(std::sync::Mutex::new(()));
-    let stop = Arc::new(AtomicBool::new(false));
-    crate::upkeep::spawn_ct_sweep(
-        conntrack::CtUpkeep::new(Arc::clone(&ct_ops), Arc::clone(&ct_stats)),
-        crate::kernel::real::ct::PinnedCt::new(&paths, ct_layout),
-        config.ct_sweep_interval,
-        config.ct_timeouts,
-        Arc::clone(&stop),
-    )
-    .map_err(io_err("start the conntrack sweep thread"))?;
-    let prefilter_reads = prefilter_driver.reads();
-    let _prefilter = prefilter_driver
-        .spawn(Arc::clone(&stop))
-        .map_err(io_err("start the prefilter thread"))?;
-
-    // The API and the metrics, read from the loop's snapshots.
     let inspect: Arc<dyn crate::kernel::InspectIo> =
         Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
-    // The NAT map's pressure, kept by the masquerade thread's sweep.
-    let nat_stats = Arc::new(std::sync::Mutex::new(
-        crate::dataplane::nat_stats::NatStats::default(),
+    let stop = Arc::new(AtomicBool::new(false));
+    let Upkeep {
+        ct_stats,
+        ct_ops,
+        nat_stats,
+    } = start_upkeep(&config, ct_layout, &inspect, &stop)?;
+    // The host drivers' sources: the deny file and the pools.
+    let prefilter_reads = deny_file
+        .as_ref()
+        .map_or_else(Arc::default, DenyFile::reads);
+    if let Some(deny_file) = deny_file {
+        tokio::spawn(deny_file.run(dataplane_loop.clone()));
+    }
+    tokio::spawn(crate::sources::pools::run(
+        Arc::clone(&ipam),
+        masquerade_pools(&pools),
+        dataplane_loop.clone(),
     ));
+
+    // The API and the metrics, read from the loop's snapshots.
     let api = Arc::new(Api {
         dataplane: dataplane_loop.clone(),
         ipam: Arc::clone(&ipam),
@@ -604,19 +652,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         metrics_listener,
         Arc::new(metrics_state),
     ));
-
-    let pools = ipam.pools().await?;
-    let masquerade = start_masquerade(
-        &config,
-        &host_interfaces,
-        &ipam,
-        &pools,
-        &stop,
-        crate::dataplane::nat_stats::NatPressure {
-            stats: Arc::clone(&nat_stats),
-            kernel: Arc::clone(&inspect),
-        },
-    )?;
     // Ready: tell the runtime how to use us. The conflist sends runtimes to weir-cni, which calls
     // this socket: it answers first.
     await_api_socket(&paths).await?;
@@ -637,8 +672,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         node: &config.node,
         loaded: loader::report(&*inspect, &paths, ct_layout),
         programs: program_report,
-        prefilter,
-        masquerade,
+        prefilter: host_status.prefilter.clone(),
+        masquerade: host_status.masquerade.clone(),
         socket_lb,
         endpoints: restored,
         ct_layout,
@@ -698,14 +733,4 @@ async fn wait_for_shutdown(
             Err(DaemonError::Failing(failing.map(|s| s.applied.failures).unwrap_or(MAX_FAILURES)))
         }
     }
-}
-
-/// The IPv4 pool CIDRs the masquerade keeps its hands off (disabled pools too: their pods remain).
-pub(crate) fn masquerade_pools(
-    pools: &[crate::calc::ipam_service::PoolStatus],
-) -> Vec<ipnetwork::Ipv4Network> {
-    pools
-        .iter()
-        .filter_map(|p| p.cidr.parse::<ipnetwork::Ipv4Network>().ok())
-        .collect()
 }

@@ -3,7 +3,8 @@
 //! deny); a bad file keeps the last good set; a restart that no longer names the interface
 //! detaches its XDP link and removes its pin (checked with `ip`, `bpftool net` and `bpftool link`
 //! from outside), while the interface still named keeps its link; a named interface recreated
-//! while the agent was away gets the prefilter again at the next start.
+//! while the agent was away gets the prefilter again at the next start. A named interface that
+//! does not exist stops the start with an error naming it.
 
 use std::{
     net::{Ipv4Addr, UdpSocket},
@@ -257,4 +258,34 @@ fn a_deny_cidr_from_the_file_drops_real_traffic_and_an_unnamed_interface_loses_i
     assert_eq!(agent.started["prefilter"][0][1], "new-link");
     assert_eq!(xdp_links_running(prog), 1, "the defunct link is gone");
     assert!(agent.terminate().success());
+}
+
+#[test]
+fn a_named_interface_that_does_not_exist_stops_the_start_naming_it() {
+    if !require_root("a_named_interface_that_does_not_exist_stops_the_start_naming_it") {
+        return;
+    }
+    let root = PinRoot::new();
+    let dirs = AgentDirs::new();
+    let node = NetNs::new();
+    let missing = "wtnosuch0";
+    let shown = node.exec(&["ip", "-j", "link", "show"]);
+    assert!(
+        !String::from_utf8_lossy(&shown.stdout).contains(missing),
+        "the precondition: no interface {missing} in the namespace"
+    );
+    let (status, stderr) = AgentProcess::run_to_exit(
+        &root,
+        &dirs,
+        Some(&node),
+        &["--prefilter-interfaces", missing],
+        &[],
+    );
+    assert!(!status.success(), "the agent refuses to start: {stderr}");
+    assert!(
+        stderr.contains("cannot set up the XDP prefilter")
+            && stderr.contains(missing)
+            && stderr.contains("check --prefilter-interfaces"),
+        "the error names the interface and the flag: {stderr}"
+    );
 }

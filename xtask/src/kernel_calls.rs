@@ -53,11 +53,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "a cfg(test) benchmark reading the thread's CPU time (nix::time); measures, touches no kernel state",
     ),
     (
-        "agent/src/dataplane/prefilter.rs",
-        "PinnedXdp (real XdpIo: aya Xdp, nix if_nametoindex) shares private helpers with the driver; \
-         not yet split into kernel/real/",
-    ),
-    (
         "agent/src/observe/ebpf_log.rs",
         "the debug object's log drain: aya-log takes aya's ProgramInfo handles; no seam trait, debug builds only",
     ),

@@ -55,7 +55,7 @@ pub struct Api {
     pub paths: crate::paths::Paths,
     /// Conntrack sweep counters.
     pub ct: Arc<std::sync::Mutex<CtStats>>,
-    /// The NAT map's pressure, kept by the masquerade thread.
+    /// The NAT map's pressure, kept by the NAT sweep.
     pub nat: Arc<std::sync::Mutex<crate::dataplane::nat_stats::NatStats>>,
     /// Held by each conntrack sweep and flush for its whole run: a flush in the middle of a sweep
     /// would be overwritten by the sweep's stats and its entries counted as evictions.

@@ -1,6 +1,7 @@
 //! The one dataplane loop (Felix's `InternalDataplane`): one thread owns the [`Node`] — the
-//! calculation, the managers and the drivers. Sources (the API, the policy files, the link
-//! watcher; the registry is read when the node opens) send typed [`Command`]s over a channel. The
+//! calculation, the managers and the drivers (the host interfaces' prefilter and masquerade too).
+//! Sources (the API, the policy files, the link watcher, the prefilter's deny file, the pools; the
+//! registry is read when the node opens) send typed [`Command`]s over a channel. The
 //! loop takes everything queued as one batch, updates the node, applies when anything is dirty
 //! (at once after an idle wait, throttled while commands keep coming; a failure keeps the state
 //! dirty and retries with backoff), and publishes a [`Snapshot`] that every reader uses instead
@@ -140,6 +141,11 @@ pub enum Command {
     ClusterPods(Vec<crate::cluster::ClusterPod>),
     /// Every pod address known cluster-wide with its identity and node (`weir status --all-addresses`).
     Addresses(oneshot::Sender<Vec<crate::cluster::AddressView>>),
+    /// A new read of `--prefilter-deny-file` (its CIDRs, or why it was refused: the last good set
+    /// stays), from `sources::prefilter_file`.
+    PrefilterDenyFile(crate::dataplane::prefilter::DenyFileRead),
+    /// The pools' IPv4 CIDRs for the masquerade, from `sources::pools`.
+    MasqueradePools(Vec<ipnetwork::Ipv4Network>),
     /// Every Service frontend with its backends (`weir service list`).
     /// End the loop.
     Stop,
@@ -396,6 +402,7 @@ impl DataplaneLoop {
             }
             self.refresh_if_due();
             self.apply_if_due(idle);
+            self.apply_host_if_due();
             // Readers first: a write that resolves finds its change in the snapshot.
             self.publish();
             self.resolve_waiters();
@@ -415,6 +422,13 @@ impl DataplaneLoop {
             at = at.min(retry);
         }
         if let Some(retry) = self.routes_retry_at {
+            at = at.min(retry);
+        }
+        // A host retry already due is taken at the next apply or waits for the idle tick (the
+        // masquerade waits for in-sync): never a wake in the past.
+        if let Some(retry) = self.node.host.retry_at()
+            && retry > now
+        {
             at = at.min(retry);
         }
         if let Some(refresh) = self.refresh_at {
@@ -515,6 +529,8 @@ impl DataplaneLoop {
                 self.node.on_node_delta(delta);
                 self.changed.nodes = true;
             }
+            Command::PrefilterDenyFile(read) => self.node.host.set_deny_file(read),
+            Command::MasqueradePools(pools) => self.node.host.set_pools(pools),
             Command::Stop => return true,
         }
         false
@@ -694,6 +710,18 @@ impl DataplaneLoop {
         }
     }
 
+    /// The host interfaces' drivers (prefilter, masquerade) when they have work due: after the
+    /// maps, on this thread; their failures are theirs (published in the snapshot, retried with
+    /// their backoff) and fail nothing of the pods' dataplane.
+    fn apply_host_if_due(&mut self) {
+        let in_sync = self.node.in_sync();
+        if !self.node.host.is_due(in_sync, Instant::now()) {
+            return;
+        }
+        self.node.host.apply(in_sync);
+        self.changed.any = true;
+    }
+
     fn resolve_waiters(&mut self) {
         let applied = self.applied.generation;
         let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiters)
@@ -791,6 +819,11 @@ impl DataplaneLoop {
                 Arc::clone(&previous.services)
             },
             measured: self.measured.clone(),
+            host: if *self.node.host.status() == *previous.host {
+                Arc::clone(&previous.host)
+            } else {
+                Arc::new(self.node.host.status().clone())
+            },
         };
         self.publish.send_replace(Arc::new(snapshot));
     }

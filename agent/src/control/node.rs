@@ -66,6 +66,9 @@ pub struct Node {
     calc: Calculation,
     /// Drivers and managers.
     pub dataplane: Dataplane,
+    /// The host interfaces' drivers (the XDP prefilter, the masquerade) with their desired state;
+    /// the loop applies them beside the maps.
+    pub host: crate::dataplane::host::HostDrivers,
     policy_errors: Vec<PolicyFileError>,
     /// Objects that apply with a caveat (`policy::warnings`), as `weir status` lists them.
     policy_warnings: Vec<String>,
@@ -149,6 +152,7 @@ impl Node {
             registry,
             calc,
             dataplane,
+            host: crate::dataplane::host::HostDrivers::default(),
             policy_errors,
             policy_warnings,
             cluster,
@@ -390,6 +394,7 @@ impl Node {
     /// what was changed from outside (no kernel I/O here).
     pub fn refresh(&mut self) {
         self.dataplane.refresh();
+        self.host.refresh();
         if let Some(routes) = &mut self.routes {
             routes.refresh();
         }

@@ -83,6 +83,8 @@ pub struct Snapshot {
     pub services: Arc<ServiceViews>,
     /// What the loop measures for `/metrics`: apply durations, the sources' sync state.
     pub measured: LoopMeasures,
+    /// The host interfaces' drivers: the prefilter's and the masquerade's attachments and errors.
+    pub host: Arc<crate::dataplane::host::HostStatus>,
 }
 
 impl Snapshot {
@@ -100,6 +102,7 @@ impl Snapshot {
             ipam_hints: node.ipam_hints(),
             services: node.service_view_parts(),
             measured: LoopMeasures::default(),
+            host: Arc::new(node.host.status().clone()),
         }
     }
 

@@ -1,15 +1,15 @@
-//! BPF masquerade for real: `masq_egress`/`masq_ingress` on exactly the interfaces
-//! `--masquerade-interfaces` names (a masquerade link on any other interface is an orphan: its pin
-//! is removed, which detaches it), `masq_if_v1` (each named interface's index → the address it
-//! masquerades to: the flag's, or the interface's first IPv4 address) and `masq_cidr4_v1` (the
-//! IPv4 pool CIDRs) through map drivers, and the sweep of idle `nat4_v1` pairs. A failing
-//! interface stays dirty and is retried with backoff; the others proceed.
+//! BPF masquerade, a driver the dataplane loop applies: `masq_egress`/`masq_ingress` on exactly the
+//! interfaces `--masquerade-interfaces` names (a masquerade link on any other interface is an orphan:
+//! its pin is removed, which detaches it), `masq_if_v1` (each named interface's index → the address it
+//! masquerades to: the flag's, or the interface's first IPv4 address) and `masq_cidr4_v1` (the IPv4
+//! pool CIDRs, sent by `sources::pools`) through map drivers. A failing interface stays dirty and is
+//! retried with backoff; the others proceed. The sweep of idle `nat4_v1` pairs ([`sweep_nat`]) is a
+//! periodic task (`upkeep`).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    io,
     net::Ipv4Addr,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use attach::AttachMode;
@@ -178,6 +178,18 @@ impl MasqDriver {
             cidrs: MapDriver::new(cidrs),
             modes: BTreeMap::new(),
         }
+    }
+
+    /// Over the real kernel: the pinned programs and maps, opened (nothing attached or written
+    /// until the loop applies).
+    pub fn open(paths: &Paths) -> Result<Self, KernelError> {
+        use crate::kernel::{PinnedHash, PinnedLpm};
+        use maps_schema::maps::{MASQ_CIDR4, MASQ_IF};
+        Ok(Self::new(
+            Box::new(crate::kernel::real::host_tc::PinnedHostTc::open(paths)?),
+            Box::new(PinnedHash::open(MASQ_IF, &paths.map_pin(MASQ_IF))?),
+            Box::new(PinnedLpm::open(MASQ_CIDR4, &paths.map_pin(MASQ_CIDR4))?),
+        ))
     }
 
     /// The host interfaces served (masquerade, NodePorts: [`host_interfaces`]). No kernel I/O.
@@ -450,116 +462,6 @@ pub fn list_nat(
         .collect();
     out.sort_by_key(|a| a.0);
     Ok(out.into_iter().map(|(_, v)| v).collect())
-}
-
-/// How often the masquerade thread looks at its inputs, reads everything back, and sweeps.
-const POLL: Duration = Duration::from_millis(200);
-const RESYNC: Duration = Duration::from_secs(60);
-const SWEEP: Duration = Duration::from_secs(10);
-
-/// Errors starting the masquerade.
-#[derive(Debug, thiserror::Error)]
-pub enum MasqueradeError {
-    /// The programs or maps could not be opened.
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-    /// The first apply failed (an interface that does not exist, or has no address).
-    #[error("cannot set up the masquerade: {0}; check --masquerade-interfaces")]
-    Apply(#[from] ApplyError),
-}
-
-/// The masquerade as the agent runs it: the driver, the NAT map for the sweep, and the channel
-/// new pool sets arrive on.
-pub struct Masquerade {
-    driver: MasqDriver,
-    nat: Box<dyn MapIo<Nat4Key, Nat4Entry>>,
-}
-
-impl Masquerade {
-    /// Opens the pinned programs and maps and applies once (a missing interface is reported and
-    /// retried, as the prefilter's). With no interface named, every masquerade link is removed.
-    pub fn start(
-        paths: &Paths,
-        specs: &[MasqSpec],
-        pools: &[Ipv4Network],
-    ) -> Result<(Self, Vec<AttachedMode>), MasqueradeError> {
-        use crate::kernel::{PinnedHash, PinnedLpm};
-        use maps_schema::maps::{MASQ_CIDR4, MASQ_IF, NAT4};
-        let driver = MasqDriver::new(
-            Box::new(crate::kernel::real::host_tc::PinnedHostTc::open(paths)?),
-            Box::new(PinnedHash::open(MASQ_IF, &paths.map_pin(MASQ_IF))?),
-            Box::new(PinnedLpm::open(MASQ_CIDR4, &paths.map_pin(MASQ_CIDR4))?),
-        );
-        let nat = Box::new(PinnedHash::open(NAT4, &paths.map_pin(NAT4))?);
-        let mut this = Self { driver, nat };
-        this.driver.set_interfaces(specs.iter().cloned());
-        this.driver.set_pools(pools.iter().copied());
-        if let Err(e) = this.driver.apply() {
-            tracing::warn!(error = %e, "masquerade incomplete at start; retrying in the background");
-        }
-        let modes = this.driver.modes();
-        Ok((this, modes))
-    }
-
-    /// Runs on its own thread until `stop`: new pool sets from `pools`, applies when dirty
-    /// (failures retry with backoff), reads everything back now and then, sweeps idle NAT pairs.
-    pub fn spawn(
-        mut self,
-        pools: std::sync::mpsc::Receiver<Vec<Ipv4Network>>,
-        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-        pressure: super::nat_stats::NatPressure,
-    ) -> io::Result<std::thread::JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name("weir-masquerade".into())
-            .spawn(move || {
-                let mut resync_at = Instant::now() + RESYNC;
-                let mut sweep_at = Instant::now() + SWEEP;
-                let mut retry_at: Option<Instant> = None;
-                let mut last_error = String::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(POLL);
-                    while let Ok(set) = pools.try_recv() {
-                        self.driver.set_pools(set);
-                    }
-                    let now = Instant::now();
-                    if now >= sweep_at {
-                        sweep_at = now + SWEEP;
-                        match sweep_nat(&mut *self.nat, crate::kernel::real::ct::now_ns()) {
-                            Ok(s) => {
-                                if s.deleted > 0 {
-                                    tracing::debug!(entries = s.entries, deleted = s.deleted, "nat sweep");
-                                }
-                                if let Err(e) = pressure.record(&s) {
-                                    tracing::warn!(error = %e, "cannot read the nat map's capacity and events; retrying next interval");
-                                }
-                            }
-                            Err(e) => tracing::warn!(error = %e, "nat sweep failed; retrying next interval"),
-                        }
-                    }
-                    if now >= resync_at {
-                        self.driver.request_resync();
-                        resync_at = now + RESYNC;
-                    }
-                    if !self.driver.is_dirty() || retry_at.is_some_and(|t| now < t) {
-                        continue;
-                    }
-                    match self.driver.apply() {
-                        Ok(()) => {
-                            retry_at = None;
-                            last_error.clear();
-                        }
-                        Err(e) => {
-                            retry_at = e.retry_at();
-                            let text = e.to_string();
-                            if text != last_error {
-                                tracing::warn!(error = %text, "masquerade apply incomplete; retrying");
-                                last_error = text;
-                            }
-                        }
-                    }
-                }
-            })
-    }
 }
 
 #[cfg(test)]

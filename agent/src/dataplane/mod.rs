@@ -9,6 +9,7 @@ pub mod attachments;
 pub mod conntrack;
 pub mod counters;
 pub mod endpoints;
+pub mod host;
 pub mod host_routing;
 pub mod map_driver;
 pub mod masquerade;

@@ -1,5 +1,5 @@
 //! The NAT map's upkeep and pressure (`nat4_v1`): what each NAT sweep found and what the programs
-//! counted (`nat_events_v1`), kept by the masquerade thread for `weir status` and `/metrics`.
+//! counted (`nat_events_v1`), kept by the NAT sweep (`upkeep`) for `weir status` and `/metrics`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,7 +11,7 @@ use crate::kernel::{InspectIo, KernelError};
 /// The NAT map as of the last sweep (the API contract's).
 pub use weir_api::NatStats;
 
-/// Where the masquerade thread keeps [`NatStats`]: shared with the API and the metrics.
+/// Where the NAT sweep keeps [`NatStats`]: shared with the API and the metrics.
 #[derive(Clone)]
 pub struct NatPressure {
     /// The counters.

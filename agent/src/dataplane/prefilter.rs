@@ -1,8 +1,9 @@
-//! The XDP prefilter for real: deny CIDRs (from `--prefilter-deny` and `--prefilter-deny-file`)
-//! in `prefilter4_v1`/`prefilter6_v1` through two map drivers (read back, write what differs,
-//! sweep the rest), and `xdp_prefilter` on exactly the interfaces `--prefilter-interfaces` names:
-//! a pinned link on any other interface is an orphan and its pin is removed, which detaches it.
-//! A failing interface stays dirty and is retried with backoff; the others proceed.
+//! The XDP prefilter, a driver the dataplane loop applies: deny CIDRs (from `--prefilter-deny` and
+//! `--prefilter-deny-file`) in `prefilter4_v1`/`prefilter6_v1` through two map drivers (read back,
+//! write what differs, sweep the rest), and `xdp_prefilter` on exactly the interfaces
+//! `--prefilter-interfaces` names: a pinned link on any other interface is an orphan and its pin is
+//! removed, which detaches it. A failing interface stays dirty and is retried with backoff; the
+//! others proceed. The kernel side is the seam's [`XdpIo`] (`kernel::real::xdp::PinnedXdp`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,9 +14,8 @@ use std::{
 };
 
 use attach::AttachMode;
-use aya::programs::Xdp;
 use ipnetwork::IpNetwork;
-use maps_schema::{PrefilterEntry, programs::XDP_PREFILTER};
+use maps_schema::PrefilterEntry;
 
 use super::{
     map_driver::{MapDriver, Pending},
@@ -80,12 +80,8 @@ pub fn read_deny_file(path: &Path) -> Result<Vec<IpNetwork>, DenyFileError> {
     Ok(out)
 }
 
-/// A cheap change detector for the deny file: (modification time, length), `None` when absent.
-#[must_use]
-pub fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64)> {
-    let meta = fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
-}
+/// One read of the file: its CIDRs, or why it was refused.
+pub type DenyFileRead = Result<Vec<IpNetwork>, DenyFileError>;
 
 /// Rule ids written with each CIDR (not interpreted by the program; shown by `bpftool`).
 pub const RULE_FLAG: u32 = 1;
@@ -279,111 +275,85 @@ impl PrefilterDriver {
     }
 }
 
-/// Errors starting the prefilter.
+/// Errors opening the prefilter.
 #[derive(Debug, thiserror::Error)]
 pub enum PrefilterError {
     /// The program or a deny map could not be opened.
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    /// The first apply failed (e.g. an interface that does not exist).
+    /// The first apply left an interface without the prefilter (e.g. one that does not exist).
     #[error("cannot set up the XDP prefilter: {0}; check --prefilter-interfaces")]
-    Apply(#[from] ApplyError),
+    Apply(String),
 }
 
-/// How often the deny file was read and used or refused (the metric
-/// `weir_prefilter_deny_file_reads_total`): the signal that a change to the file was seen.
-#[derive(Debug, Default)]
-pub struct DenyFileReads {
-    /// Reads whose set was applied.
-    pub applied: std::sync::atomic::AtomicU64,
-    /// Reads refused (the last good set stays).
-    pub refused: std::sync::atomic::AtomicU64,
-}
-
-/// The prefilter as the agent runs it: the deny set from the flag and the file, the driver, and
-/// the file's last fingerprint.
+/// The prefilter as the loop drives it (the node holds it): the driver with the interfaces and the
+/// deny set it should have, made of `--prefilter-deny`'s CIDRs and the deny file's last good read
+/// (`sources::prefilter_file` sends each read as a command).
 pub struct Prefilter {
     driver: PrefilterDriver,
     flag: Vec<IpNetwork>,
-    file: Option<PathBuf>,
-    seen: Option<(std::time::SystemTime, u64)>,
-    reads: std::sync::Arc<DenyFileReads>,
 }
 
-/// How often the deny file is looked at, and how often the kernel state is read back in full.
-const POLL: std::time::Duration = std::time::Duration::from_millis(200);
-const RESYNC: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Prefilter {
-    /// Opens the pinned program and maps, applies once (attachments reported per interface).
-    pub fn start(
+    /// Over the real kernel: the pinned program and deny maps, opened (nothing attached or written
+    /// until the loop applies).
+    pub fn open(
         paths: &Paths,
         interfaces: &[String],
         deny: &[String],
-        file: Option<PathBuf>,
-    ) -> Result<(Self, Vec<(String, AttachMode)>), PrefilterError> {
+        file: Option<&DenyFileRead>,
+    ) -> Result<Self, PrefilterError> {
         use crate::kernel::PinnedLpm;
         use maps_schema::maps::{PREFILTER4, PREFILTER6};
         let driver = PrefilterDriver::new(
-            Box::new(PinnedXdp::open(paths)?),
+            Box::new(crate::kernel::real::xdp::PinnedXdp::open(paths)?),
             Box::new(PinnedLpm::open(PREFILTER4, &paths.map_pin(PREFILTER4))?),
             Box::new(PinnedLpm::open(PREFILTER6, &paths.map_pin(PREFILTER6))?),
         );
-        Self::start_with(driver, interfaces, deny, file)
+        Ok(Self::new(driver, interfaces, deny, file))
     }
 
-    fn start_with(
+    /// The prefilter over `driver`: the named interfaces, the flag's CIDRs and the deny file's
+    /// first read (`None`: no file). A refused first read leaves the deny maps as the kernel holds
+    /// them (the last good set is what they hold) until a good read.
+    pub fn new(
         mut driver: PrefilterDriver,
         interfaces: &[String],
         deny: &[String],
-        file: Option<PathBuf>,
-    ) -> Result<(Self, Vec<(String, AttachMode)>), PrefilterError> {
+        file: Option<&DenyFileRead>,
+    ) -> Self {
         driver.set_interfaces(interfaces.iter().cloned());
-        let flag = deny.iter().filter_map(|c| parse_cidr(c)).collect();
         let mut this = Self {
             driver,
-            flag,
-            file,
-            seen: None,
-            reads: std::sync::Arc::default(),
+            flag: deny.iter().filter_map(|c| parse_cidr(c)).collect(),
         };
-        match &this.file {
-            Some(path) => {
-                this.seen = fingerprint(path);
-                match read_deny_file(path) {
-                    Ok(set) => {
-                        this.set(&set);
-                        this.count(true);
-                    }
-                    Err(e) => {
-                        this.count(false);
-                        // The last good set is what the pinned maps hold: left as it is until
-                        // the file is fixed.
-                        tracing::error!(error = %e, "prefilter deny file refused; the deny maps keep what they hold until it is fixed");
-                        this.driver.hold_deny(true);
-                    }
-                }
-            }
+        match file {
             None => this.set(&[]),
+            Some(Ok(set)) => this.set(set),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "prefilter deny file refused; the deny maps keep what they hold until it is fixed");
+                this.driver.hold_deny(true);
+            }
         }
-        this.driver.apply()?;
-        let modes = this.driver.modes();
-        Ok((this, modes))
+        this
     }
 
-    /// The deny file's read counters, for the metrics.
-    #[must_use]
-    pub fn reads(&self) -> std::sync::Arc<DenyFileReads> {
-        std::sync::Arc::clone(&self.reads)
-    }
-
-    fn count(&self, applied: bool) {
-        let counter = if applied {
-            &self.reads.applied
-        } else {
-            &self.reads.refused
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// A new read of the deny file: a good one replaces the file's CIDRs; a refused one is
+    /// logged and the last good set stays. No kernel I/O.
+    pub fn set_file(&mut self, read: DenyFileRead) {
+        match read {
+            Ok(set) => {
+                self.driver.hold_deny(false);
+                self.set(&set);
+                tracing::info!(
+                    cidrs = self.driver.deny_len(),
+                    "prefilter deny file reloaded"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prefilter deny file refused; the last good deny set stays in force");
+            }
+        }
     }
 
     fn set(&mut self, from_file: &[IpNetwork]) {
@@ -392,180 +362,24 @@ impl Prefilter {
             .set_deny(flag.chain(from_file.iter().map(|n| (*n, RULE_FILE))));
     }
 
-    /// Rereads the deny file if it changed; a bad file is logged and the last good set stays.
-    pub fn reload(&mut self) {
-        let Some(path) = self.file.clone() else {
-            return;
-        };
-        let now = fingerprint(&path);
-        if now == self.seen {
-            return;
-        }
-        self.seen = now;
-        match read_deny_file(&path) {
-            Ok(set) => {
-                self.driver.hold_deny(false);
-                self.set(&set);
-                self.count(true);
-                tracing::info!(path = %path.display(), cidrs = self.driver.deny_len(), "prefilter deny file reloaded");
-            }
-            Err(e) => {
-                self.count(false);
-                tracing::warn!(error = %e, "prefilter deny file refused; the last good deny set stays in force");
-            }
-        }
+    /// True when an apply has work to do.
+    pub fn is_dirty(&self) -> bool {
+        self.driver.is_dirty()
     }
 
-    /// Runs on its own thread until `stop`: reload the file, apply when dirty (failures retry
-    /// with backoff), read everything back now and then.
-    pub fn spawn(
-        mut self,
-        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    ) -> io::Result<std::thread::JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name("weir-prefilter".into())
-            .spawn(move || {
-                let mut resync_at = Instant::now() + RESYNC;
-                let mut retry_at: Option<Instant> = None;
-                let mut last_error = String::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(POLL);
-                    self.reload();
-                    let now = Instant::now();
-                    if now >= resync_at {
-                        self.driver.request_resync();
-                        resync_at = now + RESYNC;
-                    }
-                    if !self.driver.is_dirty() || retry_at.is_some_and(|t| now < t) {
-                        continue;
-                    }
-                    match self.driver.apply() {
-                        Ok(()) => {
-                            retry_at = None;
-                            last_error.clear();
-                        }
-                        Err(e) => {
-                            retry_at = e.retry_at();
-                            let text = e.to_string();
-                            if text != last_error {
-                                tracing::warn!(error = %text, "prefilter apply incomplete; retrying");
-                                last_error = text;
-                            }
-                        }
-                    }
-                }
-            })
-    }
-}
-
-/// The real [`XdpIo`]: `xdp_prefilter` from its pin, links pinned at `links/<ifname>:xdp_prefilter`.
-pub struct PinnedXdp {
-    paths: Paths,
-    program: Xdp,
-    /// Its kernel id, read once.
-    id: u32,
-}
-
-impl PinnedXdp {
-    /// Opens the pinned `xdp_prefilter` program.
-    pub fn open(paths: &Paths) -> Result<Self, KernelError> {
-        let pin = paths.prog_pin(XDP_PREFILTER);
-        let program =
-            Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface).map_err(|e| {
-                KernelError::Attach {
-                    op: "open",
-                    what: pin.display().to_string(),
-                    source: Box::new(e),
-                }
-            })?;
-        let id = program
-            .info()
-            .map_err(|e| KernelError::Attach {
-                op: "read the id of",
-                what: pin.display().to_string(),
-                source: Box::new(e),
-            })?
-            .id();
-        Ok(Self {
-            paths: paths.clone(),
-            program,
-            id,
-        })
-    }
-}
-
-impl XdpIo for PinnedXdp {
-    fn pinned(&self) -> Result<Vec<String>, KernelError> {
-        let dir = self.paths.links_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(KernelError::Io {
-                    op: "list",
-                    what: dir.display().to_string(),
-                    source,
-                });
-            }
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| KernelError::Io {
-                op: "list",
-                what: dir.display().to_string(),
-                source,
-            })?;
-            if let Some((ifname, program)) =
-                crate::paths::parse_link_pin(&entry.file_name().to_string_lossy())
-                && program == XDP_PREFILTER
-            {
-                out.push(ifname);
-            }
-        }
-        Ok(out)
+    /// The next apply reads the deny maps and the link pins back in full.
+    pub fn refresh(&mut self) {
+        self.driver.request_resync();
     }
 
-    fn pinned_program(&self, ifname: &str) -> Option<u32> {
-        attach::pinned_link_program(&self.paths.link_pin(ifname, XDP_PREFILTER))
+    /// Reconciles (the loop calls this on its thread).
+    pub fn apply(&mut self) -> Result<(), ApplyError> {
+        self.driver.apply()
     }
 
-    fn pin_is_live(&self, ifname: &str) -> bool {
-        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
-        match (
-            crate::kernel::real::batch::xdp_link_ifindex(&pin),
-            nix::net::if_::if_nametoindex(ifname),
-        ) {
-            (Ok(on), Ok(now)) => on == now,
-            _ => false,
-        }
-    }
-
-    fn current(&self) -> u32 {
-        self.id
-    }
-
-    fn link_exists(&self, ifname: &str) -> bool {
-        nix::net::if_::if_nametoindex(ifname).is_ok()
-    }
-
-    fn attach(&mut self, ifname: &str) -> Result<AttachMode, KernelError> {
-        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
-        attach::attach_xdp(&mut self.program, XDP_PREFILTER, ifname, &pin).map_err(|e| {
-            KernelError::Attach {
-                op: "attach",
-                what: format!("{XDP_PREFILTER} to {ifname}"),
-                source: Box::new(e),
-            }
-        })
-    }
-
-    fn unpin(&mut self, ifname: &str) -> Result<(), KernelError> {
-        let pin = self.paths.link_pin(ifname, XDP_PREFILTER);
-        crate::kernel::real::batch::detach_link_pin(&pin).map_err(|e| KernelError::Io {
-            op: "unpin",
-            what: pin.display().to_string(),
-            source: e,
-        })
+    /// How each named interface's prefilter was attached by the applies so far.
+    pub fn modes(&self) -> Vec<(String, AttachMode)> {
+        self.driver.modes()
     }
 }
 
@@ -696,9 +510,10 @@ mod tests {
 
     #[test]
     fn a_deny_file_refused_at_start_leaves_the_maps_as_they_are_until_it_is_fixed() {
+        use crate::sources::prefilter_file::DenyFile;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("deny");
-        fs::write(&path, "bogus\n").expect("write");
+        std::fs::write(&path, "bogus\n").expect("write");
         let k = FakeKernel::default();
         let (d, deny4) = driver(&k);
         let last_good = Prefix {
@@ -706,20 +521,21 @@ mod tests {
             data: [10, 246, 0, 0],
         };
         deny4.preload(&[(last_good, PrefilterEntry { rule_id: RULE_FILE })]);
-        let (mut p, _) = Prefilter::start_with(d, &[], &[], Some(path.clone())).expect("starts");
+        let (mut file, first) = DenyFile::first_read(path.clone());
+        let mut p = Prefilter::new(d, &[], &[], Some(&first));
+        p.apply().expect("starts");
         assert_eq!(deny4.contents().len(), 1, "the pinned set is kept");
         assert_eq!(deny4.mutations(), 0);
-        let reads = p.reads();
+        let reads = file.reads();
         let counts = || {
             use std::sync::atomic::Ordering::Relaxed;
             (reads.applied.load(Relaxed), reads.refused.load(Relaxed))
         };
         assert_eq!(counts(), (0, 1), "the refusal is counted");
-        fs::write(&path, "10.1.0.0/16\n").expect("write");
-        p.seen = None;
-        p.reload();
+        std::fs::write(&path, "10.1.0.0/16\n").expect("write");
+        p.set_file(file.poll().expect("the file changed"));
         assert_eq!(counts(), (1, 1), "and so is the good file");
-        p.driver.apply().expect("apply");
+        p.apply().expect("apply");
         assert_eq!(
             deny4.contents(),
             vec![(
@@ -737,10 +553,10 @@ mod tests {
     fn a_bad_line_names_the_file_and_line() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("deny");
-        fs::write(&path, "# deny list\n10.0.0.0/8\n\n2001:db8::/32 # docs\n").expect("write");
+        std::fs::write(&path, "# deny list\n10.0.0.0/8\n\n2001:db8::/32 # docs\n").expect("write");
         let got = read_deny_file(&path).expect("valid file");
         assert_eq!(got, vec![net("10.0.0.0/8"), net("2001:db8::/32")]);
-        fs::write(&path, "10.0.0.0/8\n10.0.0.300/8\n").expect("write");
+        std::fs::write(&path, "10.0.0.0/8\n10.0.0.300/8\n").expect("write");
         let err = read_deny_file(&path).expect_err("bad line").to_string();
         assert!(err.contains(&format!("{}:2:", path.display())), "{err}");
     }

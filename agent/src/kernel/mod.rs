@@ -4,7 +4,7 @@
 //!
 //! - [`MapIo`]: one BPF map (hash, LRU hash, LPM trie): read back, write, delete.
 //! - [`Attacher`]: the endpoint programs on workload links (`real::tc_links::TcLinks`).
-//! - [`XdpIo`]: the XDP prefilter on named interfaces (`dataplane::prefilter::PinnedXdp`).
+//! - [`XdpIo`]: the XDP prefilter on named interfaces (`real::xdp::PinnedXdp`).
 //! - [`HostTcIo`]: the masquerade's programs on named interfaces (`real::host_tc::PinnedHostTc`).
 //! - [`CtIo`]: the conntrack maps of one layout and the programs' created-entries counter
 //!   (`real::ct::PinnedCt`: batch lookups and deletes).

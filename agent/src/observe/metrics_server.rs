@@ -255,7 +255,7 @@ impl Collector for ConntrackCollector {
     }
 }
 
-/// The NAT map's pressure, as of the masquerade thread's last sweep.
+/// The NAT map's pressure, as of the last NAT sweep.
 #[derive(Debug)]
 struct NatCollector(Arc<Mutex<NatStats>>);
 
@@ -378,7 +378,7 @@ impl Collector for LoopCollector {
 
 /// How often the prefilter's deny file was read, applied or refused.
 #[derive(Debug)]
-struct PrefilterCollector(Arc<crate::dataplane::prefilter::DenyFileReads>);
+struct PrefilterCollector(Arc<crate::sources::prefilter_file::DenyFileReads>);
 
 impl Collector for PrefilterCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -516,7 +516,7 @@ impl MetricsState {
     #[must_use]
     pub fn with_prefilter(
         mut self,
-        reads: Arc<crate::dataplane::prefilter::DenyFileReads>,
+        reads: Arc<crate::sources::prefilter_file::DenyFileReads>,
     ) -> Self {
         self.registry
             .register_collector(Box::new(PrefilterCollector(reads)));

@@ -20,6 +20,8 @@ pub(crate) struct MasqTable {
     pub(crate) current: BTreeMap<String, u32>,
     /// Every attach and unpin that succeeded.
     pub(crate) mutations: u32,
+    /// Interfaces whose attach fails (an injected fault).
+    pub(crate) failing: BTreeSet<String>,
 }
 
 impl HostTcIo for FakeKernel {
@@ -48,6 +50,13 @@ impl HostTcIo for FakeKernel {
     fn attach(&mut self, ifname: &str, program: &str) -> Result<AttachMode, KernelError> {
         let id = HostTcIo::current(self, program);
         let mut t = self.masq_table();
+        if t.failing.contains(ifname) {
+            return Err(KernelError::Io {
+                op: "attach a masquerade program to",
+                what: ifname.to_owned(),
+                source: std::io::Error::other("injected fault"),
+            });
+        }
         if !t.interfaces.contains_key(ifname) {
             return Err(KernelError::Io {
                 op: "attach a masquerade program to",

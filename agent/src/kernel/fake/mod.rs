@@ -264,6 +264,10 @@ pub(crate) struct XdpState {
     pub(crate) interfaces: BTreeSet<String>,
     /// Pins whose link lost its interface (deleted and recreated under the same name).
     pub(crate) defunct: BTreeSet<String>,
+    /// Interfaces whose attach fails (an injected fault).
+    pub(crate) failing: BTreeSet<String>,
+    /// Every attach and unpin that succeeded.
+    pub(crate) mutations: u32,
 }
 
 /// The conntrack side.
@@ -764,6 +768,9 @@ impl XdpIo for FakeKernel {
             return Err(injected(ifname));
         }
         let mut s = self.xdp();
+        if s.failing.contains(ifname) {
+            return Err(injected(ifname));
+        }
         if !s.interfaces.contains(ifname) {
             return Err(KernelError::Io {
                 op: "attach the prefilter to",
@@ -773,6 +780,7 @@ impl XdpIo for FakeKernel {
         }
         let id = s.current;
         s.defunct.remove(ifname);
+        s.mutations += 1;
         Ok(match s.pins.insert(ifname.to_owned(), id) {
             Some(_) => AttachMode::Replaced,
             None => AttachMode::NewLink,
@@ -782,7 +790,9 @@ impl XdpIo for FakeKernel {
         if self.dropping() {
             return Err(injected(ifname));
         }
-        self.xdp().pins.remove(ifname);
+        let mut s = self.xdp();
+        s.pins.remove(ifname);
+        s.mutations += 1;
         Ok(())
     }
 }

@@ -5,7 +5,8 @@
 //! (`uninstall`), batch map operations (`batch`), the conntrack maps (`ct`) and their pins (`ct_maps`), the
 //! counter arrays (`counters`), the masquerade's programs on host interfaces (`host_tc`), the pin root read
 //! on request (`inspect`), links and addresses (`netlink_links`), routes (`netlink_routes`), the VXLAN
-//! device (`netlink_vxlan`) and the endpoint programs on workload links (`tc_links`).
+//! device (`netlink_vxlan`), the endpoint programs on workload links (`tc_links`) and the XDP prefilter on
+//! named interfaces (`xdp`).
 
 pub mod batch;
 pub mod bpffs;
@@ -23,3 +24,4 @@ pub mod programs;
 pub mod socket_lb;
 pub mod tc_links;
 pub mod uninstall;
+pub mod xdp;
