@@ -597,61 +597,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let inspect: Arc<dyn crate::kernel::InspectIo> =
         Arc::new(crate::kernel::real::inspect::PinnedInspect::new(&paths));
     let stop = Arc::new(AtomicBool::new(false));
-    let Upkeep {
-        ct_stats,
-        ct_ops,
-        nat_stats,
-    } = start_upkeep(&config, ct_layout, &inspect, &stop)?;
-    // The host drivers' sources: the deny file and the pools.
-    let prefilter_reads = deny_file
-        .as_ref()
-        .map_or_else(Arc::default, DenyFile::reads);
-    if let Some(deny_file) = deny_file {
-        tokio::spawn(deny_file.run(dataplane_loop.clone()));
-    }
-    tokio::spawn(crate::sources::pools::run(
-        Arc::clone(&ipam),
-        masquerade_pools(&pools),
-        dataplane_loop.clone(),
-    ));
-
-    // The API and the metrics, read from the loop's snapshots.
-    let api = Arc::new(Api {
-        dataplane: dataplane_loop.clone(),
-        ipam: Arc::clone(&ipam),
-        node: config.node.clone(),
-        paths: paths.clone(),
-        ct: Arc::clone(&ct_stats),
-        ct_ops,
-        ct_layout,
-        tc_attach: config.tc_attach,
-        kernel: Arc::clone(&inspect),
-        monitor: crate::observe::monitor::Monitor::default(),
-        pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
-            .then_some(server::POD_WAIT),
-        socket_lb: socket_lb.cgroup.clone(),
-        socket_lb_scope: socket_lb.scope,
-        nat: Arc::clone(&nat_stats),
-    });
-    let socket = paths.api_socket.clone();
-    let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
-    let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
-        .await
-        .map_err(io_err(format!("listen on {}", config.metrics)))?;
-    let metrics_state = metrics_server::MetricsState::new(
-        dataplane_loop.subscribe(),
-        Arc::clone(&ct_stats),
-        Arc::clone(&nat_stats),
-        program_report.clone(),
-        Arc::clone(&inspect),
+    let upkeep = start_upkeep(&config, ct_layout, &inspect, &stop)?;
+    let prefilter_reads = start_host_sources(deny_file, &ipam, &pools, &dataplane_loop);
+    let api_task = serve(
+        &config,
+        &dataplane_loop,
+        &ipam,
+        &upkeep,
+        Served {
+            ct_layout,
+            inspect: Arc::clone(&inspect),
+            socket_lb: &socket_lb,
+            programs: program_report.clone(),
+            prefilter_reads,
+        },
     )
-    .with_pool_usage(ipam.pool_usage())
-    .with_storage(Arc::clone(&ipam))
-    .with_prefilter(prefilter_reads);
-    tokio::spawn(metrics_server::serve(
-        metrics_listener,
-        Arc::new(metrics_state),
-    ));
+    .await?;
     // Ready: tell the runtime how to use us. The conflist sends runtimes to weir-cni, which calls
     // this socket: it answers first.
     await_api_socket(&paths).await?;
@@ -685,6 +646,97 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
 
     let result = wait_for_shutdown(&dataplane_loop, api_task, term, int).await;
+    shut_down(&stop, &dataplane_loop, loop_thread, &paths);
+    result
+}
+
+/// Step 8: the host drivers' sources, the prefilter's deny file and the pools (for the
+/// masquerade); returns the deny file's read counts for the metrics.
+fn start_host_sources(
+    deny_file: Option<DenyFile>,
+    ipam: &Arc<IpamService>,
+    pools: &[crate::calc::ipam_service::PoolStatus],
+    dataplane_loop: &LoopHandle,
+) -> Arc<crate::sources::prefilter_file::DenyFileReads> {
+    let reads = deny_file
+        .as_ref()
+        .map_or_else(Arc::default, DenyFile::reads);
+    if let Some(deny_file) = deny_file {
+        tokio::spawn(deny_file.run(dataplane_loop.clone()));
+    }
+    tokio::spawn(crate::sources::pools::run(
+        Arc::clone(ipam),
+        masquerade_pools(pools),
+        dataplane_loop.clone(),
+    ));
+    reads
+}
+
+/// What [`serve`] hands the API and the metrics besides the loop, IPAM and upkeep.
+struct Served<'a> {
+    ct_layout: u32,
+    inspect: Arc<dyn crate::kernel::InspectIo>,
+    socket_lb: &'a crate::dataplane::socket_lb::SocketLbReport,
+    programs: Vec<(String, u32, bool)>,
+    prefilter_reads: Arc<crate::sources::prefilter_file::DenyFileReads>,
+}
+
+/// Step 9: the API on its unix socket and `/metrics`, both reading the loop's snapshots.
+/// Returns the API server's task.
+async fn serve(
+    config: &Config,
+    dataplane_loop: &LoopHandle,
+    ipam: &Arc<IpamService>,
+    upkeep: &Upkeep,
+    served: Served<'_>,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, DaemonError> {
+    let api = Arc::new(Api {
+        dataplane: dataplane_loop.clone(),
+        ipam: Arc::clone(ipam),
+        node: config.node.clone(),
+        paths: config.paths.clone(),
+        ct: Arc::clone(&upkeep.ct_stats),
+        ct_ops: Arc::clone(&upkeep.ct_ops),
+        ct_layout: served.ct_layout,
+        tc_attach: config.tc_attach,
+        kernel: Arc::clone(&served.inspect),
+        monitor: crate::observe::monitor::Monitor::default(),
+        pod_wait: (config.source == crate::config::SourceMode::Kubernetes)
+            .then_some(server::POD_WAIT),
+        socket_lb: served.socket_lb.cgroup.clone(),
+        socket_lb_scope: served.socket_lb.scope,
+        nat: Arc::clone(&upkeep.nat_stats),
+    });
+    let socket = config.paths.api_socket.clone();
+    let api_task = tokio::spawn(async move { server::serve(&socket, api).await });
+    let metrics_listener = tokio::net::TcpListener::bind(config.metrics)
+        .await
+        .map_err(io_err(format!("listen on {}", config.metrics)))?;
+    let metrics_state = metrics_server::MetricsState::new(
+        dataplane_loop.subscribe(),
+        Arc::clone(&upkeep.ct_stats),
+        Arc::clone(&upkeep.nat_stats),
+        served.programs,
+        served.inspect,
+    )
+    .with_pool_usage(ipam.pool_usage())
+    .with_storage(Arc::clone(ipam))
+    .with_prefilter(served.prefilter_reads);
+    tokio::spawn(metrics_server::serve(
+        metrics_listener,
+        Arc::new(metrics_state),
+    ));
+    Ok(api_task)
+}
+
+/// The last step: upkeep and the loop stopped, the API socket removed; programs, maps and
+/// attachments stay pinned (the datapath runs on without the agent).
+fn shut_down(
+    stop: &AtomicBool,
+    dataplane_loop: &LoopHandle,
+    loop_thread: std::thread::JoinHandle<()>,
+    paths: &crate::paths::Paths,
+) {
     stop.store(true, Ordering::Relaxed);
     dataplane_loop.stop();
     if loop_thread.join().is_err() {
@@ -697,7 +749,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         _ => {}
     }
     tracing::info!("shutting down; programs, maps and attachments stay pinned");
-    result
 }
 
 /// Waits (bounded) until the API socket answers.
