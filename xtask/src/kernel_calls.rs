@@ -105,7 +105,8 @@ pub(crate) fn run(ws: &Path) -> Result<()> {
     )
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// Every `*.rs` file under `dir`, recursively, sorted (shared with the layer lint).
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let entries = fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
     for entry in entries {
         let path = entry

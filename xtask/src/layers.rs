@@ -9,11 +9,7 @@
 //! top and its `crate::` is its own crate, so it is not read either. `super::` paths stay inside a layer
 //! in this code base and are not read.
 
-use std::{
-    collections::BTreeSet,
-    fmt, fs,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeSet, fmt, fs, path::Path};
 
 use anyhow::{Context as _, Result, bail};
 use proc_macro2::{Spacing, TokenStream, TokenTree};
@@ -147,7 +143,7 @@ fn rank(name: &str) -> Option<usize> {
 pub(crate) fn run(ws: &Path) -> Result<()> {
     let root = ws.join(AGENT_SRC);
     let mut files = Vec::new();
-    rust_files(&root, &mut files)?;
+    crate::kernel_calls::rust_files(&root, &mut files)?;
     let mut sources = Vec::new();
     for file in files {
         let rel = file
@@ -168,22 +164,6 @@ pub(crate) fn run(ws: &Path) -> Result<()> {
         problems.len(),
         problems.join("\n")
     )
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
-    for entry in entries {
-        let path = entry
-            .with_context(|| format!("cannot list {}", dir.display()))?
-            .path();
-        if path.is_dir() {
-            rust_files(&path, out)?;
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-    out.sort();
-    Ok(())
 }
 
 /// The top-level module a file belongs to (`rel`: its path under `agent/src/`).

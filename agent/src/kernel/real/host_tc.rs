@@ -1,7 +1,7 @@
 //! The real [`HostTcIo`]: the masquerade's programs (`masq_egress`, `masq_ingress`) from their pins, their tcx
 //! links pinned at `links/<ifname>:<program>`, and the interfaces' indexes and first IPv4 addresses.
 
-use std::{collections::BTreeMap, fs, io, net::Ipv4Addr};
+use std::{collections::BTreeMap, io, net::Ipv4Addr};
 
 use attach::AttachMode;
 use aya::programs::SchedClassifier;
@@ -53,33 +53,10 @@ fn hook_of(program: &str) -> TcAttachType {
 
 impl HostTcIo for PinnedHostTc {
     fn pinned(&self) -> Result<Vec<(String, String)>, KernelError> {
-        let dir = self.paths.links_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(KernelError::Io {
-                    op: "list",
-                    what: dir.display().to_string(),
-                    source,
-                });
-            }
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| KernelError::Io {
-                op: "list",
-                what: dir.display().to_string(),
-                source,
-            })?;
-            if let Some((ifname, program)) =
-                crate::paths::parse_link_pin(&entry.file_name().to_string_lossy())
-                && MASQ_PROGRAMS.iter().any(|(p, _)| *p == program)
-            {
-                out.push((ifname, program));
-            }
-        }
-        Ok(out)
+        Ok(super::link_pins(&self.paths)?
+            .into_iter()
+            .filter(|(_, program)| MASQ_PROGRAMS.iter().any(|(p, _)| p == program))
+            .collect())
     }
 
     fn pinned_program(&self, ifname: &str, program: &str) -> Option<u32> {

@@ -25,3 +25,29 @@ pub mod socket_lb;
 pub mod tc_links;
 pub mod uninstall;
 pub mod xdp;
+
+/// Every link pin under the pin root's `links/` directory, as (interface, program): what the host
+/// drivers (XDP prefilter, masquerade tc programs) read back. None when the directory is absent.
+pub(crate) fn link_pins(
+    paths: &crate::paths::Paths,
+) -> Result<Vec<(String, String)>, crate::kernel::KernelError> {
+    let dir = paths.links_dir();
+    let list_err = |source| crate::kernel::KernelError::Io {
+        op: "list",
+        what: dir.display().to_string(),
+        source,
+    };
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(list_err(source)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(list_err)?;
+        if let Some(pin) = crate::paths::parse_link_pin(&entry.file_name().to_string_lossy()) {
+            out.push(pin);
+        }
+    }
+    Ok(out)
+}

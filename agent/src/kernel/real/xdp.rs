@@ -1,8 +1,6 @@
 //! The real [`XdpIo`]: `xdp_prefilter` from its pin, its XDP links pinned at
 //! `links/<ifname>:xdp_prefilter`, and whether the interface each pin names is the one the link runs on.
 
-use std::{fs, io};
-
 use attach::AttachMode;
 use aya::programs::Xdp;
 use maps_schema::programs::XDP_PREFILTER;
@@ -50,33 +48,11 @@ impl PinnedXdp {
 
 impl XdpIo for PinnedXdp {
     fn pinned(&self) -> Result<Vec<String>, KernelError> {
-        let dir = self.paths.links_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(KernelError::Io {
-                    op: "list",
-                    what: dir.display().to_string(),
-                    source,
-                });
-            }
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| KernelError::Io {
-                op: "list",
-                what: dir.display().to_string(),
-                source,
-            })?;
-            if let Some((ifname, program)) =
-                crate::paths::parse_link_pin(&entry.file_name().to_string_lossy())
-                && program == XDP_PREFILTER
-            {
-                out.push(ifname);
-            }
-        }
-        Ok(out)
+        Ok(super::link_pins(&self.paths)?
+            .into_iter()
+            .filter(|(_, program)| program == XDP_PREFILTER)
+            .map(|(ifname, _)| ifname)
+            .collect())
     }
 
     fn pinned_program(&self, ifname: &str) -> Option<u32> {
